@@ -1,0 +1,273 @@
+"""Typed schemas for every config group, and the one place they are checked.
+
+The YAML files under conf/ hold values only; the types live here. `RunConfig` is registered
+in Hydra's ConfigStore as `base_config` and heads conf/config.yaml's defaults list, so Hydra
+checks the type of every value and override while it composes. What a type cannot say
+(ranges, choices, combinations) each schema says in `problems()`, and `validate()` collects
+every problem into one ConfigError before any data or model work starts.
+
+`data`, `model` and `optim.optimizer` are typed `Any` because their fields depend on the
+option chosen: data nodes are checked against the schema named by `data.name`, model and
+optimizer nodes against the signature of their `_target_`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.utils import get_method
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from saturate.errors import ConfigError, Problem
+
+# A schema's problems(): (field, bad value, what is allowed), keyed relative to its node.
+Issues = Iterator[tuple[str, Any, str]]
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> Issues:
+    if value not in allowed:
+        yield key, value, "one of " + ", ".join(allowed)
+
+
+def _at_least(key: str, value: Any, low: int | float, extra: str = "") -> Issues:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+        kind = "an integer" if isinstance(low, int) else "a number"
+        yield key, value, f"{kind} >= {low}{extra}"
+
+
+def _int_or_auto(key: str, value: Any, low: int) -> Issues:
+    if value != "auto":
+        yield from _at_least(key, value, low, " or 'auto'")
+
+
+def _unit_interval(key: str, value: float, *, open_low: bool = False) -> Issues:
+    ok = (0 < value <= 1) if open_low else (0 <= value <= 1)
+    if not ok:
+        yield key, value, "a number in (0, 1]" if open_low else "a probability in [0, 1]"
+
+
+@dataclass
+class DeviceConfig:
+    type: str = "auto"  # auto: CUDA when present, else CPU
+    index: int = 0  # CUDA device index, counted within CUDA_VISIBLE_DEVICES
+    tf32: bool = True  # TF32 matmuls and convolutions on Ampere and newer
+    cudnn_benchmark: bool = True
+    memory_fraction: float = 1.0  # cap on this process's share of device memory
+
+    def problems(self) -> Issues:
+        yield from _choice("type", self.type, ("auto", "cpu", "cuda"))
+        yield from _at_least("index", self.index, 0)
+        yield from _unit_interval("memory_fraction", self.memory_fraction, open_low=True)
+
+
+@dataclass
+class PrecisionConfig:
+    mode: str = "auto"
+
+    def problems(self) -> Issues:
+        yield from _choice("mode", self.mode, ("auto", "amp", "bf16", "fp16", "fp32"))
+
+
+@dataclass
+class LoaderConfig:
+    batch_size: Any = 128  # per device; an integer
+    num_workers: Any = "auto"  # an integer, or "auto" (see README: loader)
+    pin_memory: Any = "auto"  # true/false, or "auto": when the device is CUDA
+    persistent_workers: bool = False
+    prefetch_factor: int = 2  # batches each worker keeps ready
+    non_blocking: bool = True  # asynchronous host-to-device copies
+    drop_last: bool = True  # training only; evaluation sees every sample
+
+    def problems(self) -> Issues:
+        yield from _at_least("batch_size", self.batch_size, 1)
+        yield from _int_or_auto("num_workers", self.num_workers, 0)
+        if self.pin_memory not in (True, False, "auto"):
+            yield "pin_memory", self.pin_memory, "true, false or 'auto'"
+        yield from _at_least("prefetch_factor", self.prefetch_factor, 1)
+
+
+@dataclass
+class AugmentationConfig:
+    placement: str = "none"
+
+    def problems(self) -> Issues:
+        yield from _choice("placement", self.placement, ("none",))
+
+
+@dataclass
+class OptimConfig:
+    optimizer: Any = MISSING  # a `_partial_: true` node, called with the parameters
+    schedule: str = "cosine"  # cosine (to min_lr_ratio) or constant, after the warmup
+    warmup_epochs: float = 1.0  # linear warmup from 0.1 x lr
+    min_lr_ratio: float = 0.0
+
+    def problems(self) -> Issues:
+        yield from _choice("schedule", self.schedule, ("cosine", "constant"))
+        yield from _at_least("warmup_epochs", self.warmup_epochs, 0.0)
+        yield from _unit_interval("min_lr_ratio", self.min_lr_ratio)
+
+
+@dataclass
+class TrainerConfig:
+    max_epochs: int = 30
+    max_steps: int = -1  # optimizer steps; -1: no limit
+    eval_interval: int = 1  # epochs; the last epoch is always evaluated
+    checkpoint_interval: int = 1  # epochs; the last epoch is always saved
+    log_interval: int = 10  # steps between logged (host-synchronised) metrics
+    seed: int = 0
+    deterministic: bool = False  # deterministic kernels; bit-exact resume on CPU
+    compile: bool = False  # torch.compile; falls back to eager with one warning
+    channels_last: bool = False
+    grad_clip: float = 0.0  # max gradient norm; 0: no clipping
+    limit_train_batches: int = -1  # per epoch; -1: all (debugging)
+    limit_val_batches: int = -1
+    detect_anomaly: bool = False  # autograd anomaly detection (slow; debugging)
+    progress: bool = True  # progress bar
+    log_level: str = "INFO"
+
+    def problems(self) -> Issues:
+        yield from _at_least("max_epochs", self.max_epochs, 1)
+        if self.max_steps != -1:
+            yield from _at_least("max_steps", self.max_steps, 1, " or -1")
+        for key in ("eval_interval", "checkpoint_interval", "log_interval"):
+            yield from _at_least(key, getattr(self, key), 1)
+        yield from _at_least("grad_clip", self.grad_clip, 0.0)
+        for key in ("limit_train_batches", "limit_val_batches"):
+            if getattr(self, key) != -1:
+                yield from _at_least(key, getattr(self, key), 1, " or -1")
+        yield from _choice("log_level", self.log_level, ("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+# --- data: one schema per option, chosen by `data.name` ---------------------------------
+
+
+@dataclass
+class DigitsData:
+    """scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes)."""
+
+    name: str = "digits"
+    val_fraction: float = 0.2  # stratified; the split is fixed by split_seed
+    split_seed: int = 0
+
+    def problems(self) -> Issues:
+        if not 0 < self.val_fraction < 1:
+            yield "val_fraction", self.val_fraction, "a number in (0, 1)"
+
+
+@dataclass
+class SyntheticData:
+    """Random images with a learnable class signal, for throughput work only."""
+
+    name: str = "synthetic"
+    num_train: int = 8192
+    num_val: int = 1024
+    channels: int = 3
+    height: int = 32
+    width: int = 32
+    num_classes: int = 10
+    seed: int = 0
+
+    def problems(self) -> Issues:
+        for key in ("num_train", "num_val", "channels", "height", "width"):
+            yield from _at_least(key, getattr(self, key), 1)
+        yield from _at_least("num_classes", self.num_classes, 2)
+
+
+DATA_SCHEMAS: dict[str, type] = {"digits": DigitsData, "synthetic": SyntheticData}
+
+
+@dataclass
+class RunConfig:
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
+    model: Any = MISSING  # `_target_` node: built with in_channels and num_classes
+    data: Any = MISSING  # checked against DATA_SCHEMAS[data.name]
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    run_dir: str = MISSING  # Hydra's output dir for this job
+
+
+ConfigStore.instance().store(name="base_config", node=RunConfig)
+
+
+def _run_stamp() -> str:
+    """The run directory's leaf name: the time to the microsecond, so two runs started in
+    the same second still get directories of their own."""
+    return datetime.now().strftime("%H-%M-%S-%f")
+
+
+OmegaConf.register_new_resolver("saturate_stamp", _run_stamp, use_cache=True, replace=True)
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _typed_node(schema: type, node: dict, prefix: str, problems: list[Problem]) -> Any:
+    """Build `schema` from a plain dict, recording unknown keys and wrong types."""
+    typed = OmegaConf.structured(schema)
+    fields = typing.get_type_hints(schema)
+    for key, value in node.items():
+        if key not in fields:
+            problems.append(Problem(f"{prefix}.{key}", value, "one of the keys " + ", ".join(fields)))
+            continue
+        try:
+            typed[key] = value  # OmegaConf's own conversion: "3" -> 3, "true" -> True
+        except OmegaConfBaseException:
+            problems.append(Problem(f"{prefix}.{key}", value, _TYPE_WORDS[fields[key]]))
+    return OmegaConf.to_object(typed)
+
+
+def _check_target(node: dict, prefix: str, given: tuple[str, ...]) -> Iterator[Problem]:
+    """A `_target_` node: the target imports, and every key is one of its parameters."""
+    target = node.get("_target_")
+    try:
+        fn = get_method(target) if isinstance(target, str) else None
+    except Exception:
+        fn = None
+    if fn is None:
+        yield Problem(f"{prefix}._target_", target, "an importable class or function")
+        return
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    allowed = [name for name in params if name not in given and name != "params"]
+    for key, value in node.items():
+        if not key.startswith("_") and key not in params:
+            yield Problem(f"{prefix}.{key}", value, f"an argument of {target}: " + ", ".join(allowed))
+
+
+def validate(cfg: DictConfig) -> RunConfig:
+    """Check the whole composed config; raise one ConfigError that lists every problem."""
+    problems: list[Problem] = []
+    run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    for group in ("device", "precision", "loader", "augmentation", "optim", "trainer"):
+        fields = [f.name for f in dataclasses.fields(getattr(run, group))]
+        for key in cfg[group]:  # `+group.key=...` gets past Hydra; a typo should not
+            if key not in fields:
+                problems.append(Problem(f"{group}.{key}", cfg[group][key], "one of the keys " + ", ".join(fields)))
+        for key, value, allowed in getattr(run, group).problems():
+            problems.append(Problem(f"{group}.{key}", value, allowed))
+
+    data = dict(run.data)
+    schema = DATA_SCHEMAS.get(data.get("name"))
+    if schema is None:
+        problems.append(Problem("data.name", data.get("name"), "one of " + ", ".join(DATA_SCHEMAS)))
+    else:
+        run.data = _typed_node(schema, data, "data", problems)
+        problems += [Problem(f"data.{k}", v, a) for k, v, a in run.data.problems()]
+
+    problems += _check_target(dict(run.model), "model", given=("in_channels", "num_classes"))
+    problems += _check_target(dict(run.optim.optimizer), "optim.optimizer", given=("params",))
+
+    if problems:
+        raise ConfigError(problems)
+    return run

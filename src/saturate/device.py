@@ -1,0 +1,42 @@
+"""Choosing the training device and its global switches (TF32, cudnn.benchmark, memory cap)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from saturate.config import DeviceConfig
+from saturate.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+def setup_device(cfg: DeviceConfig, local_rank: int = 0) -> torch.device:
+    """Resolve `cfg.type` to a device and apply the CUDA switches; says what it chose.
+
+    Under torchrun each process takes the device `index + local_rank`. `index` counts within
+    CUDA_VISIBLE_DEVICES, which CUDA itself honours.
+    """
+    has_cuda = torch.cuda.is_available()
+    if cfg.type == "cuda" and not has_cuda:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        hint = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        raise UserError(f"device.type='cuda': no CUDA device is available{hint}; use device=cpu or device=auto")
+    if cfg.type == "cpu" or not has_cuda:
+        log.info("device: cpu (%d threads)%s", torch.get_num_threads(), "" if cfg.type == "cpu" else ", no CUDA found")
+        return torch.device("cpu")
+
+    index = cfg.index + local_rank
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise UserError(f"device.index={cfg.index}: device {index} requested but {count} CUDA device(s) are visible")
+    torch.cuda.set_device(index)
+    torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
+    torch.backends.cudnn.allow_tf32 = cfg.tf32
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+    if cfg.memory_fraction < 1.0:
+        torch.cuda.set_per_process_memory_fraction(cfg.memory_fraction, index)
+    log.info("device: cuda:%d (%s), tf32=%s, cudnn.benchmark=%s", index, torch.cuda.get_device_name(index), cfg.tf32, cfg.cudnn_benchmark)
+    return torch.device("cuda", index)

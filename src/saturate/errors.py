@@ -1,0 +1,46 @@
+"""Errors that are the user's to fix.
+
+They derive from Hydra's `CompactHydraException`, which Hydra prints as the message alone
+(no traceback) before exiting 1. In a multirun the failed job is recorded and the others go
+on. From Python they are ordinary exceptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.errors import CompactHydraException
+
+
+class UserError(CompactHydraException):
+    """A mistake in the input (config, data, paths): one short message, no traceback."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str  # full dotted key, e.g. "loader.num_workers"
+    value: Any
+    allowed: str  # what would be accepted, e.g. "an integer >= 0 or 'auto'"
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value!r}: expected {self.allowed}"
+
+
+class ConfigError(UserError):
+    """Every problem found in one config, reported together."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        n = len(problems)
+        lines = [f"invalid config ({n} problem{'s' if n > 1 else ''}):"]
+        lines += [f"  {p}" for p in problems]
+        super().__init__("\n".join(lines))
+
+
+class DataError(UserError):
+    """Missing, unreadable or malformed data."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be read or does not fit this run."""

@@ -1,0 +1,41 @@
+"""The optimizer (a Hydra `_partial_` node) and its per-step learning-rate schedule."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from hydra.utils import instantiate
+from torch import nn
+
+from saturate.config import OptimConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on weight matrices and kernels only, not on biases or norm parameters."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the base LR after `step` optimizer steps: linear warmup from 0.1, then
+    constant or cosine down to `min_ratio` at `total`."""
+    if step < warmup:
+        return 0.1 + 0.9 * step / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def setup_optimizer(
+    cfg: OptimConfig, model: nn.Module, *, steps_per_epoch: int, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    node = dict(cfg.optimizer)
+    weight_decay = node.pop("weight_decay", 0.0)
+    optimizer = instantiate(node)(param_groups(model, weight_decay))
+    warmup = round(cfg.warmup_epochs * steps_per_epoch)
+    factor = functools.partial(lr_factor, warmup=warmup, total=total_steps, schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

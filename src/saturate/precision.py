@@ -1,0 +1,56 @@
+"""Mixed precision, decided once: one object with `autocast()` and a GradScaler that is a
+no-op unless the run computes in fp16. The training loop never asks which mode it is in."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+
+from saturate.config import PrecisionConfig
+from saturate.errors import UserError
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Precision:
+    name: str  # resolved mode: fp32, bf16 or fp16
+    device_type: str
+    dtype: torch.dtype | None  # autocast dtype; None: full precision
+    scaler: torch.amp.GradScaler  # enabled for fp16 only
+
+    def autocast(self) -> AbstractContextManager:
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
+
+
+def _cuda_bf16(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
+def resolve_mode(mode: str, device: torch.device) -> str:
+    """auto: bf16 on GPUs that have it, fp16 on older GPUs, fp32 on CPU.
+    amp: the same on GPUs, and bf16 on CPU (CPU autocast computes in bf16)."""
+    if mode in ("auto", "amp"):
+        if device.type == "cuda":
+            return "bf16" if _cuda_bf16(device) else "fp16"
+        return "bf16" if mode == "amp" else "fp32"
+    if mode == "bf16" and device.type == "cuda" and not _cuda_bf16(device):
+        raise UserError(
+            f"precision.mode='bf16': {torch.cuda.get_device_name(device)} has no bf16 support; use precision=fp16 or precision=auto"
+        )
+    return mode
+
+
+def setup_precision(cfg: PrecisionConfig, device: torch.device) -> Precision:
+    name = resolve_mode(cfg.mode, device)
+    if device.type == "cpu" and name != "fp32" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        log.warning("precision %s on a CPU without native bf16/fp16 kernels (no AVX512-BF16 or AMX): expect it to be "
+                    "much slower than fp32 here; precision=auto picks fp32 on CPUs", name)  # fmt: skip
+    scaler = torch.amp.GradScaler(device.type, enabled=name == "fp16")
+    log.info("precision: %s (asked: %s)%s", name, cfg.mode, " with GradScaler" if scaler.is_enabled() else "")
+    return Precision(name, device.type, _DTYPES[name], scaler)

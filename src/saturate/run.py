@@ -1,0 +1,167 @@
+"""`train(cfg)`: build the parts of a run in order, hand them to the engine, write the results.
+
+Each `_setup_*` step receives only its own config node and the objects it depends on.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from saturate.checkpoint import Checkpointer
+from saturate.config import LoaderConfig, RunConfig, TrainerConfig, validate
+from saturate.data import DataInfo, build_datasets
+from saturate.device import setup_device
+from saturate.engine import Engine, TrainState
+from saturate.errors import UserError
+from saturate.evaluate import Evaluator
+from saturate.loader import StreamLoader, ToDevice, auto_workers
+from saturate.monitor import peak_memory
+from saturate.optim import setup_optimizer
+from saturate.precision import Precision, setup_precision
+from saturate.timing import StepTimer
+from saturate.tracking import Tracker, write_json
+
+log = logging.getLogger("saturate")
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Train with the composed config `cfg`; return the final metrics (also in metrics.json)."""
+    start_time = time.perf_counter()
+    run = validate(cfg)
+    log.setLevel(run.trainer.log_level)
+    run_dir = Path(run.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    device = setup_device(run.device)
+    _seed_everything(run.trainer)
+    train_set, val_set, info = build_datasets(run.data)
+    train_batches, val_batches = _setup_loaders(run.loader, train_set, val_set, info, device, run.trainer)
+    precision = setup_precision(run.precision, device)
+    model, raw_model = _setup_model(run.model, info, device, run.trainer, precision, batch_size=run.loader.batch_size)
+    steps_per_epoch = len(train_batches)
+    total_steps = steps_per_epoch * run.trainer.max_epochs
+    if run.trainer.max_steps > 0:
+        total_steps = min(total_steps, run.trainer.max_steps)
+    optimizer, scheduler = setup_optimizer(run.optim, raw_model, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    checkpointer = Checkpointer(
+        run_dir / "checkpoints",
+        interval=run.trainer.checkpoint_interval,
+        parts={"model": raw_model, "optimizer": optimizer, "scheduler": scheduler, "scaler": precision.scaler},
+        config=resolved,
+    )
+    tracker = Tracker(run_dir, log_interval=run.trainer.log_interval, total_steps=total_steps, progress=run.trainer.progress)
+    tracker.text("config", "```yaml\n" + OmegaConf.to_yaml(resolved) + "```")
+    timer = StepTimer(device)
+    engine = Engine(
+        model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
+        train_batches=train_batches, evaluator=Evaluator(model, val_batches, precision, interval=run.trainer.eval_interval),
+        checkpointer=checkpointer, tracker=tracker, timer=timer, memory=peak_memory(device),
+        max_epochs=run.trainer.max_epochs, max_steps=run.trainer.max_steps, grad_clip=run.trainer.grad_clip, start_time=start_time,
+    )  # fmt: skip
+    log.info("training %s on %s%s: %d steps (%d per epoch), batch %d", type(raw_model).__name__, info.name,
+             " (SYNTHETIC)" if info.synthetic else "", total_steps, steps_per_epoch, run.loader.batch_size)  # fmt: skip
+
+    with logging_redirect_tqdm(), torch.autograd.set_detect_anomaly(run.trainer.detect_anomaly):
+        last = engine.fit(TrainState())
+
+    metrics = {**last, **timer.run_window().metrics(), "time/wall_s": time.perf_counter() - start_time}
+    tracker.hparams(_hparams(run, precision, info), metrics, step=int(metrics["progress/step"]))
+    tracker.close()
+    write_json(
+        run_dir / "metrics.json",
+        {**metrics, "status": "completed", "data": info.name, "synthetic": info.synthetic, "precision": precision.name},
+    )
+    log.info("done in %.1fs: val/acc %.4f, val/loss %.4f, %.0f samples/s, data wait %.0f%%, peak memory %.0f MB -> %s",
+             metrics["time/wall_s"], metrics["val/acc"], metrics["val/loss"], metrics["perf/samples_per_s"],
+             100 * metrics["perf/data_wait_frac"], metrics["memory/peak_mb"], run_dir)  # fmt: skip
+    return metrics
+
+
+def _seed_everything(cfg: TrainerConfig) -> None:
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+
+
+def _setup_loaders(cfg: LoaderConfig, train_set, val_set, info: DataInfo, device: torch.device, trainer: TrainerConfig):
+    if cfg.batch_size > len(train_set):
+        raise UserError(f"loader.batch_size={cfg.batch_size}: larger than the training set ({len(train_set)} samples)")
+    workers = auto_workers(per_sample_work=False) if cfg.num_workers == "auto" else cfg.num_workers
+    pin = device.type == "cuda" if cfg.pin_memory == "auto" else cfg.pin_memory
+    to_device = ToDevice(device, info.mean, info.std, non_blocking=cfg.non_blocking, channels_last=trainer.channels_last)
+    common = dict(seed=trainer.seed, num_workers=workers, pin_memory=pin)
+    train = StreamLoader(train_set, cfg, to_device, train=True, limit_batches=trainer.limit_train_batches, **common)
+    val = StreamLoader(val_set, cfg, to_device, train=False, limit_batches=trainer.limit_val_batches, **common)
+    log.info("loader: batch %d, %d workers, pin_memory=%s", cfg.batch_size, workers, pin)
+    return train, val
+
+
+def _setup_model(node: dict, info: DataInfo, device: torch.device, trainer: TrainerConfig, precision: Precision, batch_size: int):
+    """(model to train, the plain module inside it). The first is compiled when asked."""
+    try:
+        raw = instantiate(node, in_channels=info.channels, num_classes=info.num_classes)
+    except Exception as e:  # a bad value in the model node, e.g. model.norm=foo
+        cause = e.__cause__ or e
+        raise UserError(f"model: cannot build {node['_target_']}: {cause}") from None
+    memory_format = torch.channels_last if trainer.channels_last else torch.preserve_format
+    raw = raw.to(device=device, memory_format=memory_format)
+    n_params = sum(p.numel() for p in raw.parameters())
+    log.info("model: %s, %.2fM parameters%s", type(raw).__name__, n_params / 1e6, ", channels_last" if trainer.channels_last else "")
+    if not trainer.compile:
+        return raw, raw
+    example = torch.randn(batch_size, info.channels, info.height, info.width, device=device).contiguous(memory_format=memory_format)
+    return _compile(raw, example, precision), raw
+
+
+def _compile(model: nn.Module, example: torch.Tensor, precision: Precision) -> nn.Module:
+    """torch.compile, warmed up on one forward/backward so that a failure shows now (and the
+    run goes on in eager mode with one warning) and the compile time is reported apart."""
+    saved = copy.deepcopy(model.state_dict())  # the warm-up must not move BatchNorm statistics
+    compiled = torch.compile(model)
+    start = time.perf_counter()
+    try:
+        with precision.autocast():
+            out = compiled(example)
+        out.float().sum().backward()
+        log.info("torch.compile: compiled in %.1fs", time.perf_counter() - start)
+    except Exception as e:
+        log.warning("torch.compile failed (%s: %s); training in eager mode", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        compiled = model
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.load_state_dict(saved)
+    return compiled
+
+
+def _hparams(run: RunConfig, precision: Precision, info: DataInfo) -> dict:
+    """The columns of this run in TensorBoard's HParams tab."""
+    return {
+        "model": run.model["_target_"].rsplit(".", 1)[-1],
+        "data": info.name,
+        "precision": precision.name,
+        "loader.batch_size": run.loader.batch_size,
+        "loader.num_workers": run.loader.num_workers,
+        "augmentation": run.augmentation.placement,
+        "optim": run.optim.optimizer["_target_"].rsplit(".", 1)[-1],
+        "optim.lr": run.optim.optimizer.get("lr", float("nan")),
+        "trainer.compile": run.trainer.compile,
+        "trainer.channels_last": run.trainer.channels_last,
+    }

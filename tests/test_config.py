@@ -1,0 +1,95 @@
+"""Every option of every group composes and validates; bad input is rejected with the key,
+the value and what is allowed, every problem at once."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from saturate.config import RunConfig, validate
+from saturate.errors import ConfigError
+from tests.conftest import CONF, compose_config
+
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "sweep")
+OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
+
+
+def test_every_group_has_options():
+    for group in ("device", "precision", "loader", "augmentation", "model", "data", "optim", "experiment"):
+        assert any(g == group for g, _ in OPTIONS), group
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_validates(group, option, tmp_path):
+    cfg = compose_config([f"{group}={option}", f"run_dir={tmp_path}"])
+    run = validate(cfg)
+    assert isinstance(run, RunConfig)
+    assert run.run_dir == str(tmp_path)
+
+
+# (override, what the message must name): checked by our validator, all at once
+VALUE_PROBLEMS = [
+    ("loader.num_workers=-1", "loader.num_workers=-1"),
+    ("loader.batch_size=0", "loader.batch_size=0"),
+    ("loader.pin_memory=maybe", "loader.pin_memory='maybe'"),
+    ("loader.prefetch_factor=0", "loader.prefetch_factor=0"),
+    ("trainer.eval_interval=0", "trainer.eval_interval=0"),
+    ("trainer.max_epochs=0", "trainer.max_epochs=0"),
+    ("trainer.log_level=LOUD", "trainer.log_level='LOUD'"),
+    ("device.memory_fraction=1.5", "device.memory_fraction=1.5"),
+    ("device.memory_fraction=0", "device.memory_fraction=0.0"),
+    ("device.type=tpu", "device.type='tpu'"),
+    ("precision.mode=fp8", "precision.mode='fp8'"),
+    ("optim.schedule=linear", "optim.schedule='linear'"),
+    ("data.val_fraction=1.5", "data.val_fraction=1.5"),
+    ("+model.widht=3", "model.widht=3"),
+    ("+trainer.max_epoch=3", "trainer.max_epoch=3"),
+    ("+optim.optimizer.momentun=0.9", "optim.optimizer.momentun=0.9"),
+    ("model._target_=nowhere.Model", "model._target_='nowhere.Model'"),
+]
+
+
+@pytest.mark.parametrize(("override", "named"), VALUE_PROBLEMS, ids=[o for o, _ in VALUE_PROBLEMS])
+def test_bad_value_is_named_with_what_is_allowed(override, named, tmp_path):
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config([override, f"run_dir={tmp_path}"]))
+    message = str(err.value)
+    assert named in message
+    assert "expected" in message
+    assert len(err.value.problems) == 1
+
+
+def test_all_problems_are_reported_together(tmp_path):
+    overrides = [o for o, _ in VALUE_PROBLEMS[:8]]
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config([*overrides, f"run_dir={tmp_path}"]))
+    assert len(err.value.problems) == 8
+    for _, named in VALUE_PROBLEMS[:8]:
+        assert named in str(err.value)
+
+
+def test_data_fields_are_typed_per_option(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config(["data=synthetic", "data.num_train=many", "data.num_classes=1", "+data.root=/x", f"run_dir={tmp_path}"]))
+    message = str(err.value)
+    assert "data.num_train='many': expected an integer" in message
+    assert "data.num_classes=1: expected an integer >= 2" in message
+    assert "data.root='/x': expected one of the keys" in message
+
+
+# Problems Hydra itself catches while composing: wrong types, unknown keys and options.
+COMPOSE_PROBLEMS = [
+    ("trainer.max_epochs=abc", "trainer.max_epochs"),
+    ("trainer.foo=1", "trainer.foo"),
+    ("model=vgg", "model/vgg"),
+    ("precision=fp8", "precision/fp8"),
+    ("trainer.compile=perhaps", "trainer.compile"),
+]
+
+
+@pytest.mark.parametrize(("override", "named"), COMPOSE_PROBLEMS, ids=[o for o, _ in COMPOSE_PROBLEMS])
+def test_compose_rejects_wrong_types_and_unknown_names(override, named):
+    with pytest.raises((HydraException, OmegaConfBaseException)) as err:
+        compose_config([override])
+    assert named in str(err.value) + str(err.value.__cause__)

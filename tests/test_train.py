@@ -1,0 +1,135 @@
+"""Tiny real runs on the CPU: outputs, TensorBoard read back, each precision, presets."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+import saturate
+from tests.conftest import read_metrics
+
+CONTRACT_METRICS = [
+    "train/loss", "train/lr", "val/loss", "val/acc", "perf/samples_per_s", "perf/data_wait_frac", "perf/step_ms",
+    "memory/peak_mb", "time/wall_s", "progress/epoch", "progress/step",
+]  # fmt: skip
+
+
+def events(run_dir) -> EventAccumulator:
+    acc = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def session_hparams(acc: EventAccumulator) -> dict:
+    content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    return {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind")) for k, v in info.hparams.items()}
+
+
+def test_tiny_run_writes_the_contract_outputs(make_cfg):
+    cfg = make_cfg("trainer.max_epochs=2")
+    metrics = saturate.train(cfg)
+    run_dir = Path(cfg.run_dir)
+
+    for name in CONTRACT_METRICS:
+        assert math.isfinite(metrics[name]), name
+    assert metrics["progress/step"] == 6 and metrics["progress/epoch"] == 2
+    on_disk = read_metrics(run_dir)
+    assert {k: on_disk[k] for k in CONTRACT_METRICS} == {k: metrics[k] for k in CONTRACT_METRICS}
+    assert on_disk["status"] == "completed" and on_disk["data"] == "digits"
+
+    for name in ("last.pt", "best.pt"):
+        ckpt = torch.load(run_dir / "checkpoints" / name, weights_only=False)
+        assert {"model", "optimizer", "scheduler", "scaler", "epoch", "step", "rng", "config"} <= ckpt.keys()
+    assert ckpt["step"] == 6 and ckpt["config"]["loader"]["batch_size"] == 32
+
+    acc = events(run_dir)
+    scalars = set(acc.Tags()["scalars"])
+    assert set(CONTRACT_METRICS) <= scalars
+    assert [e.step for e in acc.Scalars("train/loss")][:3] == [1, 2, 3]  # logged every step (log_interval=1)
+    assert acc.Scalars("val/acc")[-1].value == pytest.approx(metrics["val/acc"])
+    hp = session_hparams(acc)
+    assert hp["loader.batch_size"] == 32 and hp["model"] == "SmallCNN" and hp["precision"] == "fp32"
+    assert "config" in "".join(acc.Tags()["tensors"])  # the resolved config as text
+
+
+@pytest.mark.parametrize(("mode", "resolved"), [("auto", "fp32"), ("amp", "bf16"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")])
+def test_each_precision_option_trains_on_cpu(make_cfg, mode, resolved):
+    cfg = make_cfg(f"precision={mode}")
+    metrics = saturate.train(cfg)
+    assert math.isfinite(metrics["train/loss"]) and metrics["progress/step"] == 3
+    assert read_metrics(cfg.run_dir)["precision"] == resolved
+
+
+def test_debug_experiment_runs_two_steps_per_epoch(make_cfg):
+    cfg = make_cfg("experiment=debug", tiny=False)
+    assert cfg.trainer.detect_anomaly and cfg.loader.num_workers == 0 and cfg.precision.mode == "fp32"
+    metrics = saturate.train(cfg)
+    assert metrics["progress/step"] == 4 and metrics["progress/epoch"] == 2
+
+
+def test_max_steps_stops_mid_epoch_and_still_evaluates(make_cfg):
+    cfg = make_cfg("trainer.limit_train_batches=-1", "trainer.max_steps=5", "trainer.max_epochs=3")
+    metrics = saturate.train(cfg)
+    assert metrics["progress/step"] == 5 and 0 < metrics["progress/epoch"] < 1
+    assert "val/acc" in metrics
+    assert torch.load(Path(cfg.run_dir) / "checkpoints/last.pt", weights_only=False)["step"] == 5
+
+
+def test_resnet18_on_synthetic_data_is_labelled_synthetic(make_cfg):
+    cfg = make_cfg("model=resnet18", "data=synthetic", "data.num_train=96", "data.num_val=32", "data.height=16", "data.width=16")
+    metrics = saturate.train(cfg)
+    assert math.isfinite(metrics["train/loss"])
+    assert read_metrics(cfg.run_dir)["synthetic"] is True
+
+
+def test_fast_loader_with_worker_processes(make_cfg):
+    cfg = make_cfg("loader=fast", "loader.num_workers=2", "loader.batch_size=64", "trainer.max_epochs=2")
+    assert cfg.loader.persistent_workers and cfg.loader.prefetch_factor == 4
+    metrics = saturate.train(cfg)
+    assert metrics["progress/step"] == 6
+
+
+def test_adamw_and_channels_last_and_grad_clip(make_cfg):
+    metrics = saturate.train(make_cfg("optim=adamw", "trainer.channels_last=true", "trainer.grad_clip=1.0"))
+    assert math.isfinite(metrics["train/loss"])
+
+
+def test_lr_schedule_warms_up_then_decays(make_cfg):
+    cfg = make_cfg("trainer.limit_train_batches=-1", "trainer.max_epochs=3", "optim.warmup_epochs=1")
+    saturate.train(cfg)
+    lrs = [e.value for e in events(cfg.run_dir).Scalars("train/lr")]
+    peak = max(lrs)
+    assert peak == pytest.approx(0.1, rel=0.05)
+    assert lrs[0] < peak and lrs[-1] < 0.01
+
+
+def test_compile_falls_back_to_eager_with_one_warning(make_cfg, monkeypatch, caplog):
+    def broken_compile(model, **kwargs):
+        def fail(*args, **kw):
+            raise RuntimeError("backend exploded")
+
+        return fail
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    metrics = saturate.train(make_cfg("trainer.compile=true"))
+    assert math.isfinite(metrics["train/loss"])
+    warnings = [r for r in caplog.records if "torch.compile failed" in r.getMessage()]
+    assert len(warnings) == 1 and "backend exploded" in warnings[0].getMessage()
+
+
+@pytest.mark.slow
+def test_compile_trains_for_real(make_cfg):
+    metrics = saturate.train(make_cfg("trainer.compile=true", "loader.batch_size=64"))
+    assert math.isfinite(metrics["train/loss"]) and metrics["progress/step"] == 3
+
+
+@pytest.mark.slow
+def test_default_run_reaches_its_accuracy(make_cfg):
+    metrics = saturate.train(make_cfg("trainer.progress=false", tiny=False))
+    assert metrics["val/acc"] >= 0.98

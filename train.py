@@ -1,0 +1,15 @@
+"""python train.py [group=option ...] [key=value ...]   (-m for a multirun sweep)"""
+
+import hydra
+from omegaconf import DictConfig
+
+import saturate
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> dict:
+    return saturate.train(cfg)
+
+
+if __name__ == "__main__":
+    main()
