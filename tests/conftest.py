@@ -64,5 +64,5 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu"):
             item.add_marker(skip)

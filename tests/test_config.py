@@ -47,6 +47,14 @@ VALUE_PROBLEMS = [
     ("+trainer.max_epoch=3", "trainer.max_epoch=3"),
     ("+optim.optimizer.momentun=0.9", "optim.optimizer.momentun=0.9"),
     ("model._target_=nowhere.Model", "model._target_='nowhere.Model'"),
+    ("augmentation.hflip=1.5", "augmentation.hflip=1.5"),
+    ("augmentation.erasing=-0.1", "augmentation.erasing=-0.1"),
+    ("augmentation.rotation=-3", "augmentation.rotation=-3.0"),
+    ("augmentation.preset=extreme", "augmentation.preset='extreme'"),
+    ("augmentation.translate=0.9", "augmentation.translate=0.9"),
+    ("augmentation.schedule=[{from_epoch:0,preset:minimal},{from_epoch:0,preset:strong}]", "augmentation.schedule="),
+    ("augmentation.schedule=[{from_epoch:2,preset:strong}]", "the first at 0"),
+    ("augmentation.placement=tpu", "augmentation.placement='tpu'"),
 ]
 
 

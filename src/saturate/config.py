@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -95,11 +96,45 @@ class LoaderConfig:
 
 
 @dataclass
+class StageConfig:
+    from_epoch: int = 0
+    preset: str = "standard"
+
+
+@dataclass
 class AugmentationConfig:
-    placement: str = "none"
+    placement: str = "none"  # none | cpu (per sample, in the workers) | gpu (batched, on the device)
+    preset: str = "standard"  # minimal | standard | strong (see saturate.augment.PRESETS)
+    schedule: list[StageConfig] = field(default_factory=list)  # by epoch; replaces `preset`
+    # Set any of these to override the preset (every stage of a schedule):
+    hflip: float | None = None  # probability
+    rotation: float | None = None  # degrees
+    brightness: float | None = None  # offset range, [0, 1]
+    contrast: float | None = None  # factor range, [0, 1]
+    translate: float | None = None  # shift range as a share of the size, [0, 0.5]
+    erasing: float | None = None  # probability
+    preview_images: int = 32  # augmented training images shown in TensorBoard per policy
 
     def problems(self) -> Issues:
-        yield from _choice("placement", self.placement, ("none",))
+        from saturate.augment import PRESETS  # noqa: PLC0415 (keeps kornia out of config imports)
+
+        yield from _choice("placement", self.placement, ("none", "cpu", "gpu"))
+        yield from _choice("preset", self.preset, tuple(PRESETS))
+        for key in ("hflip", "erasing"):
+            if getattr(self, key) is not None:
+                yield from _unit_interval(key, getattr(self, key))
+        if self.rotation is not None:
+            yield from _at_least("rotation", self.rotation, 0.0, " (degrees)")
+        for key, high in (("brightness", 1.0), ("contrast", 1.0), ("translate", 0.5)):
+            value = getattr(self, key)
+            if value is not None and not 0 <= value <= high:
+                yield key, value, f"a number in [0, {high}]"
+        for i, stage in enumerate(self.schedule):
+            yield from _choice(f"schedule[{i}].preset", stage.preset, tuple(PRESETS))
+        starts = [stage.from_epoch for stage in self.schedule]
+        if starts and (starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts))):
+            yield "schedule", [f"from_epoch={e}" for e in starts], "stages ordered by from_epoch, strictly increasing, the first at 0"
+        yield from _at_least("preview_images", self.preview_images, 0)
 
 
 @dataclass

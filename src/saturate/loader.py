@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from saturate.augment import SampleAugment
 from saturate.config import LoaderConfig
 
 log = logging.getLogger(__name__)
@@ -38,33 +39,52 @@ def auto_workers(per_sample_work: bool, cap: int = 8) -> int:
     return max(1, min(cap, cpus_per_process() - 1))
 
 
-class ToDevice:
-    """Host uint8 batch -> normalised float batch on the device (optionally channels_last)."""
+def no_augment(x: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
+    return x
 
-    def __init__(self, device: torch.device, mean, std, *, non_blocking: bool, channels_last: bool):
-        self.device, self.non_blocking = device, non_blocking
+
+class DevicePipeline:
+    """Host uint8 batch -> float batch on the device: copy, augment there (a no-op unless
+    augmentation runs on the device), normalise, and lay out as channels_last if asked.
+
+    `preview(x, epoch)`, if given, sees the augmented batch in [0, 1] before normalisation
+    (what the model sees) and decides itself when to record it.
+    """
+
+    def __init__(self, device: torch.device, mean, std, *, non_blocking: bool, channels_last: bool, augment=no_augment, preview=None):
+        self.device, self.non_blocking, self.augment, self.preview = device, non_blocking, augment, preview
         self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=device).view(1, -1, 1, 1)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.epoch = self.batch = 0
+
+    def begin_epoch(self, epoch: int, start: int) -> None:
+        self.epoch, self.batch = epoch, start
 
     def __call__(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch
         x = x.to(self.device, non_blocking=self.non_blocking)
         y = y.to(self.device, non_blocking=self.non_blocking)
-        x = x.float().div_(255).sub_(self.mean).div_(self.std)
+        x = self.augment(x.float().div_(255), self.epoch, self.batch)
+        self.batch += 1
+        if self.preview is not None:
+            self.preview(x, self.epoch)
+        x = x.sub_(self.mean).div_(self.std)
         return x.contiguous(memory_format=self.memory_format), y
 
 
 class ResumableSampler(DistributedSampler):
     """DistributedSampler (seeded by seed + epoch, sharded by rank) that can start an epoch
-    part-way through, at the first sample of batch `start`."""
+    part-way through, at the first sample of batch `start`. With `keyed`, it yields
+    (epoch, index) so that a per-sample augmentation in a worker knows the epoch."""
 
-    def __init__(self, dataset: Dataset, *, batch_size: int, shuffle: bool, seed: int, rank: int, world_size: int):
+    def __init__(self, dataset: Dataset, *, batch_size: int, shuffle: bool, seed: int, rank: int, world_size: int, keyed: bool):
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
-        self.batch_size, self.start = batch_size, 0
+        self.batch_size, self.start, self.keyed = batch_size, 0, keyed
 
-    def __iter__(self) -> Iterator[int]:
-        return itertools.islice(super().__iter__(), self.start * self.batch_size, None)
+    def __iter__(self) -> Iterator:
+        indices = itertools.islice(super().__iter__(), self.start * self.batch_size, None)
+        return ((self.epoch, i) for i in indices) if self.keyed else indices
 
     def __len__(self) -> int:
         return self.num_samples - self.start * self.batch_size
@@ -77,7 +97,7 @@ class StreamLoader:
         self,
         dataset: Dataset,
         cfg: LoaderConfig,
-        to_device: ToDevice,
+        to_device: DevicePipeline,
         *,
         train: bool,
         seed: int,
@@ -88,7 +108,10 @@ class StreamLoader:
         world_size: int = 1,
     ):
         self.to_device = to_device
-        self.sampler = ResumableSampler(dataset, batch_size=cfg.batch_size, shuffle=train, seed=seed, rank=rank, world_size=world_size)
+        keyed = isinstance(dataset, SampleAugment)
+        self.sampler = ResumableSampler(
+            dataset, batch_size=cfg.batch_size, shuffle=train, seed=seed, rank=rank, world_size=world_size, keyed=keyed
+        )
         self.drop_last = cfg.drop_last and train
         self.generator = torch.Generator()  # seeds the workers; reseeded every epoch
         self.seed = seed
@@ -114,5 +137,6 @@ class StreamLoader:
     def epoch(self, epoch: int, start: int = 0) -> Iterator[HostBatch]:
         self.sampler.set_epoch(epoch)
         self.sampler.start = start
+        self.to_device.begin_epoch(epoch, start)
         self.generator.manual_seed(self.seed * 1_000_003 + epoch)
         return itertools.islice(self.loader, max(0, self.batches_per_epoch - start))

@@ -6,6 +6,7 @@ Each `_setup_*` step receives only its own config node and the objects it depend
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 import random
@@ -19,14 +20,15 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from saturate.augment import BatchAugment, Preview, SampleAugment, Schedule
 from saturate.checkpoint import Checkpointer
-from saturate.config import LoaderConfig, RunConfig, TrainerConfig, validate
+from saturate.config import AugmentationConfig, LoaderConfig, RunConfig, TrainerConfig, validate
 from saturate.data import DataInfo, build_datasets
 from saturate.device import setup_device
 from saturate.engine import Engine, TrainState
 from saturate.errors import UserError
 from saturate.evaluate import Evaluator
-from saturate.loader import StreamLoader, ToDevice, auto_workers
+from saturate.loader import DevicePipeline, StreamLoader, auto_workers, no_augment
 from saturate.monitor import peak_memory
 from saturate.optim import setup_optimizer
 from saturate.precision import Precision, setup_precision
@@ -44,10 +46,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     run_dir = Path(run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 
+    tracker = Tracker(run_dir, log_interval=run.trainer.log_interval, progress=run.trainer.progress)
     device = setup_device(run.device)
     _seed_everything(run.trainer)
     train_set, val_set, info = build_datasets(run.data)
-    train_batches, val_batches = _setup_loaders(run.loader, train_set, val_set, info, device, run.trainer)
+    train_batches, val_batches = _setup_loaders(run.loader, run.augmentation, train_set, val_set, info, device, run.trainer, tracker)
     precision = setup_precision(run.precision, device)
     model, raw_model = _setup_model(run.model, info, device, run.trainer, precision, batch_size=run.loader.batch_size)
     steps_per_epoch = len(train_batches)
@@ -63,7 +66,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
         parts={"model": raw_model, "optimizer": optimizer, "scheduler": scheduler, "scaler": precision.scaler},
         config=resolved,
     )
-    tracker = Tracker(run_dir, log_interval=run.trainer.log_interval, total_steps=total_steps, progress=run.trainer.progress)
     tracker.text("config", "```yaml\n" + OmegaConf.to_yaml(resolved) + "```")
     timer = StepTimer(device)
     engine = Engine(
@@ -75,6 +77,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     log.info("training %s on %s%s: %d steps (%d per epoch), batch %d", type(raw_model).__name__, info.name,
              " (SYNTHETIC)" if info.synthetic else "", total_steps, steps_per_epoch, run.loader.batch_size)  # fmt: skip
 
+    tracker.start(total_steps)
     with logging_redirect_tqdm(), torch.autograd.set_detect_anomaly(run.trainer.detect_anomaly):
         last = engine.fit(TrainState())
 
@@ -101,16 +104,38 @@ def _seed_everything(cfg: TrainerConfig) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def _setup_loaders(cfg: LoaderConfig, train_set, val_set, info: DataInfo, device: torch.device, trainer: TrainerConfig):
+def _setup_loaders(
+    cfg: LoaderConfig,
+    aug: AugmentationConfig,
+    train_set,
+    val_set,
+    info: DataInfo,
+    device: torch.device,
+    trainer: TrainerConfig,
+    tracker: Tracker,
+):
+    """Training and validation batches. Augmentation is placed here, once: per sample in the
+    training dataset (cpu), or on the device in the training pipeline (gpu)."""
     if cfg.batch_size > len(train_set):
         raise UserError(f"loader.batch_size={cfg.batch_size}: larger than the training set ({len(train_set)} samples)")
-    workers = auto_workers(per_sample_work=False) if cfg.num_workers == "auto" else cfg.num_workers
+    schedule = Schedule.from_config(aug) if aug.placement != "none" else None
+    if aug.placement == "cpu":
+        train_set = SampleAugment(train_set, schedule, seed=trainer.seed)
+    workers = auto_workers(per_sample_work=aug.placement == "cpu") if cfg.num_workers == "auto" else cfg.num_workers
     pin = device.type == "cuda" if cfg.pin_memory == "auto" else cfg.pin_memory
-    to_device = ToDevice(device, info.mean, info.std, non_blocking=cfg.non_blocking, channels_last=trainer.channels_last)
+
+    pipeline = functools.partial(
+        DevicePipeline, device, info.mean, info.std, non_blocking=cfg.non_blocking, channels_last=trainer.channels_last
+    )
+    train_pipeline = pipeline(
+        augment=BatchAugment(schedule, seed=trainer.seed) if aug.placement == "gpu" else no_augment,
+        preview=Preview(tracker.images, schedule, aug.preview_images) if aug.preview_images else None,
+    )
     common = dict(seed=trainer.seed, num_workers=workers, pin_memory=pin)
-    train = StreamLoader(train_set, cfg, to_device, train=True, limit_batches=trainer.limit_train_batches, **common)
-    val = StreamLoader(val_set, cfg, to_device, train=False, limit_batches=trainer.limit_val_batches, **common)
-    log.info("loader: batch %d, %d workers, pin_memory=%s", cfg.batch_size, workers, pin)
+    train = StreamLoader(train_set, cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **common)
+    val = StreamLoader(val_set, cfg, pipeline(), train=False, limit_batches=trainer.limit_val_batches, **common)
+    stages = " -> ".join(f"{p.name} from epoch {e}" for e, p in schedule.stages) if schedule else ""
+    log.info("loader: batch %d, %d workers, pin_memory=%s; augmentation: %s %s", cfg.batch_size, workers, pin, aug.placement, stages)
     return train, val
 
 
@@ -160,6 +185,7 @@ def _hparams(run: RunConfig, precision: Precision, info: DataInfo) -> dict:
         "loader.batch_size": run.loader.batch_size,
         "loader.num_workers": run.loader.num_workers,
         "augmentation": run.augmentation.placement,
+        "augmentation.preset": "+".join(s.preset for s in run.augmentation.schedule) or run.augmentation.preset,
         "optim": run.optim.optimizer["_target_"].rsplit(".", 1)[-1],
         "optim.lr": run.optim.optimizer.get("lr", float("nan")),
         "trainer.compile": run.trainer.compile,

@@ -27,15 +27,20 @@ def _plain(value: Any) -> Any:
 
 
 class Tracker:
-    def __init__(self, run_dir: Path, *, log_interval: int, total_steps: int, progress: bool, enabled: bool = True):
+    def __init__(self, run_dir: Path, *, log_interval: int, progress: bool, enabled: bool = True):
         self.run_dir, self.log_interval, self.enabled = run_dir, log_interval, enabled
         self.writer = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter  # imported here: slow, rank 0 only
 
             self.writer = SummaryWriter(str(run_dir / "tb"))
-        self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True, disable=not (enabled and progress), leave=True)
+        # disable=None: tqdm turns itself off when stderr is not a terminal (logs, CI)
+        self.bar = tqdm(unit="step", dynamic_ncols=True, disable=None if enabled and progress else True)
         self.latest: dict[str, float] = {}
+
+    def start(self, total_steps: int, done: int = 0) -> None:
+        self.bar.reset(total=total_steps)
+        self.bar.update(done)
 
     def due(self, step: int) -> bool:
         return step % self.log_interval == 0
@@ -59,6 +64,11 @@ class Tracker:
     def text(self, tag: str, text: str, step: int = 0) -> None:
         if self.writer is not None:
             self.writer.add_text(tag, text, step)
+
+    def images(self, tag: str, images, step: int) -> None:
+        """A grid of images (N, C, H, W) in [0, 1]."""
+        if self.writer is not None:
+            self.writer.add_images(tag, images.detach().float().cpu(), step)
 
     def hparams(self, params: dict[str, Any], metrics: dict[str, float], step: int) -> None:
         """One HParams entry for this run: `params` as columns, `metrics` (logged as scalars

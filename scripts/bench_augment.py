@@ -1,0 +1,122 @@
+"""Per-sample augmentation in DataLoader workers vs batched augmentation on the device.
+
+    python scripts/bench_augment.py --size 32 --batch 256 --workers 0 1 2
+    python scripts/bench_augment.py --size 224 --batch 256 --workers 0 4 8 16 --model resnet18   # on a GPU
+
+Both placements run the same policy (saturate.augment). Per-sample rows go through a real
+DataLoader (uint8 in, uint8 out, collated, as `augmentation=cpu` runs it); the batched row
+copies the uint8 batch to the device and augments it there with Kornia (as
+`augmentation=gpu` runs it), timed with a synchronisation per batch. All rows run in this one
+process, interleaved over `--rounds`, and each figure is the median round. With `--model`,
+one training step of that model at this batch size is timed too, to give augmentation's
+share of the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+from torch.utils.data import DataLoader
+
+from saturate.augment import PRESETS, BatchAugment, SampleAugment, Schedule
+from saturate.data.base import ImageTensors
+from saturate.loader import ResumableSampler
+
+
+def per_sample_ms(data: SampleAugment, batch: int, workers: int, batches: int) -> list[float]:
+    """ms per batch over `batches` batches, after one warm-up batch (worker start-up)."""
+    sampler = ResumableSampler(data, batch_size=batch, shuffle=True, seed=0, rank=0, world_size=1, keyed=True)
+    loader = DataLoader(data, batch_size=batch, sampler=sampler, num_workers=workers, prefetch_factor=2 if workers else None)
+    it = iter(loader)
+    next(it)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return [1000 * (time.perf_counter() - start) / batches]
+
+
+def batched_ms(images: torch.Tensor, augment: BatchAugment, device: torch.device, batch: int, batches: int) -> list[float]:
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    augment(images[:batch].to(device).float().div_(255), 0, 0)  # warm-up: build the pipeline
+    sync()
+    start = time.perf_counter()
+    for b in range(batches):
+        i = (b * batch) % (len(images) - batch)
+        augment(images[i : i + batch].to(device, non_blocking=True).float().div_(255), 0, b)
+    sync()
+    return [1000 * (time.perf_counter() - start) / batches]
+
+
+def step_ms(model_name: str, batch: int, size: int, device: torch.device, steps: int = 3) -> float:
+    from hydra.utils import instantiate
+
+    model = instantiate(
+        {"_target_": f"saturate.models.{'ResNet18' if model_name == 'resnet18' else 'SmallCNN'}"}, in_channels=3, num_classes=10
+    )
+    model = model.to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(batch, 3, size, size, device=device), torch.randint(0, 10, (batch,), device=device)
+    times = []
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--preset", default="standard", choices=sorted(PRESETS))
+    parser.add_argument("--batches", type=int, default=10, help="timed batches per row and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", choices=["none", "small_cnn", "resnet18"], default="none")
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    n = max(args.batch * (args.batches + 2), 2048)
+    images = torch.randint(0, 256, (n, 3, args.size, args.size), dtype=torch.uint8)
+    if device.type == "cuda":
+        images = images.pin_memory()
+    schedule = Schedule([(0, PRESETS[args.preset])])
+    data = SampleAugment(ImageTensors(images, torch.zeros(n, dtype=torch.long)), schedule, seed=0)
+    augment = BatchAugment(schedule, seed=0)
+
+    rows: dict[str, list[float]] = {f"per-sample, {w} workers": [] for w in args.workers}
+    batched_row = f"batched on {device.type}" + (
+        f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else f" ({torch.get_num_threads()} threads)"
+    )
+    rows[batched_row] = []
+    for _ in range(args.rounds):  # interleaved: drift on a shared machine hits every row alike
+        for w in args.workers:
+            rows[f"per-sample, {w} workers"] += per_sample_ms(data, args.batch, w, args.batches)
+        rows[batched_row] += batched_ms(images, augment, device, args.batch, args.batches)
+
+    medians = {name: statistics.median(ms) for name, ms in rows.items()}
+    best_cpu = min(v for k, v in medians.items() if k.startswith("per-sample"))
+    machine = f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    rounds = f"median of {args.rounds} rounds x {args.batches} batches"
+    print(f"\naugmentation '{args.preset}' on {args.batch} x 3x{args.size}x{args.size}; {machine}; {rounds}\n")
+    print(f"| {'placement':<40} | ms/batch | images/s | vs best per-sample |")
+    print(f"|{'-' * 42}|---------:|---------:|-------------------:|")
+    for name, ms in medians.items():
+        print(f"| {name:<40} | {ms:8.2f} | {1000 * args.batch / ms:8.0f} | {best_cpu / ms:17.2f}x |")
+    if args.model != "none":
+        step = step_ms(args.model, args.batch, args.size, device)
+        aug = medians[batched_row]
+        share = 100 * aug / (step + aug)
+        print(f"\n{args.model} step at batch {args.batch}: {step:.1f} ms; batched augmentation {aug:.2f} ms = {share:.1f}% of the step")
+
+
+if __name__ == "__main__":
+    main()

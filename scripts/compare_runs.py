@@ -1,0 +1,66 @@
+"""Run train.py configurations side by side and compare their measured figures.
+
+    python scripts/compare_runs.py "augmentation=cpu" "augmentation=gpu" --common trainer.max_epochs=5
+    python scripts/compare_runs.py "loader=default" "loader=resident" --repeats 3
+
+Each argument is one configuration (space-separated overrides). Every configuration runs
+`--repeats` times, interleaved (A B A B ...) so that drift on a shared machine hits all of
+them alike, in this process through `saturate.train`, with outputs in a temporary
+directory. The table gives the median of each figure and each configuration's throughput
+relative to the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+import saturate
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+COLUMNS = [("perf/samples_per_s", "samples/s", "{:.0f}"), ("perf/data_wait_frac", "data wait", "{:.1%}"),
+           ("perf/step_ms", "step ms", "{:.2f}"), ("val/acc", "val/acc", "{:.4f}"), ("time/wall_s", "wall s", "{:.1f}")]  # fmt: skip
+
+
+def run_once(overrides: list[str], run_dir: Path) -> dict[str, float]:
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[*overrides, f"run_dir={run_dir}", "trainer.progress=false"])
+    return saturate.train(cfg)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("configs", nargs="+", help="one quoted string of overrides per configuration")
+    parser.add_argument("--common", nargs="*", default=[], help="overrides added to every configuration")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    logging.getLogger("saturate").setLevel(logging.WARNING)
+
+    results: dict[str, list[dict]] = {c: [] for c in args.configs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            for i, config in enumerate(args.configs):
+                results[config].append(run_once([*args.common, *config.split()], Path(tmp) / f"{i}-{r}"))
+
+    first = statistics.median(m["perf/samples_per_s"] for m in results[args.configs[0]])
+    print(f"\n{platform.machine()}, {os.cpu_count()} CPUs, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}, "
+          f"torch {torch.__version__}; common: {' '.join(args.common) or '-'}; median of {args.repeats}\n")  # fmt: skip
+    width = max(len(c) for c in args.configs)
+    print(f"| {'configuration':<{width}} | " + " | ".join(h for _, h, _ in COLUMNS) + " | vs first |")
+    print(f"|{'-' * (width + 2)}|" + "|".join("-" * (len(h) + 1) + ":" for _, h, _ in COLUMNS) + "|---------:|")
+    for config, runs in results.items():
+        cells = [fmt.format(statistics.median(m[key] for m in runs)).rjust(len(h)) for key, h, fmt in COLUMNS]
+        ratio = statistics.median(m["perf/samples_per_s"] for m in runs) / first
+        print(f"| {config:<{width}} | " + " | ".join(cells) + f" | {ratio:7.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

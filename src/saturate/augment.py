@@ -1,0 +1,243 @@
+"""One augmentation policy, two placements.
+
+A `Policy` says what to do: horizontal flip probability, rotation degrees, brightness and
+contrast strength, translation (the random crop with zero padding of the usual recipe) and
+random erasing. The same policy runs
+
+- batched on the training device (`BatchAugment`, Kornia's AugmentationSequential), on the
+  whole batch after the host-to-device copy, without autograd, before normalisation; or
+- per sample in the DataLoader workers (`SampleAugment`), with plain torch ops that follow
+  Kornia's parameter sampling and transforms exactly (tests compare the two on the same
+  parameters), because Kornia's modules cost milliseconds per call and would make a
+  strawman of the per-sample baseline.
+
+Randomness is keyed, not streamed: a sample's parameters come from (seed, epoch, index) and
+a batch's from (seed, epoch, batch), so results do not depend on which worker ran a sample,
+and a run resumed mid-epoch draws exactly what the uninterrupted run drew.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+ERASE_SCALE = (0.02, 0.33)  # erased area, as a share of the image
+ERASE_RATIO = (0.3, 3.3)  # erased rectangle's aspect ratio
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    hflip: float = 0.0  # probability
+    rotation: float = 0.0  # degrees: angle uniform in [-rotation, rotation]
+    brightness: float = 0.0  # added offset uniform in [-brightness, brightness]
+    contrast: float = 0.0  # factor uniform in [1 - contrast, 1 + contrast]
+    translate: float = 0.0  # shift uniform in [-translate, translate] x size (zero fill)
+    erasing: float = 0.0  # probability of erasing one rectangle (filled with 0)
+
+    def is_identity(self) -> bool:
+        return not any((self.hflip, self.rotation, self.brightness, self.contrast, self.translate, self.erasing))
+
+
+PRESETS = {
+    "minimal": Policy("minimal", hflip=0.5, translate=0.125),
+    "standard": Policy("standard", hflip=0.5, rotation=10, brightness=0.2, contrast=0.2, translate=0.125),
+    "strong": Policy("strong", hflip=0.5, rotation=20, brightness=0.4, contrast=0.4, translate=0.125, erasing=0.5),
+}
+POLICY_FIELDS = ("hflip", "rotation", "brightness", "contrast", "translate", "erasing")
+
+
+class Schedule:
+    """The policy of each epoch: stages (from_epoch, policy) sorted by epoch, first at 0."""
+
+    def __init__(self, stages: list[tuple[int, Policy]]):
+        self.stages = stages
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> Schedule:
+        """From an AugmentationConfig: its `schedule` stages (or its single `preset`), with
+        any field set on the node (e.g. `augmentation.rotation=30`) applied to every stage."""
+        overrides = {f: getattr(cfg, f) for f in POLICY_FIELDS if getattr(cfg, f) is not None}
+        stages = [(s.from_epoch, s.preset) for s in cfg.schedule] or [(0, cfg.preset)]
+        return cls([(epoch, replace(PRESETS[name], **overrides)) for epoch, name in stages])
+
+    def policy(self, epoch: int) -> Policy:
+        return [p for start, p in self.stages if start <= epoch][-1]
+
+
+def _key(*parts: int) -> int:
+    """One integer seed from several non-negative integers (stable across processes)."""
+    key = 0
+    for part in parts:
+        key = key * 1_000_003 + part
+    return key
+
+
+# --- batched, on the device -----------------------------------------------------------------
+
+
+def kornia_pipeline(policy: Policy) -> torch.nn.Module:
+    """The policy as a Kornia AugmentationSequential over (B, C, H, W) floats in [0, 1]."""
+    import kornia.augmentation as K
+
+    ops: list[torch.nn.Module] = []
+    if policy.hflip:
+        ops.append(K.RandomHorizontalFlip(p=policy.hflip))
+    if policy.rotation or policy.translate:
+        t = policy.translate
+        ops.append(K.RandomAffine(degrees=policy.rotation, translate=(t, t) if t else None, p=1.0))
+    if policy.brightness:
+        ops.append(K.RandomBrightness(brightness=(1 - policy.brightness, 1 + policy.brightness), p=1.0))
+    if policy.contrast:
+        ops.append(K.RandomContrast(contrast=(1 - policy.contrast, 1 + policy.contrast), p=1.0))
+    if policy.erasing:
+        ops.append(K.RandomErasing(scale=ERASE_SCALE, ratio=ERASE_RATIO, value=0.0, p=policy.erasing))
+    return K.AugmentationSequential(*ops) if ops else torch.nn.Identity()
+
+
+class BatchAugment:
+    """The device placement: `augment(x, epoch, batch)` for a batch already on the device."""
+
+    def __init__(self, schedule: Schedule, seed: int):
+        self.schedule, self.seed = schedule, seed
+        self._pipelines: dict[Policy, torch.nn.Module] = {}
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
+        policy = self.schedule.policy(epoch)
+        if policy not in self._pipelines:
+            self._pipelines[policy] = kornia_pipeline(policy)
+        # Kornia draws its parameters from the global CPU generator: seed it for this batch
+        # inside a fork, so no other user of the global generator sees a difference.
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(_key(self.seed, epoch, batch))
+            return self._pipelines[policy](x)
+
+
+# --- per sample, in DataLoader workers -------------------------------------------------------
+
+
+def _affine_theta(angle: float, tx: float, ty: float, h: int, w: int) -> list[list[float]]:
+    """affine_grid's theta (output -> input, normalised, align_corners=False) for Kornia's
+    RandomAffine: a rotation by `angle` degrees (clockwise as displayed) about the image
+    centre, then a shift by (tx, ty) pixels."""
+    a = math.radians(-angle)  # Kornia: get_rotation_matrix2d(center, -angle)
+    c, s = math.cos(a), math.sin(a)
+    cx, cy = w / 2 - 0.5, h / 2 - 0.5
+    m0, m1 = (1 - c) * cx - s * cy + tx, s * cx + (1 - c) * cy + ty  # forward: [[c, s, m0], [-s, c, m1]]
+    i02, i12 = -(c * m0 - s * m1), -(s * m0 + c * m1)  # inverse: [[c, -s, i02], [s, c, i12]]
+    # conjugate with pixel <-> normalised coordinates: x = w/2 * xn + (w - 1)/2
+    a02 = c * (w - 1) / 2 - s * (h - 1) / 2 + i02
+    a12 = s * (w - 1) / 2 + c * (h - 1) / 2 + i12
+    return [[c, -s * h / w, 2 / w * a02 + 1 / w - 1], [s * w / h, c, 2 / h * a12 + 1 / h - 1]]
+
+
+@functools.cache
+def _base_grid(h: int, w: int, dtype: torch.dtype) -> torch.Tensor:
+    """Homogeneous normalised pixel-centre coordinates (H*W, 3), as affine_grid builds them."""
+    xy = F.affine_grid(torch.eye(2, 3, dtype=dtype)[None], [1, 1, h, w], align_corners=False).view(h * w, 2)
+    return torch.cat([xy, torch.ones(h * w, 1, dtype=dtype)], dim=1)
+
+
+@dataclass
+class SampleParams:
+    """One sample's draw: the same quantities Kornia draws per sample."""
+
+    flip: bool = False
+    angle: float = 0.0  # degrees
+    shift: tuple[float, float] = (0.0, 0.0)  # pixels (x, y)
+    brightness: float = 0.0  # added
+    contrast: float = 1.0  # multiplied
+    erase: tuple[int, int, int, int] | None = None  # top, left, height, width
+
+
+def draw_params(policy: Policy, rng: random.Random, h: int, w: int) -> SampleParams:
+    """Draw one sample's parameters from the distributions Kornia draws them from."""
+    p = SampleParams()
+    if policy.hflip:
+        p.flip = rng.random() < policy.hflip
+    if policy.rotation:
+        p.angle = rng.uniform(-policy.rotation, policy.rotation)
+    if policy.translate:
+        t = policy.translate
+        p.shift = (rng.uniform(-t, t) * w, rng.uniform(-t, t) * h)
+    if policy.brightness:
+        p.brightness = rng.uniform(-policy.brightness, policy.brightness)
+    if policy.contrast:
+        p.contrast = rng.uniform(1 - policy.contrast, 1 + policy.contrast)
+    if policy.erasing and rng.random() < policy.erasing:
+        area = rng.uniform(*ERASE_SCALE) * h * w
+        ratio = rng.uniform(ERASE_RATIO[0], 1.0) if rng.random() < 0.5 else rng.uniform(1.0, ERASE_RATIO[1])
+        eh = int(min(max(round(math.sqrt(area * ratio)), 1), h))
+        ew = int(min(max(round(math.sqrt(area / ratio)), 1), w))
+        p.erase = (math.floor(rng.random() * (h - eh + 1)), math.floor(rng.random() * (w - ew + 1)), eh, ew)
+    return p
+
+
+def apply_params(x: torch.Tensor, policy: Policy, p: SampleParams) -> torch.Tensor:
+    """Transform one float image (C, H, W) in [0, 1] as Kornia does, in Kornia's order."""
+    _, h, w = x.shape
+    if p.flip:
+        x = x.flip(-1)
+    if policy.rotation or policy.translate:
+        theta_t = torch.tensor(list(zip(*_affine_theta(p.angle, *p.shift, h, w), strict=True)), dtype=x.dtype)  # (3, 2)
+        grid = _base_grid(h, w, x.dtype).mm(theta_t).view(1, h, w, 2)  # affine_grid, without its per-call set-up
+        x = F.grid_sample(x[None], grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
+    if policy.brightness or policy.contrast:  # brightness, then contrast, clipped after each (Kornia)
+        x = x.add(p.brightness).clamp_(0, 1).mul_(p.contrast).clamp_(0, 1)
+    if p.erase is not None:
+        top, left, eh, ew = p.erase
+        x = x.clone()
+        x[:, top : top + eh, left : left + ew] = 0
+    return x
+
+
+def augment_sample(x: torch.Tensor, policy: Policy, rng: random.Random) -> torch.Tensor:
+    """Draw and apply `policy` on one float image (C, H, W) in [0, 1]."""
+    return apply_params(x, policy, draw_params(policy, rng, x.shape[-2], x.shape[-1]))
+
+
+class SampleAugment(Dataset):
+    """The CPU placement: a dataset of uint8 images whose items are augmented one by one
+    (in the DataLoader's workers). Items are asked for by (epoch, index), so each sample's
+    parameters follow from (seed, epoch, index) and the epoch's policy."""
+
+    def __init__(self, base: Dataset, schedule: Schedule, seed: int):
+        self.base, self.schedule, self.seed = base, schedule, seed
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        epoch, index = key
+        image, label = self.base[index]
+        policy = self.schedule.policy(epoch)
+        if policy.is_identity():
+            return image, label
+        rng = random.Random(_key(self.seed, epoch, index))
+        out = augment_sample(image.float().div_(255), policy, rng)
+        # back to uint8: a quarter of the bytes through the workers' queues and the copy
+        return out.mul_(255).round_().to(torch.uint8), label
+
+
+class Preview:
+    """Shows what the model sees: a grid of augmented training images in TensorBoard at the
+    first batch, and again whenever the epoch's policy changes (a schedule's next stage)."""
+
+    def __init__(self, show_images, schedule: Schedule | None, count: int):
+        self.show_images, self.schedule, self.count = show_images, schedule, count
+        self._shown: Any = ()  # the policy last shown; () before the first batch
+
+    def __call__(self, x: torch.Tensor, epoch: int) -> None:
+        policy = self.schedule.policy(epoch) if self.schedule else None
+        if policy == self._shown:
+            return
+        self._shown = policy
+        self.show_images(f"augmentation/{policy.name if policy else 'none'}", x[: self.count].clamp(0, 1), epoch)
