@@ -240,4 +240,7 @@ class Preview:
         if policy == self._shown:
             return
         self._shown = policy
-        self.show_images(f"augmentation/{policy.name if policy else 'none'}", x[: self.count].clamp(0, 1), epoch)
+        images = x[: self.count].float()
+        if x.dtype == torch.uint8:
+            images = images / 255
+        self.show_images(f"augmentation/{policy.name if policy else 'none'}", images.clamp(0, 1), epoch)

@@ -33,9 +33,9 @@ from saturate.errors import ConfigError, Problem
 Issues = Iterator[tuple[str, Any, str]]
 
 
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> Issues:
+def _choice(key: str, value: Any, allowed: tuple) -> Issues:
     if value not in allowed:
-        yield key, value, "one of " + ", ".join(allowed)
+        yield key, value, "one of " + ", ".join(map(str, allowed))
 
 
 def _at_least(key: str, value: Any, low: int | float, extra: str = "") -> Issues:
@@ -86,6 +86,8 @@ class LoaderConfig:
     prefetch_factor: int = 2  # batches each worker keeps ready
     non_blocking: bool = True  # asynchronous host-to-device copies
     drop_last: bool = True  # training only; evaluation sees every sample
+    resident: bool = False  # hold the whole data set on the device; batches are index slices
+    resident_memory_fraction: float = 0.5  # most of the device's free memory the data may take
 
     def problems(self) -> Issues:
         yield from _at_least("batch_size", self.batch_size, 1)
@@ -93,6 +95,7 @@ class LoaderConfig:
         if self.pin_memory not in (True, False, "auto"):
             yield "pin_memory", self.pin_memory, "true, false or 'auto'"
         yield from _at_least("prefetch_factor", self.prefetch_factor, 1)
+        yield from _unit_interval("resident_memory_fraction", self.resident_memory_fraction, open_low=True)
 
 
 @dataclass
@@ -216,7 +219,37 @@ class SyntheticData:
         yield from _at_least("num_classes", self.num_classes, 2)
 
 
-DATA_SCHEMAS: dict[str, type] = {"digits": DigitsData, "synthetic": SyntheticData}
+@dataclass
+class Cifar10Data:
+    """CIFAR-10's python-pickle batches, read from a local folder (never downloaded)."""
+
+    name: str = "cifar10"
+    root: str = "data/cifar-10-batches-py"  # relative paths start at the working directory
+
+    def problems(self) -> Issues:
+        return iter(())  # whether the files are there is checked when they are read
+
+
+@dataclass
+class ImageFolderData:
+    """Class sub-folders of image files, decoded with PIL (per sample, in the workers)."""
+
+    name: str = "image_folder"
+    root: str = "data/images"
+    image_size: int = 32  # every image is resized to image_size x image_size
+    channels: int = 3  # 3: RGB, 1: greyscale
+    val_fraction: float = 0.2  # when root has no train/ and val/ sub-folders
+    split_seed: int = 0
+    strict: bool = False  # true: the first unreadable file is an error, not a warning
+
+    def problems(self) -> Issues:
+        yield from _at_least("image_size", self.image_size, 1)
+        yield from _choice("channels", self.channels, (1, 3))
+        if not 0 < self.val_fraction < 1:
+            yield "val_fraction", self.val_fraction, "a number in (0, 1)"
+
+
+DATA_SCHEMAS: dict[str, type] = {"digits": DigitsData, "synthetic": SyntheticData, "cifar10": Cifar10Data, "image_folder": ImageFolderData}
 
 
 @dataclass
@@ -300,6 +333,12 @@ def validate(cfg: DictConfig) -> RunConfig:
         run.data = _typed_node(schema, data, "data", problems)
         problems += [Problem(f"data.{k}", v, a) for k, v, a in run.data.problems()]
 
+    if run.loader.resident and run.augmentation.placement == "cpu":
+        problems.append(
+            Problem(
+                "augmentation.placement", "cpu", "gpu or none with loader.resident=true (a resident loader has no workers to augment in)"
+            )
+        )
     problems += _check_target(dict(run.model), "model", given=("in_channels", "num_classes"))
     problems += _check_target(dict(run.optim.optimizer), "optim.optimizer", given=("params",))
 

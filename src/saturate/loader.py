@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from saturate.augment import SampleAugment
 from saturate.config import LoaderConfig
+from saturate.data.base import ImageTensors
 
 log = logging.getLogger(__name__)
 
@@ -39,22 +40,19 @@ def auto_workers(per_sample_work: bool, cap: int = 8) -> int:
     return max(1, min(cap, cpus_per_process() - 1))
 
 
-def no_augment(x: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
-    return x
-
-
 class DevicePipeline:
-    """Host uint8 batch -> float batch on the device: copy, augment there (a no-op unless
-    augmentation runs on the device), normalise, and lay out as channels_last if asked.
+    """Host uint8 batch -> normalised float batch on the device: copy, augment there (when
+    augmentation runs on the device), normalise, lay out as channels_last if asked.
 
-    `preview(x, epoch)`, if given, sees the augmented batch in [0, 1] before normalisation
-    (what the model sees) and decides itself when to record it.
+    `preview(x, epoch)`, if given, sees the batch the model gets before normalisation
+    (uint8, or floats in [0, 1] after device augmentation) and decides when to record it.
     """
 
-    def __init__(self, device: torch.device, mean, std, *, non_blocking: bool, channels_last: bool, augment=no_augment, preview=None):
+    def __init__(self, device: torch.device, mean, std, *, non_blocking: bool, channels_last: bool, augment=None, preview=None):
         self.device, self.non_blocking, self.augment, self.preview = device, non_blocking, augment, preview
-        self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
-        self.std = torch.tensor(std, device=device).view(1, -1, 1, 1)
+        std = torch.tensor(std, device=device).view(1, -1, 1, 1)
+        self.scale, self.shift = 1 / std, -torch.tensor(mean, device=device).view(1, -1, 1, 1) / std  # (x - mean) / std
+        self.scale_u8 = self.scale / 255  # the same, straight from uint8 when nothing runs in between
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.epoch = self.batch = 0
 
@@ -65,12 +63,22 @@ class DevicePipeline:
         x, y = batch
         x = x.to(self.device, non_blocking=self.non_blocking)
         y = y.to(self.device, non_blocking=self.non_blocking)
-        x = self.augment(x.float().div_(255), self.epoch, self.batch)
+        if self.augment is None:
+            if self.preview is not None:
+                self.preview(x, self.epoch)
+            x = x.float().mul_(self.scale_u8).add_(self.shift)
+        else:
+            x = self.augment(x.float().div_(255), self.epoch, self.batch)
+            if self.preview is not None:
+                self.preview(x, self.epoch)
+            x = x.mul_(self.scale).add_(self.shift)
         self.batch += 1
-        if self.preview is not None:
-            self.preview(x, self.epoch)
-        x = x.sub_(self.mean).div_(self.std)
         return x.contiguous(memory_format=self.memory_format), y
+
+
+def already_collated(batch: HostBatch) -> HostBatch:
+    """collate_fn for datasets whose __getitems__ returns a whole batch."""
+    return batch
 
 
 class ResumableSampler(DistributedSampler):
@@ -125,11 +133,11 @@ class StreamLoader:
             persistent_workers=cfg.persistent_workers and num_workers > 0,
             prefetch_factor=cfg.prefetch_factor if num_workers > 0 else None,
             generator=self.generator,
+            collate_fn=already_collated if hasattr(dataset, "__getitems__") else None,
         )
         full = self.sampler.num_samples // cfg.batch_size if self.drop_last else -(-self.sampler.num_samples // cfg.batch_size)
         self.batches_per_epoch = full if limit_batches < 0 else min(full, limit_batches)
-        self.batch_size = cfg.batch_size
-        self.num_workers = num_workers
+        self.batch_size, self.num_workers, self.dataset = cfg.batch_size, num_workers, dataset
 
     def __len__(self) -> int:
         return self.batches_per_epoch
@@ -140,3 +148,71 @@ class StreamLoader:
         self.to_device.begin_epoch(epoch, start)
         self.generator.manual_seed(self.seed * 1_000_003 + epoch)
         return itertools.islice(self.loader, max(0, self.batches_per_epoch - start))
+
+
+def memory_budget(device: torch.device) -> int:
+    """Bytes of memory on `device` the process could still take: free CUDA memory, or the
+    host's available memory for the CPU."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+class ResidentLoader:
+    """The whole data set stored once on the training device as uint8; a batch is an index
+    slice of the epoch's permutation, gathered there: no workers, no per-batch copy
+    (airbench-style). The permutation is the one ResumableSampler draws, so resident and
+    streaming loaders see the same batches for the same seed.
+
+    If the data would take more than `resident_memory_fraction` of the device's free memory,
+    it stays in host memory and each gathered batch is staged through pinned memory for an
+    asynchronous copy (a warning says so)."""
+
+    def __init__(self, data: ImageTensors, cfg: LoaderConfig, to_device: DevicePipeline, *, train: bool, seed: int,
+                 limit_batches: int = -1, rank: int = 0, world_size: int = 1):  # fmt: skip
+        device = to_device.device
+        nbytes = data.images.nbytes + data.labels.nbytes
+        budget = int(cfg.resident_memory_fraction * memory_budget(device))
+        home = device
+        if nbytes > budget:
+            home = torch.device("cpu")
+            log.warning("loader.resident: the data (%.0f MB) exceeds loader.resident_memory_fraction=%g of free %s memory "
+                        "(%.0f MB); keeping it in host memory and staging batches through pinned memory",
+                        nbytes / 2**20, cfg.resident_memory_fraction, device.type, budget / 2**20)  # fmt: skip
+        self.images, self.labels = data.images.to(home), data.labels.to(home)
+        self.home, self.to_device = home, to_device
+        self.stage = home != device  # host-resident for a CUDA device: pin each gathered batch
+        self.sampler = ResumableSampler(
+            data, batch_size=cfg.batch_size, shuffle=train, seed=seed, rank=rank, world_size=world_size, keyed=False
+        )
+        self.batch_size, self.drop_last, self.num_workers = cfg.batch_size, cfg.drop_last and train, 0
+        n = self.sampler.num_samples
+        full = n // cfg.batch_size if self.drop_last else -(-n // cfg.batch_size)
+        self.batches_per_epoch = full if limit_batches < 0 else min(full, limit_batches)
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """This rank's sample order for `epoch`: DistributedSampler's, computed as a tensor
+        (its list form costs milliseconds per epoch at CIFAR size)."""
+        s = self.sampler
+        if s.shuffle:
+            order = torch.randperm(len(s.dataset), generator=torch.Generator().manual_seed(s.seed + epoch))
+        else:
+            order = torch.arange(len(s.dataset))
+        padding = s.total_size - len(order)
+        if padding > 0:  # as DistributedSampler pads: repeat from the start
+            order = torch.cat([order, order.repeat(-(-padding // len(order)))[:padding]])
+        return order[s.rank : s.total_size : s.num_replicas]
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[HostBatch]:
+        self.to_device.begin_epoch(epoch, start)
+        order = self.order(epoch).to(self.home)
+        for b in range(start, self.batches_per_epoch):
+            index = order[b * self.batch_size : (b + 1) * self.batch_size]
+            x, y = self.images.index_select(0, index), self.labels.index_select(0, index)
+            yield (x.pin_memory(), y.pin_memory()) if self.stage else (x, y)

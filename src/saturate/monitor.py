@@ -16,3 +16,12 @@ def peak_memory(device: torch.device):
         return lambda: torch.cuda.max_memory_allocated(device) / 2**20
     scale = 2**20 if sys.platform == "darwin" else 2**10  # ru_maxrss: bytes on macOS, KiB on Linux
     return lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
+
+
+def device_memory_mb(device: torch.device) -> float:
+    """Total memory of the training device: the GPU's, or the host's for the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 2**20
+    import psutil
+
+    return psutil.virtual_memory().total / 2**20

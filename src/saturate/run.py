@@ -23,15 +23,16 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from saturate.augment import BatchAugment, Preview, SampleAugment, Schedule
 from saturate.checkpoint import Checkpointer
 from saturate.config import AugmentationConfig, LoaderConfig, RunConfig, TrainerConfig, validate
-from saturate.data import DataInfo, build_datasets
+from saturate.data import DataInfo, ImageTensors, build_datasets
 from saturate.device import setup_device
 from saturate.engine import Engine, TrainState
 from saturate.errors import UserError
 from saturate.evaluate import Evaluator
-from saturate.loader import DevicePipeline, StreamLoader, auto_workers, no_augment
-from saturate.monitor import peak_memory
+from saturate.loader import DevicePipeline, ResidentLoader, StreamLoader, auto_workers, cpus_per_process
+from saturate.monitor import device_memory_mb, peak_memory
 from saturate.optim import setup_optimizer
 from saturate.precision import Precision, setup_precision
+from saturate.report import RunFacts, Verdict, diagnose, render
 from saturate.timing import StepTimer
 from saturate.tracking import Tracker, write_json
 
@@ -81,17 +82,43 @@ def train(cfg: DictConfig) -> dict[str, float]:
     with logging_redirect_tqdm(), torch.autograd.set_detect_anomaly(run.trainer.detect_anomaly):
         last = engine.fit(TrainState())
 
-    metrics = {**last, **timer.run_window().metrics(), "time/wall_s": time.perf_counter() - start_time}
+    metrics = {**last, **timer.run_window().metrics(), **info.notes, "time/wall_s": time.perf_counter() - start_time}
+    verdict = _report(
+        run, metrics, steps=timer.run_window().steps, device=device, train_batches=train_batches, precision=precision, tracker=tracker
+    )
     tracker.hparams(_hparams(run, precision, info), metrics, step=int(metrics["progress/step"]))
     tracker.close()
-    write_json(
-        run_dir / "metrics.json",
-        {**metrics, "status": "completed", "data": info.name, "synthetic": info.synthetic, "precision": precision.name},
-    )
+    extra = {"status": "completed", "verdict": verdict.kind, "data": info.name, "synthetic": info.synthetic, "precision": precision.name}
+    write_json(run_dir / "metrics.json", {**metrics, **extra})
     log.info("done in %.1fs: val/acc %.4f, val/loss %.4f, %.0f samples/s, data wait %.0f%%, peak memory %.0f MB -> %s",
              metrics["time/wall_s"], metrics["val/acc"], metrics["val/loss"], metrics["perf/samples_per_s"],
              100 * metrics["perf/data_wait_frac"], metrics["memory/peak_mb"], run_dir)  # fmt: skip
     return metrics
+
+
+def _report(run: RunConfig, metrics: dict, *, steps: int, device, train_batches, precision: Precision, tracker: Tracker) -> Verdict:
+    """The bottleneck report: to the console, report.md and TensorBoard."""
+    facts = RunFacts(
+        device=device.type,
+        batch_size=run.loader.batch_size,
+        num_workers=train_batches.num_workers,
+        cpus=cpus_per_process(),
+        resident=run.loader.resident,
+        in_memory=isinstance(getattr(train_batches, "dataset", None), (ImageTensors, SampleAugment)) or run.loader.resident,
+        placement=run.augmentation.placement,
+        persistent_workers=run.loader.persistent_workers,
+        pin_memory=run.loader.pin_memory is True or (run.loader.pin_memory == "auto" and device.type == "cuda"),
+        precision=precision.name,
+        compile=run.trainer.compile,
+        channels_last=run.trainer.channels_last,
+        memory_headroom=metrics["memory/peak_mb"] < 0.5 * device_memory_mb(device),
+    )
+    verdict = diagnose(metrics, facts)
+    text = render(metrics, verdict, steps=steps)
+    (Path(run.run_dir) / "report.md").write_text(text)
+    tracker.text("report", text)
+    log.info("\n%s", text)
+    return verdict
 
 
 def _seed_everything(cfg: TrainerConfig) -> None:
@@ -128,14 +155,20 @@ def _setup_loaders(
         DevicePipeline, device, info.mean, info.std, non_blocking=cfg.non_blocking, channels_last=trainer.channels_last
     )
     train_pipeline = pipeline(
-        augment=BatchAugment(schedule, seed=trainer.seed) if aug.placement == "gpu" else no_augment,
+        augment=BatchAugment(schedule, seed=trainer.seed) if aug.placement == "gpu" else None,
         preview=Preview(tracker.images, schedule, aug.preview_images) if aug.preview_images else None,
     )
-    common = dict(seed=trainer.seed, num_workers=workers, pin_memory=pin)
-    train = StreamLoader(train_set, cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **common)
-    val = StreamLoader(val_set, cfg, pipeline(), train=False, limit_batches=trainer.limit_val_batches, **common)
+    if cfg.resident:
+        train_set, val_set = (d.materialize() if hasattr(d, "materialize") else d for d in (train_set, val_set))
+        train = ResidentLoader(train_set, cfg, train_pipeline, train=True, seed=trainer.seed, limit_batches=trainer.limit_train_batches)
+        val = ResidentLoader(val_set, cfg, pipeline(), train=False, seed=trainer.seed, limit_batches=trainer.limit_val_batches)
+    else:
+        common = dict(seed=trainer.seed, num_workers=workers, pin_memory=pin)
+        train = StreamLoader(train_set, cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **common)
+        val = StreamLoader(val_set, cfg, pipeline(), train=False, limit_batches=trainer.limit_val_batches, **common)
     stages = " -> ".join(f"{p.name} from epoch {e}" for e, p in schedule.stages) if schedule else ""
-    log.info("loader: batch %d, %d workers, pin_memory=%s; augmentation: %s %s", cfg.batch_size, workers, pin, aug.placement, stages)
+    kind = f"resident on {train.home}" if cfg.resident else f"{workers} workers, pin_memory={pin}"
+    log.info("loader: batch %d, %s; augmentation: %s %s", cfg.batch_size, kind, aug.placement, stages)
     return train, val
 
 

@@ -1,17 +1,24 @@
-"""Data sets, as uint8 images N x C x H x W plus int64 labels, and what the run needs to know
-about them (shape, classes, normalisation statistics)."""
+"""Data sets, as uint8 images (N, C, H, W) with int64 labels, and what the run needs to know
+about them (shape, classes, normalisation statistics). Builders are imported when chosen:
+scikit-learn and PIL cost start-up time only to the runs that use them."""
 
 from __future__ import annotations
 
+import importlib
+
 from saturate.data.base import DataInfo, ImageTensors
-from saturate.data.digits import load_digits
-from saturate.data.synthetic import make_synthetic
 
 __all__ = ["DataInfo", "ImageTensors", "build_datasets"]
 
-_BUILDERS = {"digits": load_digits, "synthetic": make_synthetic}
+_BUILDERS = {
+    "digits": "saturate.data.digits:load_digits",
+    "synthetic": "saturate.data.synthetic:make_synthetic",
+    "cifar10": "saturate.data.cifar10:load_cifar10",
+    "image_folder": "saturate.data.image_folder:load_image_folder",
+}
 
 
-def build_datasets(cfg) -> tuple[ImageTensors, ImageTensors, DataInfo]:
+def build_datasets(cfg):
     """(train, val, info) for the data option `cfg` (a schema from saturate.config)."""
-    return _BUILDERS[cfg.name](cfg)
+    module, name = _BUILDERS[cfg.name].split(":")
+    return getattr(importlib.import_module(module), name)(cfg)

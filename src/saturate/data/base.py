@@ -37,3 +37,9 @@ class ImageTensors(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A whole batch in one gather; the DataLoader calls this instead of __getitem__ per
+        sample (and then collates nothing: see saturate.loader.StreamLoader)."""
+        index = torch.tensor(indices)
+        return self.images.index_select(0, index), self.labels.index_select(0, index)

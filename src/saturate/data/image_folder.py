@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import logging
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from saturate.data.base import DataInfo, ImageTensors, channel_stats
+from saturate.errors import DataError
+
+log = logging.getLogger(__name__)
+
+
+def decode(path: Path, size: int, channels: int) -> torch.Tensor:
+    """One image file -> uint8 (C, size, size): PIL decode, convert, bilinear resize."""
+    with Image.open(path) as img:
+        img = img.convert("L" if channels == 1 else "RGB")
+        if img.size != (size, size):
+            img = img.resize((size, size), Image.BILINEAR)
+        array = np.asarray(img, dtype=np.uint8)
+    return torch.from_numpy(array.reshape(size, size, channels).transpose(2, 0, 1).copy())
+
+
+def _unreadable(path: Path) -> str | None:
+    """None if the file decodes in full, else why not. A full decode, not PIL's verify():
+    verify() passes truncated JPEGs, which would then fail in a worker mid-epoch."""
+    try:
+        with Image.open(path) as img:
+            img.load()
+        return None
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
+class ImageFiles(Dataset):
+    """Image files decoded one by one on access (in the DataLoader's workers)."""
+
+    def __init__(self, files: list[Path], labels: list[int], size: int, channels: int):
+        self.files, self.labels = files, torch.tensor(labels, dtype=torch.int64)
+        self.size, self.channels = size, channels
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            return decode(self.files[index], self.size, self.channels), self.labels[index]
+        except OSError as e:  # decoded at start-up: changed on disk since
+            raise DataError(f"cannot read {self.files[index]} ({type(e).__name__}: {e}); it decoded at start-up") from None
+
+    def materialize(self) -> ImageTensors:
+        """Decode every file now, into one uint8 tensor in memory (for the resident loader)."""
+        images = torch.stack([self[i][0] for i in range(len(self))])
+        return ImageTensors(images, self.labels)
+
+
+def _scan(folder: Path, classes: list[str], strict: bool) -> tuple[list[Path], list[int], list[str]]:
+    found = [(p, label) for label, name in enumerate(classes) for p in sorted((folder / name).rglob("*")) if p.is_file()]
+    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:  # PIL decodes without the GIL
+        reasons = list(pool.map(_unreadable, [path for path, _ in found]))
+    files, labels, skipped = [], [], []
+    for (path, label), reason in zip(found, reasons, strict=True):
+        if reason is None:
+            files.append(path)
+            labels.append(label)
+        elif strict:
+            raise DataError(f"data.strict=true: {path} is not a readable image ({reason})")
+        else:
+            log.warning("skipping %s: not a readable image (%s)", path, reason)
+            skipped.append(str(path))
+    return files, labels, skipped
+
+
+def load_image_folder(cfg) -> tuple[ImageFiles, ImageFiles, DataInfo]:
+    """Class sub-folders under `data.root` (root/<class>/*.png|jpg|...). If root has train/
+    and val/ sub-folders, those are the split; otherwise a stratified `val_fraction` split.
+    Every file is decoded once at start-up (in threads) to find broken ones before training:
+    unreadable, truncated or non-image files are skipped, each named in a warning and
+    counted (metrics `data/skipped_files`), or with data.strict=true the first one is an
+    error naming the file."""
+    root = Path(cfg.root).expanduser()
+    if not root.is_dir():
+        raise DataError(f"data.root={cfg.root!r}: no such folder; expected class sub-folders (root/<class>/<image files>)")
+    split = (root / "train").is_dir() and (root / "val").is_dir()
+    base = root / "train" if split else root
+    classes = sorted(p.name for p in base.iterdir() if p.is_dir())
+    if len(classes) < 2:
+        raise DataError(f"data.root={cfg.root!r}: found {len(classes)} class sub-folder(s) in {base}; need at least 2")
+
+    files, labels, skipped = _scan(base, classes, cfg.strict)
+    if split:
+        val_files, val_labels, val_skipped = _scan(root / "val", classes, cfg.strict)
+        skipped += val_skipped
+    else:
+        order = list(range(len(files)))
+        random.Random(cfg.split_seed).shuffle(order)
+        val_idx = set()
+        for label in range(len(classes)):  # stratified: the same share of every class
+            members = [i for i in order if labels[i] == label]
+            val_idx.update(members[: round(len(members) * cfg.val_fraction)])
+        val_files, val_labels = [files[i] for i in sorted(val_idx)], [labels[i] for i in sorted(val_idx)]
+        files, labels = (
+            [files[i] for i in range(len(files)) if i not in val_idx],
+            [labels[i] for i in range(len(labels)) if i not in val_idx],
+        )
+    if not files or not val_files:
+        raise DataError(f"data.root={cfg.root!r}: no readable images for {'training' if not files else 'validation'}")
+
+    train = ImageFiles(files, labels, cfg.image_size, cfg.channels)
+    val = ImageFiles(val_files, val_labels, cfg.image_size, cfg.channels)
+    sample = random.Random(0).sample(range(len(train)), min(len(train), 512))  # normalisation statistics
+    mean, std = channel_stats(torch.stack([train[i][0] for i in sample]))
+    info = DataInfo(
+        "image_folder", cfg.channels, cfg.image_size, cfg.image_size, len(classes), mean, std, notes={"data/skipped_files": len(skipped)}
+    )
+    log.info("image_folder: %d classes, %d train / %d val images, %d skipped", len(classes), len(train), len(val), len(skipped))
+    return train, val, info

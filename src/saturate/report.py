@@ -1,0 +1,120 @@
+"""The bottleneck report: where the step time went, a verdict, and what to try next.
+
+The verdict is decided by one measured figure, the share of step time spent waiting for the
+next batch (`perf/data_wait_frac`): at least INPUT_BOUND is input-bound, at most
+COMPUTE_BOUND is compute-bound, in between balanced. When GPU utilisation was sampled it is
+reported beside it. Suggestions are overrides that change something this run did not
+already do, most likely to help first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+INPUT_BOUND = 0.20
+COMPUTE_BOUND = 0.05
+
+
+@dataclass
+class RunFacts:
+    """What the run did, as far as the suggestions need to know."""
+
+    device: str  # "cuda" or "cpu"
+    batch_size: int
+    num_workers: int
+    cpus: int  # CPUs this process may use
+    resident: bool
+    in_memory: bool  # the data set is an in-memory tensor (not decoded per sample)
+    placement: str  # augmentation: none, cpu or gpu
+    persistent_workers: bool
+    pin_memory: bool
+    precision: str  # resolved: fp32, bf16, fp16
+    compile: bool
+    channels_last: bool
+    memory_headroom: bool  # peak memory under half of the device's
+
+
+@dataclass
+class Verdict:
+    kind: str  # input-bound, compute-bound or balanced
+    reason: str  # the measured figure that decided it
+    suggestions: list[tuple[str, str]] = field(default_factory=list)  # (overrides, why)
+
+
+def _input_fixes(f: RunFacts) -> list[tuple[str, str]]:
+    fixes = []
+    if f.placement == "cpu":
+        fixes.append(
+            (
+                "augmentation=gpu",
+                "per-sample augmentation in the workers is the usual bottleneck; batched on the device it is one kernel per op",
+            )
+        )
+    if not f.resident and f.in_memory and f.placement != "cpu":
+        fixes.append(
+            ("loader=resident", "the data set fits in memory: keep it on the device and slice batches there, no workers, no copies")
+        )
+    if not f.resident and f.num_workers < max(1, f.cpus - 1) and (f.placement == "cpu" or not f.in_memory):
+        fixes.append((f"loader.num_workers={max(1, f.cpus - 1)}", f"{f.num_workers} workers for {f.cpus} CPUs"))
+    if f.num_workers > 0 and not f.persistent_workers:
+        fixes.append(("loader.persistent_workers=true", "workers are restarted every epoch"))
+    if f.device == "cuda" and not f.pin_memory and not f.resident:
+        fixes.append(("loader.pin_memory=true", "copies from pageable memory are synchronous"))
+    return fixes
+
+
+def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
+    fixes = []
+    if f.device == "cuda" and f.precision == "fp32":
+        fixes.append(("precision=amp", "bf16/fp16 tensor cores do several times the fp32 work per second"))
+    if not f.compile:
+        fixes.append(("trainer.compile=true", "fused kernels: fewer launches and memory round trips"))
+    if f.device == "cuda" and not f.channels_last:
+        fixes.append(("trainer.channels_last=true", "convolutions run faster in NHWC on tensor cores"))
+    if f.memory_headroom:
+        fixes.append(
+            (f"loader.batch_size={2 * f.batch_size}", "peak memory is under half of the device's: larger steps amortise per-step overhead")
+        )
+    return fixes
+
+
+def diagnose(perf: dict[str, float], facts: RunFacts) -> Verdict:
+    wait = perf["perf/data_wait_frac"]
+    figure = f"waiting for data took {wait:.1%} of step time"
+    if wait >= INPUT_BOUND:
+        return Verdict("input-bound", f"{figure} (>= {INPUT_BOUND:.0%})", _input_fixes(facts))
+    if wait <= COMPUTE_BOUND:
+        return Verdict("compute-bound", f"{figure} (<= {COMPUTE_BOUND:.0%})", _compute_fixes(facts))
+    both = _input_fixes(facts)[:1] + _compute_fixes(facts)[:1]
+    return Verdict("balanced", f"{figure} (between {COMPUTE_BOUND:.0%} and {INPUT_BOUND:.0%})", both)
+
+
+def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[str, float] | None = None) -> str:
+    """The report as Markdown (console, report.md and TensorBoard text)."""
+    step = perf["perf/step_ms"]
+    parts = [
+        ("data wait", perf["perf/data_wait_ms"]),
+        ("copy and device-side preparation", perf["perf/copy_ms"]),
+        ("compute", perf["perf/compute_ms"]),
+    ]
+    split = " + ".join(f"{name} {ms:.2f} ms ({ms / step:.0%})" for name, ms in parts)
+    lines = [
+        "## Bottleneck report",
+        "",
+        f"- throughput: **{perf['perf/samples_per_s']:,.0f} samples/s** (steady state over {steps} steps)",
+        f"- step time: {step:.2f} ms = {split}",
+    ]
+    if gpu:
+        lines.append(
+            f"- GPU utilisation: mean {gpu['gpu/util_mean']:.0f}%, std {gpu['gpu/util_std']:.0f}, min {gpu['gpu/util_min']:.0f}%, "
+            f"{gpu['gpu/util_under_50_frac']:.0%} of samples under 50%"
+        )
+    else:
+        lines.append("- GPU utilisation: not sampled (no NVIDIA GPU or no NVML)")
+    lines += ["", f"**Verdict: {verdict.kind}**: {verdict.reason}.", ""]
+    if verdict.suggestions:
+        lines.append("Try next (add to your command line):")
+        lines += [f"- `{override}`: {why}" for override, why in verdict.suggestions]
+    else:
+        lines.append("Nothing obvious left to try from here.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,186 @@
+"""Input pipeline: loader presets x data options on the CPU, broken image files, missing
+data, the resident loader's order, and the bottleneck verdict on constructed timings."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import saturate
+from saturate.config import LoaderConfig
+from saturate.data.base import ImageTensors
+from saturate.errors import ConfigError, DataError
+from saturate.loader import DevicePipeline, ResidentLoader, ResumableSampler
+from saturate.report import RunFacts, diagnose, render
+from scripts.make_image_folder import write_digits
+from tests.conftest import read_metrics, run_cli
+from tests.test_train import events
+
+LOADERS = ["default", "fast", "debug", "resident"]
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory) -> Path:
+    """The digits as 16x16 PNGs in class folders, plus 2 truncated PNGs and 2 text files."""
+    root = tmp_path_factory.mktemp("digits_png")
+    write_digits(root, size=16, fmt="png", corrupt=4)
+    return root
+
+
+@pytest.fixture(scope="module")
+def cifar_root(tmp_path_factory) -> Path:
+    """CIFAR-10's python-pickle format (the real layout and keys), 60 random images."""
+    root = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {"data": rng.integers(0, 256, (10, 3072), dtype=np.uint8), "labels": rng.integers(0, 10, 10).tolist()}
+        with open(root / name, "wb") as f:
+            pickle.dump(batch, f)
+    return root.parent  # the parent works too: the loader looks for cifar-10-batches-py inside
+
+
+IMAGES = ["data=image_folder", "data.image_size=16", "model.width=8"]
+
+
+# every pair but resident + cpu, which is rejected (test_resident_loader_rejects_per_sample_augmentation)
+PAIRS = [(loader, placement) for loader in LOADERS for placement in ("cpu", "gpu") if (loader, placement) != ("resident", "cpu")]
+
+
+@pytest.mark.parametrize(("loader", "placement"), PAIRS, ids=[f"{a}-{b}" for a, b in PAIRS])
+def test_image_folder_with_every_loader_and_placement(make_cfg, image_folder, loader, placement):
+    workers = {"default": "auto", "fast": "2", "debug": "0", "resident": "0"}[loader]
+    cfg = make_cfg(*IMAGES, f"data.root={image_folder}", f"loader={loader}", f"loader.num_workers={workers}", f"augmentation={placement}")
+    metrics = saturate.train(cfg)
+    assert metrics["progress/step"] == 3
+    assert metrics["data/skipped_files"] == 4
+    assert read_metrics(cfg.run_dir)["data"] == "image_folder"
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_cifar10_with_every_loader(make_cfg, cifar_root, loader):
+    cfg = make_cfg("data=cifar10", f"data.root={cifar_root}", f"loader={loader}", "loader.batch_size=16", "model.width=8")
+    metrics = saturate.train(cfg)
+    assert metrics["progress/step"] == 3  # 50 training images, batch 16, drop_last
+
+
+def test_broken_files_are_skipped_and_each_is_named(make_cfg, image_folder, caplog):
+    with caplog.at_level(logging.WARNING, logger="saturate"):
+        saturate.train(make_cfg(*IMAGES, f"data.root={image_folder}"))
+    named = {r.getMessage().split()[1].rstrip(":") for r in caplog.records if r.getMessage().startswith("skipping")}
+    assert named == {str(image_folder / "0/broken_0.png"), str(image_folder / "1/notes_1.png"),
+                     str(image_folder / "2/broken_2.png"), str(image_folder / "3/notes_3.png")}  # fmt: skip
+
+
+def test_strict_mode_names_the_first_broken_file(make_cfg, image_folder):
+    with pytest.raises(DataError, match=r"data.strict=true: .*/0/broken_0.png is not a readable image"):
+        saturate.train(make_cfg(*IMAGES, f"data.root={image_folder}", "data.strict=true"))
+
+
+def test_train_and_val_sub_folders_are_the_split(make_cfg, tmp_path):
+    for part in ("train", "val"):
+        write_digits(tmp_path / "split" / part, size=8)
+    metrics = saturate.train(make_cfg("data=image_folder", f"data.root={tmp_path / 'split'}", "data.image_size=8", "data.channels=1"))
+    assert metrics["data/skipped_files"] == 0
+
+
+@pytest.mark.parametrize("data", ["cifar10", "image_folder"])
+def test_missing_data_root_is_a_clean_error(tmp_path, data):
+    result = run_cli(f"data={data}", f"data.root={tmp_path / 'nowhere'}", cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"data.root='{tmp_path / 'nowhere'}'" in result.stderr
+    if data == "cifar10":
+        assert "https://www.cs.toronto.edu/~kriz/cifar.html" in result.stderr and "downloads nothing" in result.stderr
+
+
+def test_resident_loader_rejects_per_sample_augmentation(make_cfg):
+    with pytest.raises(ConfigError, match="augmentation.placement='cpu': expected gpu or none with loader.resident=true"):
+        saturate.train(make_cfg("loader=resident", "augmentation=cpu"))
+
+
+@pytest.mark.parametrize(("n", "world"), [(100, 1), (103, 2), (7, 3)])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_resident_order_is_the_distributed_samplers(n, world, shuffle):
+    data = ImageTensors(torch.zeros((n, 1, 2, 2), dtype=torch.uint8), torch.zeros(n, dtype=torch.long))
+    for rank in range(world):
+        pipeline = DevicePipeline(torch.device("cpu"), [0.5], [0.25], non_blocking=True, channels_last=False)
+        loader = ResidentLoader(
+            data, LoaderConfig(batch_size=2, resident=True), pipeline, train=shuffle, seed=5, rank=rank, world_size=world
+        )
+        sampler = ResumableSampler(data, batch_size=2, shuffle=shuffle, seed=5, rank=rank, world_size=world, keyed=False)
+        sampler.set_epoch(3)
+        assert loader.order(3).tolist() == list(sampler)
+
+
+def test_resident_falls_back_to_host_memory_with_a_warning(make_cfg, caplog):
+    with caplog.at_level(logging.WARNING, logger="saturate"):
+        metrics = saturate.train(make_cfg("loader=resident", "loader.resident_memory_fraction=1e-9"))
+    assert metrics["progress/step"] == 3
+    assert any("keeping it in host memory" in r.getMessage() for r in caplog.records)
+
+
+def test_every_run_writes_a_report(make_cfg):
+    cfg = make_cfg("loader=resident", "augmentation=gpu")
+    saturate.train(cfg)
+    report = (Path(cfg.run_dir) / "report.md").read_text()
+    verdict = read_metrics(cfg.run_dir)["verdict"]
+    assert f"**Verdict: {verdict}**" in report and "samples/s" in report and "data wait" in report
+    assert any("report" in tag for tag in events(cfg.run_dir).Tags()["tensors"])
+
+
+def facts(**changes) -> RunFacts:
+    base = dict(device="cuda", batch_size=128, num_workers=1, cpus=8, resident=False, in_memory=False, placement="cpu")
+    base.update(persistent_workers=False, pin_memory=False, precision="fp32", compile=False, channels_last=False, memory_headroom=True)
+    return RunFacts(**{**base, **changes})
+
+
+def perf(wait: float) -> dict[str, float]:
+    step = 10.0
+    return {"perf/data_wait_frac": wait, "perf/step_ms": step, "perf/data_wait_ms": wait * step, "perf/copy_ms": 0.5,
+            "perf/compute_ms": step * (1 - wait) - 0.5, "perf/samples_per_s": 12800}  # fmt: skip
+
+
+def test_verdict_input_bound_suggests_the_input_fixes():
+    verdict = diagnose(perf(0.35), facts())
+    assert verdict.kind == "input-bound" and "35.0%" in verdict.reason
+    overrides = [o for o, _ in verdict.suggestions]
+    assert overrides[0] == "augmentation=gpu"
+    assert "loader.num_workers=7" in overrides and "loader.persistent_workers=true" in overrides and "loader.pin_memory=true" in overrides
+    assert not any(o.startswith("precision") for o in overrides)
+
+
+def test_verdict_input_bound_in_memory_data_suggests_resident():
+    overrides = [o for o, _ in diagnose(perf(0.25), facts(placement="gpu", in_memory=True, num_workers=0)).suggestions]
+    assert overrides[0] == "loader=resident"
+
+
+def test_verdict_compute_bound_suggests_the_compute_fixes():
+    verdict = diagnose(perf(0.01), facts(placement="gpu"))
+    assert verdict.kind == "compute-bound"
+    assert [o for o, _ in verdict.suggestions] == [
+        "precision=amp",
+        "trainer.compile=true",
+        "trainer.channels_last=true",
+        "loader.batch_size=256",
+    ]
+    done = diagnose(perf(0.01), facts(placement="gpu", precision="bf16", compile=True, channels_last=True, memory_headroom=False))
+    assert done.suggestions == []
+
+
+def test_verdict_balanced_names_one_of_each():
+    verdict = diagnose(perf(0.10), facts())
+    assert verdict.kind == "balanced"
+    assert [o for o, _ in verdict.suggestions] == ["augmentation=gpu", "precision=amp"]
+
+
+def test_report_renders_the_split_and_gpu_figures():
+    gpu = {"gpu/util_mean": 41.0, "gpu/util_std": 22.0, "gpu/util_min": 3.0, "gpu/util_under_50_frac": 0.6}
+    text = render(perf(0.35), diagnose(perf(0.35), facts()), steps=90, gpu=gpu)
+    assert "12,800 samples/s" in text and "over 90 steps" in text and "data wait 3.50 ms (35%)" in text
+    assert "GPU utilisation: mean 41%" in text and "60% of samples under 50%" in text
+    assert "`augmentation=gpu`" in text
