@@ -86,6 +86,7 @@ class LoaderConfig:
     prefetch_factor: int = 2  # batches each worker keeps ready
     non_blocking: bool = True  # asynchronous host-to-device copies
     drop_last: bool = True  # training only; evaluation sees every sample
+    timeout_s: float = 300.0  # a worker that delivers no batch for this long is an error (0: wait forever)
     resident: bool = False  # hold the whole data set on the device; batches are index slices
     resident_memory_fraction: float = 0.5  # most of the device's free memory the data may take
 
@@ -96,6 +97,7 @@ class LoaderConfig:
             yield "pin_memory", self.pin_memory, "true, false or 'auto'"
         yield from _at_least("prefetch_factor", self.prefetch_factor, 1)
         yield from _unit_interval("resident_memory_fraction", self.resident_memory_fraction, open_low=True)
+        yield from _at_least("timeout_s", self.timeout_s, 0.0, " (0: no timeout)")
 
 
 @dataclass
@@ -170,6 +172,9 @@ class TrainerConfig:
     detect_anomaly: bool = False  # autograd anomaly detection (slow; debugging)
     progress: bool = True  # progress bar
     log_level: str = "INFO"
+    resume: str | None = None  # "auto" (newest checkpoint in this run dir), a .pt file or a run dir
+    skip_nonfinite: bool = True  # skip steps with a non-finite loss/gradient (one host read per step)
+    max_nonfinite_steps: int = 10  # this many in a row stop the run
 
     def problems(self) -> Issues:
         yield from _at_least("max_epochs", self.max_epochs, 1)
@@ -182,6 +187,21 @@ class TrainerConfig:
             if getattr(self, key) != -1:
                 yield from _at_least(key, getattr(self, key), 1, " or -1")
         yield from _choice("log_level", self.log_level, ("DEBUG", "INFO", "WARNING", "ERROR"))
+        yield from _at_least("max_nonfinite_steps", self.max_nonfinite_steps, 1)
+
+
+@dataclass
+class CheckpointConfig:
+    monitor: str = "val/acc"  # the metric best.pt (and top_k) is chosen by
+    mode: str = "max"  # max or min
+    top_k: int = 1  # > 1: also keep the k best as top-<epoch>-<step>.pt
+    every_n_steps: int = 0  # > 0: also save last.pt every n steps (mid-epoch resume points)
+
+    def problems(self) -> Issues:
+        yield from _choice("monitor", self.monitor, ("val/acc", "val/loss", "train/loss"))
+        yield from _choice("mode", self.mode, ("max", "min"))
+        yield from _at_least("top_k", self.top_k, 1)
+        yield from _at_least("every_n_steps", self.every_n_steps, 0)
 
 
 # --- data: one schema per option, chosen by `data.name` ---------------------------------
@@ -262,6 +282,7 @@ class RunConfig:
     data: Any = MISSING  # checked against DATA_SCHEMAS[data.name]
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run_dir: str = MISSING  # Hydra's output dir for this job
 
 
@@ -317,7 +338,7 @@ def validate(cfg: DictConfig) -> RunConfig:
     """Check the whole composed config; raise one ConfigError that lists every problem."""
     problems: list[Problem] = []
     run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    for group in ("device", "precision", "loader", "augmentation", "optim", "trainer"):
+    for group in ("device", "precision", "loader", "augmentation", "optim", "trainer", "checkpoint"):
         fields = [f.name for f in dataclasses.fields(getattr(run, group))]
         for key in cfg[group]:  # `+group.key=...` gets past Hydra; a typo should not
             if key not in fields:

@@ -1,12 +1,15 @@
 """The training loop, and only the loop.
 
 It receives built objects (model, optimizer, precision policy, batches, evaluator,
-checkpointer, tracker, timer) and never asks which options built them. Per step it touches
-the host only at log steps: the loss is summed on the device and read there.
+checkpointer, tracker, timer, guard, stop signal) and never asks which options built them.
+It touches the host only at log steps (the loss is summed on the device and read there),
+apart from the non-finite guard's one scalar per step when that is on.
 """
 
 from __future__ import annotations
 
+import logging
+import signal
 import time
 from dataclasses import dataclass
 
@@ -14,41 +17,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from saturate.faults import Preempted
+
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class TrainState:
     epoch: int = 0  # epochs completed
-    step: int = 0  # optimizer steps completed
+    step: int = 0  # training steps completed (batches trained on)
     batch_in_epoch: int = 0  # batches of epoch `epoch` already trained on
 
 
 class Engine:
-    def __init__(
-        self,
-        *,
-        model: nn.Module,
-        optimizer,
-        scheduler,
-        precision,
-        train_batches,
-        evaluator,
-        checkpointer,
-        tracker,
-        timer,
-        memory,
-        max_epochs: int,
-        max_steps: int,
-        grad_clip: float,
-        start_time: float,
-    ):
+    def __init__(self, *, model: nn.Module, optimizer, scheduler, precision, train_batches, evaluator, checkpointer, tracker, timer,
+                 guard, stop, memory, max_epochs: int, max_steps: int, grad_clip: float, start_time: float):  # fmt: skip
         self.model, self.optimizer, self.scheduler, self.precision = model, optimizer, scheduler, precision
         self.train_batches, self.evaluator, self.checkpointer = train_batches, evaluator, checkpointer
-        self.tracker, self.timer, self.memory = tracker, timer, memory
+        self.tracker, self.timer, self.guard, self.stop, self.memory = tracker, timer, guard, stop, memory
         self.max_epochs, self.max_steps, self.start_time = max_epochs, max_steps, start_time
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.max_norm = grad_clip if grad_clip > 0 else float("inf")  # inf: measure, never clip
-        device = self.params[0].device
-        self.loss_sum = torch.zeros((), device=device)  # summed on the device, read at log steps
+        self.max_norm = grad_clip if grad_clip > 0 else float("inf")  # inf: measure the norm, never clip
+        self.loss_sum = torch.zeros((), device=self.params[0].device)  # summed on the device, read at log steps
         self.loss_count = 0
 
     def fit(self, state: TrainState) -> dict[str, float]:
@@ -61,13 +51,18 @@ class Engine:
                 with self.timer.phase("copy"):
                     x, y = self.train_batches.to_device(batch)
                 with self.timer.phase("compute"):
-                    self.loss_sum += self.train_step(x, y)
-                self.loss_count += 1
+                    loss, applied = self.train_step(x, y, state.step + 1)
+                self.loss_sum += loss
+                self.loss_count += applied
                 self.timer.step_done(len(y))
                 state.step += 1
                 state.batch_in_epoch += 1
                 if self.tracker.due(state.step):
                     self.log_train(state, steps_per_epoch)
+                if self.checkpointer.due_step(state.step):
+                    self.checkpointer.save(state, self.tracker.latest)
+                if self.stop.requested or self.guard.failed:
+                    self.halt(state, steps_per_epoch)
                 if state.step == self.max_steps:
                     break
 
@@ -83,28 +78,31 @@ class Engine:
             if last:
                 return dict(self.tracker.latest)
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on the batch (x, y); returns the loss, still on the device."""
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[torch.Tensor, bool]:
+        """One optimizer step on the batch (x, y). Returns the loss, still on the device
+        (zero if the step was skipped as non-finite), and whether the step was applied."""
         with self.precision.autocast():
             loss = F.cross_entropy(self.model(x), y)
         scaler = self.precision.scaler
         scaler.scale(loss).backward()
         scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
-        scaler.step(self.optimizer)
-        scaler.update()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        applied = self.guard.ok(loss, grad_norm, step)
+        if self.precision.step(self.optimizer, applied):  # a step not taken keeps the LR where it is
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return loss.detach()
+        return (loss.detach() if applied else torch.zeros_like(loss.detach())), applied
 
     def log_train(self, state: TrainState, steps_per_epoch: int) -> None:
         """The one place the loop waits for the device: at log steps and epoch ends."""
         window = self.timer.flush()
-        if window is None or self.loss_count == 0:
+        if window is None:
             return
+        self.guard.read()
         metrics = {
-            "train/loss": self.loss_sum.item() / self.loss_count,
+            "train/loss": self.loss_sum.item() / self.loss_count if self.loss_count else float("nan"),
             "train/lr": self.scheduler.get_last_lr()[0],
+            "train/nonfinite_steps": self.guard.count,
             "progress/epoch": state.epoch + state.batch_in_epoch / steps_per_epoch,
             "progress/step": state.step,
             "memory/peak_mb": self.memory(),
@@ -115,3 +113,17 @@ class Engine:
         self.loss_count = 0
         self.tracker.log(metrics, state.step)
         self.tracker.progress(state.step, state.epoch)
+
+    def halt(self, state: TrainState, steps_per_epoch: int) -> None:
+        """Stop at this step boundary: a preemption signal saves last.pt and exits; too many
+        non-finite steps fail the run, pointing at the last good state."""
+        self.log_train(state, steps_per_epoch)
+        if self.guard.failed:
+            if self.guard.skip:  # every bad step was skipped: the weights are the last good state
+                self.checkpointer.save(state, {})
+            raise self.guard.error(state.step, str(self.checkpointer.last_path))
+        seconds = self.checkpointer.save(state, {})
+        name = signal.Signals(self.stop.requested).name
+        log.warning("%s at step %d (epoch %d, batch %d): saved %s in %.2fs; resume with trainer.resume=auto",
+                    name, state.step, state.epoch, state.batch_in_epoch, self.checkpointer.last_path, seconds)  # fmt: skip
+        raise Preempted(self.stop.requested)

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from saturate.augment import SampleAugment
 from saturate.config import LoaderConfig
 from saturate.data.base import ImageTensors
+from saturate.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,10 @@ class StreamLoader:
             persistent_workers=cfg.persistent_workers and num_workers > 0,
             prefetch_factor=cfg.prefetch_factor if num_workers > 0 else None,
             generator=self.generator,
-            collate_fn=already_collated if hasattr(dataset, "__getitems__") else None,
+            collate_fn=already_collated if getattr(dataset, "__getitems__", None) else None,
+            timeout=cfg.timeout_s if num_workers > 0 else 0,
         )
+        self.timeout_s = cfg.timeout_s
         full = self.sampler.num_samples // cfg.batch_size if self.drop_last else -(-self.sampler.num_samples // cfg.batch_size)
         self.batches_per_epoch = full if limit_batches < 0 else min(full, limit_batches)
         self.batch_size, self.num_workers, self.dataset = cfg.batch_size, num_workers, dataset
@@ -148,6 +151,17 @@ class StreamLoader:
         self.to_device.begin_epoch(epoch, start)
         self.generator.manual_seed(self.seed * 1_000_003 + epoch)
         return itertools.islice(self.loader, max(0, self.batches_per_epoch - start))
+
+
+def loader_failure(error: RuntimeError, timeout_s: float) -> DataError | None:
+    """A DataLoader worker that hung past the timeout or died, as one clear error (None if
+    `error` is something else). The DataLoader shuts its other workers down as it unwinds,
+    so none is left behind."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if "DataLoader" not in text or not ("timed out" in text or "worker" in text):
+        return None
+    what = f"no batch within loader.timeout_s={timeout_s:g} s" if "timed out" in text else "a worker process died"
+    return DataError(f"loader: {what} ({text}); the run stopped. Look at the dataset's __getitem__, or lower loader.num_workers")
 
 
 def memory_budget(device: torch.device) -> int:

@@ -10,6 +10,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from saturate.config import OptimConfig
+from saturate.errors import UserError
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -35,7 +36,10 @@ def setup_optimizer(
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     node = dict(cfg.optimizer)
     weight_decay = node.pop("weight_decay", 0.0)
-    optimizer = instantiate(node)(param_groups(model, weight_decay))
+    try:
+        optimizer = instantiate(node)(param_groups(model, weight_decay))
+    except (TypeError, ValueError) as e:  # a bad value, e.g. optim.optimizer.lr=-1
+        raise UserError(f"optim.optimizer: cannot build {node['_target_']}: {e}") from None
     warmup = round(cfg.warmup_epochs * steps_per_epoch)
     factor = functools.partial(lr_factor, warmup=warmup, total=total_steps, schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -27,6 +27,21 @@ class Precision:
     def autocast(self) -> AbstractContextManager:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
 
+    def step(self, optimizer: torch.optim.Optimizer, apply: bool) -> bool:
+        """Step the optimizer (if `apply`) through the GradScaler and update the loss scale.
+        Returns whether the weights really moved: with fp16, an overflow makes the scaler
+        skip the step (and lower the scale); reading the scale is a host sync that
+        GradScaler.step has already paid for."""
+        if not self.scaler.is_enabled():
+            if apply:
+                optimizer.step()
+            return apply
+        before = self.scaler.get_scale()
+        if apply:
+            self.scaler.step(optimizer)
+        self.scaler.update()  # also after a skipped step: it resets the scaler's per-step state
+        return apply and self.scaler.get_scale() >= before
+
 
 def _cuda_bf16(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_bf16_supported()

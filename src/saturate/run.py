@@ -5,6 +5,7 @@ Each `_setup_*` step receives only its own config node and the objects it depend
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
@@ -25,10 +26,12 @@ from saturate.checkpoint import Checkpointer
 from saturate.config import AugmentationConfig, LoaderConfig, RunConfig, TrainerConfig, validate
 from saturate.data import DataInfo, ImageTensors, build_datasets
 from saturate.device import setup_device
-from saturate.engine import Engine, TrainState
+from saturate.engine import Engine
+from saturate.environment import fingerprint
 from saturate.errors import UserError
 from saturate.evaluate import Evaluator
-from saturate.loader import DevicePipeline, ResidentLoader, StreamLoader, auto_workers, cpus_per_process
+from saturate.faults import NonFiniteGuard, Preempted, StopSignal, TrainingDiverged
+from saturate.loader import DevicePipeline, ResidentLoader, StreamLoader, auto_workers, cpus_per_process, loader_failure
 from saturate.monitor import device_memory_mb, peak_memory
 from saturate.optim import setup_optimizer
 from saturate.precision import Precision, setup_precision
@@ -49,47 +52,70 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     tracker = Tracker(run_dir, log_interval=run.trainer.log_interval, progress=run.trainer.progress)
     device = setup_device(run.device)
-    _seed_everything(run.trainer)
-    train_set, val_set, info = build_datasets(run.data)
-    train_batches, val_batches = _setup_loaders(run.loader, run.augmentation, train_set, val_set, info, device, run.trainer, tracker)
-    precision = setup_precision(run.precision, device)
-    model, raw_model = _setup_model(run.model, info, device, run.trainer, precision, batch_size=run.loader.batch_size)
-    steps_per_epoch = len(train_batches)
-    total_steps = steps_per_epoch * run.trainer.max_epochs
-    if run.trainer.max_steps > 0:
-        total_steps = min(total_steps, run.trainer.max_steps)
-    optimizer, scheduler = setup_optimizer(run.optim, raw_model, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
+    with _seeded(run.trainer), StopSignal() as stop:
+        train_set, val_set, info = build_datasets(run.data)
+        train_batches, val_batches = _setup_loaders(run.loader, run.augmentation, train_set, val_set, info, device, run.trainer, tracker)
+        precision = setup_precision(run.precision, device)
+        model, raw_model = _setup_model(run.model, info, device, run.trainer, precision, batch_size=run.loader.batch_size)
+        steps_per_epoch = len(train_batches)
+        total_steps = steps_per_epoch * run.trainer.max_epochs
+        if run.trainer.max_steps > 0:
+            total_steps = min(total_steps, run.trainer.max_steps)
+        optimizer, scheduler = setup_optimizer(run.optim, raw_model, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
 
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    checkpointer = Checkpointer(
-        run_dir / "checkpoints",
-        interval=run.trainer.checkpoint_interval,
-        parts={"model": raw_model, "optimizer": optimizer, "scheduler": scheduler, "scaler": precision.scaler},
-        config=resolved,
-    )
-    tracker.text("config", "```yaml\n" + OmegaConf.to_yaml(resolved) + "```")
-    timer = StepTimer(device)
-    engine = Engine(
-        model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
-        train_batches=train_batches, evaluator=Evaluator(model, val_batches, precision, interval=run.trainer.eval_interval),
-        checkpointer=checkpointer, tracker=tracker, timer=timer, memory=peak_memory(device),
-        max_epochs=run.trainer.max_epochs, max_steps=run.trainer.max_steps, grad_clip=run.trainer.grad_clip, start_time=start_time,
-    )  # fmt: skip
-    log.info("training %s on %s%s: %d steps (%d per epoch), batch %d", type(raw_model).__name__, info.name,
-             " (SYNTHETIC)" if info.synthetic else "", total_steps, steps_per_epoch, run.loader.batch_size)  # fmt: skip
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        env = fingerprint(device, precision=precision.name, compile=run.trainer.compile, channels_last=run.trainer.channels_last)
+        checkpointer = Checkpointer(
+            run_dir / "checkpoints",
+            run.checkpoint,
+            interval=run.trainer.checkpoint_interval,
+            parts={"model": raw_model, "optimizer": optimizer, "scheduler": scheduler, "scaler": precision.scaler},
+            config=resolved,
+            fingerprint=env,
+        )
+        state = checkpointer.resume(run.trainer.resume)
+        guard = NonFiniteGuard(
+            skip=run.trainer.skip_nonfinite,
+            check_grads=not precision.scaler.is_enabled(),
+            max_consecutive=run.trainer.max_nonfinite_steps,
+            device=device,
+        )
+        timer = StepTimer(device)
+        engine = Engine(
+            model=model, optimizer=optimizer, scheduler=scheduler, precision=precision, train_batches=train_batches,
+            evaluator=Evaluator(model, val_batches, precision, interval=run.trainer.eval_interval), checkpointer=checkpointer,
+            tracker=tracker, timer=timer, guard=guard, stop=stop, memory=peak_memory(device), max_epochs=run.trainer.max_epochs,
+            max_steps=run.trainer.max_steps, grad_clip=run.trainer.grad_clip, start_time=start_time,
+        )  # fmt: skip
 
-    tracker.start(total_steps)
-    with logging_redirect_tqdm(), torch.autograd.set_detect_anomaly(run.trainer.detect_anomaly):
-        last = engine.fit(TrainState())
+        tracker.start(total_steps, done=state.step)
+        tracker.text("config", "```yaml\n" + OmegaConf.to_yaml(resolved) + "```")
+        tracker.text("fingerprint", "```yaml\n" + OmegaConf.to_yaml(env) + "```")
+        log.info("training %s on %s%s: %d steps (%d per epoch), batch %d", type(raw_model).__name__, info.name,
+                 " (SYNTHETIC)" if info.synthetic else "", total_steps, steps_per_epoch, run.loader.batch_size)  # fmt: skip
+        outcome = {"data": info.name, "synthetic": info.synthetic, "precision": precision.name, "fingerprint": env}
+        failure = None
+        try:
+            with logging_redirect_tqdm(), torch.autograd.set_detect_anomaly(run.trainer.detect_anomaly):
+                last = engine.fit(state)
+            metrics = {**last, **timer.run_window().metrics(), **info.notes, "time/wall_s": time.perf_counter() - start_time}
+            verdict = _report(run, metrics, steps=timer.run_window().steps, device=device, train_batches=train_batches,
+                              precision=precision, tracker=tracker)  # fmt: skip
+            tracker.hparams(_hparams(run, precision, info), metrics, step=state.step)
+        except (Preempted, TrainingDiverged) as stopped:
+            status = "preempted" if isinstance(stopped, Preempted) else "diverged"
+            write_json(run_dir / "metrics.json", {**tracker.latest, **outcome, "status": status})
+            raise
+        except RuntimeError as e:  # a DataLoader worker that hung or died
+            failure = loader_failure(e, run.loader.timeout_s)
+            if failure is None:
+                raise
+        finally:
+            tracker.close()
+        if failure is not None:  # raised out here, so the frames holding the loader's workers are freed
+            raise failure
 
-    metrics = {**last, **timer.run_window().metrics(), **info.notes, "time/wall_s": time.perf_counter() - start_time}
-    verdict = _report(
-        run, metrics, steps=timer.run_window().steps, device=device, train_batches=train_batches, precision=precision, tracker=tracker
-    )
-    tracker.hparams(_hparams(run, precision, info), metrics, step=int(metrics["progress/step"]))
-    tracker.close()
-    extra = {"status": "completed", "verdict": verdict.kind, "data": info.name, "synthetic": info.synthetic, "precision": precision.name}
-    write_json(run_dir / "metrics.json", {**metrics, **extra})
+    write_json(run_dir / "metrics.json", {**metrics, **outcome, "status": "completed", "verdict": verdict.kind})
     log.info("done in %.1fs: val/acc %.4f, val/loss %.4f, %.0f samples/s, data wait %.0f%%, peak memory %.0f MB -> %s",
              metrics["time/wall_s"], metrics["val/acc"], metrics["val/loss"], metrics["perf/samples_per_s"],
              100 * metrics["perf/data_wait_frac"], metrics["memory/peak_mb"], run_dir)  # fmt: skip
@@ -121,14 +147,23 @@ def _report(run: RunConfig, metrics: dict, *, steps: int, device, train_batches,
     return verdict
 
 
-def _seed_everything(cfg: TrainerConfig) -> None:
+@contextlib.contextmanager
+def _seeded(cfg: TrainerConfig):
+    """Seed every generator; with `deterministic`, deterministic kernels for the run (the
+    process-wide switches are put back afterwards, for callers that train twice)."""
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.benchmark = before[1]
 
 
 def _setup_loaders(

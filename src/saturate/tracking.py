@@ -29,16 +29,18 @@ def _plain(value: Any) -> Any:
 class Tracker:
     def __init__(self, run_dir: Path, *, log_interval: int, progress: bool, enabled: bool = True):
         self.run_dir, self.log_interval, self.enabled = run_dir, log_interval, enabled
-        self.writer = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter  # imported here: slow, rank 0 only
-
-            self.writer = SummaryWriter(str(run_dir / "tb"))
+        self.writer = None  # opened by start(), which knows whether the run resumes
         # disable=None: tqdm turns itself off when stderr is not a terminal (logs, CI)
         self.bar = tqdm(unit="step", dynamic_ncols=True, disable=None if enabled and progress else True)
         self.latest: dict[str, float] = {}
 
     def start(self, total_steps: int, done: int = 0) -> None:
+        """Open the event file; a run resumed at step `done` first drops any events that an
+        earlier attempt wrote after that step (TensorBoard's purge_step)."""
+        if self.enabled:
+            from torch.utils.tensorboard import SummaryWriter  # imported here: slow, and rank 0 only
+
+            self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=done + 1 if done else None)
         self.bar.reset(total=total_steps)
         self.bar.update(done)
 

@@ -1,0 +1,115 @@
+"""What stops a run early, and how: preemption signals and non-finite steps.
+
+Both are decided at step boundaries by the engine; nothing is saved inside a signal handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+import torch
+
+from saturate.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class Preempted(SystemExit):
+    """Raised after the checkpoint of a preempted run is saved. A SystemExit, so the process
+    exits with 128 + the signal's number (143 for SIGTERM) and no traceback."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(128 + signum)
+
+
+class TrainingDiverged(UserError):
+    """Too many non-finite steps in a row."""
+
+
+class StopSignal:
+    """SIGTERM, SIGUSR1 and SIGINT only set `requested`; the engine stops at the next step
+    boundary. After a first SIGINT, a second one interrupts at once (Ctrl-C twice)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+    def __init__(self):
+        self.requested: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = signum
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __enter__(self) -> StopSignal:
+        if threading.current_thread() is threading.main_thread():  # only the main thread may install handlers
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+class NonFiniteGuard:
+    """Decides, per step, whether the optimizer may step: not when the loss or the gradient
+    norm is non-finite. Such steps are skipped (weights, optimizer state and schedule
+    untouched), counted and logged with their step; `max_consecutive` in a row fail the run.
+
+    With fp16 the gradient norm is the GradScaler's business (an overflow there is routine
+    and the scaler skips the step itself), so only the loss is checked.
+
+    `skip=True` costs one host read of a scalar per step: the price of knowing before the
+    optimizer steps. With `skip=False` nothing is read per step: non-finite steps are
+    counted on the device and found at the next log step, which fails the run (the weights
+    are no longer trustworthy; the last saved checkpoint is)."""
+
+    def __init__(self, *, skip: bool, check_grads: bool, max_consecutive: int, device: torch.device):
+        self.skip, self.check_grads, self.max_consecutive = skip, check_grads, max_consecutive
+        self.count = 0  # non-finite steps so far
+        self.consecutive = 0
+        self.first_bad_step: int | None = None  # of the current streak
+        self.unread = torch.zeros((), dtype=torch.int64, device=device)  # skip=False: counted on the device
+
+    def ok(self, loss: torch.Tensor, grad_norm: torch.Tensor, step: int) -> bool:
+        finite = torch.isfinite(loss) & torch.isfinite(grad_norm) if self.check_grads else torch.isfinite(loss)
+        if not self.skip:
+            self.unread += ~finite
+            return True
+        if finite.item():
+            self.consecutive, self.first_bad_step = 0, None
+            return True
+        self.count += 1
+        self.consecutive += 1
+        self.first_bad_step = self.first_bad_step or step
+        log.warning(
+            "step %d: non-finite loss (%s) or gradient norm; optimizer step skipped (%d in a row)", step, loss.item(), self.consecutive
+        )
+        return False
+
+    def read(self) -> None:
+        """At log steps: take in what was counted on the device (skip=False)."""
+        if not self.skip:
+            unread = int(self.unread.item())
+            if unread:
+                self.count += unread
+                self.consecutive = self.max_consecutive  # applied already: fail at the next boundary
+                self.unread.zero_()
+
+    @property
+    def failed(self) -> bool:
+        return self.consecutive >= self.max_consecutive
+
+    def error(self, step: int, checkpoint: str) -> TrainingDiverged:
+        if self.skip:
+            what = f"{self.consecutive} non-finite steps in a row (from step {self.first_bad_step} to {step})"
+            saved = f"the last good state (all of them skipped) is saved in {checkpoint}"
+        else:
+            what = f"non-finite steps before step {step} (trainer.skip_nonfinite=false: they were applied)"
+            saved = f"the last checkpoint saved before them is {checkpoint}"
+        return TrainingDiverged(
+            f"training stopped at step {step}: {what}; {saved}. Try a lower optim.optimizer.lr or trainer.grad_clip=1.0"
+        )

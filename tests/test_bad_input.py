@@ -1,0 +1,150 @@
+"""Bad input gets a clear answer: each of these ends with a short message naming the
+problem (a UserError, which Hydra prints without a traceback), and nothing is lost."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.errors import CompactHydraException
+
+import saturate
+from scripts.make_image_folder import write_digits
+from tests.conftest import ROOT, TINY
+
+
+def one_class_folder(tmp: Path) -> list[str]:
+    write_digits(tmp / "all", size=8)
+    for d in (tmp / "all").iterdir():
+        if d.name != "3":
+            for f in d.iterdir():
+                f.unlink()
+            d.rmdir()
+    return ["data=image_folder", f"data.root={tmp / 'all'}"]
+
+
+def broken_folder(tmp: Path) -> list[str]:
+    write_digits(tmp / "broken", size=8, corrupt=1)
+    return ["data=image_folder", f"data.root={tmp / 'broken'}", "data.strict=true"]
+
+
+def garbage_checkpoint(tmp: Path) -> list[str]:
+    (tmp / "garbage.pt").write_bytes(b"\x00not a checkpoint" * 100)
+    return [f"trainer.resume={tmp / 'garbage.pt'}"]
+
+
+def foreign_checkpoint(tmp: Path) -> list[str]:
+    torch.save({"weights": torch.zeros(3)}, tmp / "foreign.pt")
+    return [f"trainer.resume={tmp / 'foreign.pt'}"]
+
+
+def empty_run_dir(tmp: Path) -> list[str]:
+    (tmp / "empty_run" / "checkpoints").mkdir(parents=True)
+    return [f"trainer.resume={tmp / 'empty_run'}"]
+
+
+def incompatible_checkpoint(tmp: Path) -> list[str]:
+    from tests.conftest import compose_config
+
+    saturate.train(compose_config([*TINY, f"run_dir={tmp / 'small'}", "model.width=8"]))
+    return [f"trainer.resume={tmp / 'small'}", "model.width=16"]
+
+
+# (name, overrides or a function of tmp_path giving them, what the message must say)
+BAD_INPUTS = [
+    ("negative workers", ["loader.num_workers=-1"], "loader.num_workers=-1: expected an integer >= 0 or 'auto'"),
+    ("zero batch size", ["loader.batch_size=0"], "loader.batch_size=0: expected an integer >= 1"),
+    ("batch larger than the data", ["loader.batch_size=5000"], "loader.batch_size=5000: larger than the training set (1437 samples)"),
+    ("negative loader timeout", ["loader.timeout_s=-1"], "loader.timeout_s=-1.0"),
+    ("eval interval 0", ["trainer.eval_interval=0"], "trainer.eval_interval=0: expected an integer >= 1"),
+    ("memory fraction over 1", ["device.memory_fraction=1.5"], "device.memory_fraction=1.5: expected a number in (0, 1]"),
+    ("unknown precision", ["precision.mode=fp8"], "precision.mode='fp8': expected one of auto, amp, bf16, fp16, fp32"),
+    ("flip probability over 1", ["augmentation=gpu", "augmentation.hflip=1.5"], "augmentation.hflip=1.5: expected a probability in [0, 1]"),
+    ("unordered schedule", ["augmentation=progressive", "augmentation.schedule=[{from_epoch:0,preset:minimal},{from_epoch:0,preset:b}]"],
+     "strictly increasing"),
+    ("unknown schedule", ["optim.schedule=linear"], "optim.schedule='linear': expected one of cosine, constant"),
+    ("impossible optimizer value", ["optim.optimizer.lr=-1"], "optim.optimizer: cannot build torch.optim.SGD: Invalid learning rate"),
+    ("misspelt model argument", ["+model.widht=3"], "model.widht=3: expected an argument of saturate.models.SmallCNN: width, norm"),
+    ("bad model value", ["model.norm=layer"], "model: cannot build saturate.models.SmallCNN: model.norm='layer': expected batch, group"),
+    ("validation share of 1.5", ["data.val_fraction=1.5"], "data.val_fraction=1.5: expected a number in (0, 1)"),
+    ("CIFAR-10 not there", ["data=cifar10", "data.root=/nonexistent/cifar"], "data.root='/nonexistent/cifar': no CIFAR-10 python"),
+    ("image folder not there", ["data=image_folder", "data.root=/nonexistent/images"], "data.root='/nonexistent/images': no such folder"),
+    ("image folder with one class", one_class_folder, "found 1 class sub-folder(s)"),
+    ("broken file in strict mode", broken_folder, "data.strict=true: "),
+    ("resident loader with per-sample augmentation", ["loader=resident", "augmentation=cpu"], "augmentation.placement='cpu'"),
+    ("unknown monitored metric", ["checkpoint.monitor=val/f1"], "checkpoint.monitor='val/f1': expected one of val/acc, val/loss"),
+    ("resume from a missing file", ["trainer.resume=/nonexistent/last.pt"], "trainer.resume: no checkpoint at /nonexistent/last.pt"),
+    ("resume from an unreadable file", garbage_checkpoint, "cannot read"),
+    ("resume from a file that is not a checkpoint", foreign_checkpoint, "is not a saturate checkpoint"),
+    ("resume from a run dir without checkpoints", empty_run_dir, "no checkpoint in"),
+    ("resume with an incompatible model", incompatible_checkpoint, "does not fit this run's model: Error(s) in loading state_dict"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "given", "says"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_is_one_short_message(make_cfg, tmp_path, name, given, says):
+    overrides = given(tmp_path) if callable(given) else given
+    with pytest.raises(CompactHydraException) as err:  # Hydra prints these as the message alone
+        saturate.train(make_cfg(*overrides))
+    message = str(err.value)
+    assert says in message
+    assert len(message) < 600 and "Traceback" not in message
+
+
+def test_there_are_at_least_twenty():
+    assert len(BAD_INPUTS) >= 20
+
+
+def test_cuda_requested_without_cuda(make_cfg):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    with pytest.raises(CompactHydraException, match="device.type='cuda': no CUDA device is available"):
+        saturate.train(make_cfg("device=cuda"))
+
+
+def test_disk_full_during_a_save_keeps_the_previous_checkpoint(make_cfg, monkeypatch):
+    cfg = make_cfg("trainer.max_epochs=2")
+    real_fsync, calls = os.fsync, []
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) > 4:  # the first epoch's last.pt and best.pt go through (a file and a directory fsync each)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(CompactHydraException) as err:
+        saturate.train(cfg)
+    last = Path(cfg.run_dir) / "checkpoints" / "last.pt"
+    assert str(err.value) == f"cannot write checkpoint {last}: No space left on device; the previous one is intact"
+    monkeypatch.undo()
+    assert torch.load(last, weights_only=False)["step"] == 3
+    assert not list(last.parent.glob(".*.tmp"))
+
+
+FILE_SIZE_LIMIT = """
+import resource, runpy, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails with EFBIG instead of killing us
+resource.setrlimit(resource.RLIMIT_FSIZE, (400_000, 400_000))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_real_write_limit_during_a_save_is_a_clean_error(tmp_path):
+    """The kernel refuses the write (RLIMIT_FSIZE), as a full disk would: one message, no traceback."""
+    result = subprocess.run(
+        [sys.executable, "-c", FILE_SIZE_LIMIT, str(ROOT / "train.py"), *TINY, "model.width=64", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert (
+        f"cannot write checkpoint {tmp_path / 'run' / 'checkpoints' / 'last.pt'}: File too large; the previous one is intact"
+        in result.stderr
+    )

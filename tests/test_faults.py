@@ -1,0 +1,165 @@
+"""Numerical faults (non-finite steps, fp16 overflow) and data faults (a worker that hangs
+or dies)."""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.nn.functional as F
+
+import saturate
+import saturate.engine
+from saturate import checkpoint
+from saturate.data.base import ImageTensors
+from saturate.errors import DataError
+from saturate.faults import NonFiniteGuard, TrainingDiverged
+from saturate.precision import Precision
+from tests.test_train import events
+
+
+def poison_loss(monkeypatch, bad_steps: set[int]) -> list[int]:
+    """Make the loss NaN on the given (1-based) steps; returns the list of steps seen."""
+    seen = []
+    original = F.cross_entropy
+
+    def cross_entropy(logits, y, *args, **kwargs):
+        loss = original(logits, y, *args, **kwargs)
+        if logits.requires_grad:  # training, not evaluation
+            seen.append(len(seen) + 1)
+            if seen[-1] in bad_steps:
+                return loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(saturate.engine.F, "cross_entropy", cross_entropy)
+    return seen
+
+
+def test_a_non_finite_step_is_skipped_counted_and_leaves_weights_and_schedule_alone(make_cfg, monkeypatch):
+    snapshots = {}
+    original = saturate.engine.Engine.train_step
+
+    def train_step(self, x, y, step):
+        before = [p.detach().clone() for p in self.params]
+        lr_steps = self.scheduler.last_epoch
+        out = original(self, x, y, step)
+        snapshots[step] = (all(torch.equal(a, b) for a, b in zip(before, self.params, strict=True)), self.scheduler.last_epoch - lr_steps)
+        return out
+
+    monkeypatch.setattr(saturate.engine.Engine, "train_step", train_step)
+    poison_loss(monkeypatch, {2})
+    cfg = make_cfg("trainer.max_epochs=2")
+    metrics = saturate.train(cfg)
+    assert snapshots[2] == (True, 0)  # untouched weights, schedule not advanced
+    assert snapshots[1] == (False, 1) and snapshots[3] == (False, 1)
+    assert metrics["train/nonfinite_steps"] == 1 and math.isfinite(metrics["train/loss"])
+    counts = [(e.step, e.value) for e in events(cfg.run_dir).Scalars("train/nonfinite_steps")]
+    assert counts[:3] == [(1, 0), (2, 1), (3, 1)]
+
+
+def test_consecutive_non_finite_steps_stop_with_the_last_good_state(make_cfg, monkeypatch):
+    poison_loss(monkeypatch, set(range(3, 100)))
+    cfg = make_cfg("trainer.max_epochs=3", "trainer.max_nonfinite_steps=4", "trainer.limit_train_batches=-1")
+    with pytest.raises(TrainingDiverged) as err:
+        saturate.train(cfg)
+    last = Path(cfg.run_dir) / "checkpoints/last.pt"
+    assert str(err.value).startswith("training stopped at step 6: 4 non-finite steps in a row (from step 3 to 6)")
+    assert str(last) in str(err.value)
+    saved = checkpoint.load(last)
+    assert saved["step"] == 6 and all(torch.isfinite(v).all() for v in saved["model"].values() if v.is_floating_point())
+
+
+def test_without_per_step_checks_non_finite_steps_fail_at_the_next_log_step(make_cfg, monkeypatch):
+    poison_loss(monkeypatch, {5})
+    cfg = make_cfg("trainer.skip_nonfinite=false", "trainer.log_interval=4", "trainer.limit_train_batches=-1")
+    with pytest.raises(TrainingDiverged, match="stopped at step 8: non-finite steps before step 8"):
+        saturate.train(cfg)
+
+
+def test_guard_without_skip_reads_nothing_per_step():
+    guard = NonFiniteGuard(skip=False, check_grads=True, max_consecutive=3, device=torch.device("cpu"))
+    assert guard.ok(torch.tensor(float("nan")), torch.tensor(1.0), step=1)  # applied; counted on the device
+    assert guard.count == 0 and not guard.failed
+    guard.read()
+    assert guard.count == 1 and guard.failed
+
+
+def fp16_precision() -> Precision:
+    return Precision("fp16", "cpu", torch.float16, torch.amp.GradScaler("cpu", init_scale=1024.0))
+
+
+def test_fp16_overflow_skipped_by_the_scaler_does_not_count_as_a_step():
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    precision = fp16_precision()
+    before = model.weight.detach().clone()
+    precision.scaler.scale(model(torch.randn(3, 4)).sum()).backward()
+    model.weight.grad[0, 0] = float("inf")  # an overflow in the backward pass
+    precision.scaler.unscale_(opt)
+    assert precision.step(opt, apply=True) is False
+    assert torch.equal(model.weight, before) and precision.scaler.get_scale() == 512.0
+    opt.zero_grad()
+    precision.scaler.scale(model(torch.randn(3, 4)).sum()).backward()
+    precision.scaler.unscale_(opt)
+    assert precision.step(opt, apply=True) is True and not torch.equal(model.weight, before)
+
+
+def test_fp16_run_does_not_advance_the_schedule_on_a_step_the_scaler_skipped(make_cfg, monkeypatch):
+    calls = []
+    original = torch.amp.GradScaler.unscale_
+
+    def unscale_(self, optimizer):
+        calls.append(1)
+        if len(calls) == 2:  # an fp16 overflow in the second step's backward pass
+            optimizer.param_groups[0]["params"][0].grad.view(-1)[0] = float("inf")
+        return original(self, optimizer)
+
+    monkeypatch.setattr(torch.amp.GradScaler, "unscale_", unscale_)
+    cfg = make_cfg("precision=fp16", "optim.warmup_epochs=0", "optim.schedule=cosine")
+    metrics = saturate.train(cfg)
+    lrs = [e.value for e in events(cfg.run_dir).Scalars("train/lr")]
+    assert lrs[1] == lrs[0] and lrs[2] < lrs[1]  # the skipped step 2 kept the LR where it was
+    assert metrics["train/nonfinite_steps"] == 0  # an overflow is the scaler's business, not a non-finite step
+
+
+class Stalls(ImageTensors):
+    """Item 20 never comes back (a hung worker) or kills its worker, as asked."""
+
+    def __init__(self, how: str):
+        super().__init__(torch.zeros(64, 1, 8, 8, dtype=torch.uint8), torch.arange(64) % 10)
+        self.how = how
+
+    __getitems__ = None  # one item at a time, like a decoding dataset
+
+    def __getitem__(self, index):
+        if index == 20 and torch.utils.data.get_worker_info() is not None:
+            if self.how == "hang":
+                time.sleep(600)
+            os._exit(1)
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("how", ["hang", "die"])
+def test_a_worker_that_hangs_or_dies_is_a_clear_error_and_leaves_no_process(make_cfg, monkeypatch, how):
+    from saturate.data.base import DataInfo
+
+    info = DataInfo("stalls", 1, 8, 8, 10, (0.5,), (0.25,))
+    monkeypatch.setattr(saturate.run, "build_datasets", lambda cfg: (Stalls(how), Stalls(how), info))
+    cfg = make_cfg("loader.num_workers=2", "loader.timeout_s=3", "loader.batch_size=8", "trainer.limit_train_batches=-1")
+    start = time.monotonic()
+    with pytest.raises(DataError) as err:
+        saturate.train(cfg)
+    assert time.monotonic() - start < 60
+    expected = "no batch within loader.timeout_s=3 s" if how == "hang" else "a worker process died"
+    assert str(err.value).startswith(f"loader: {expected}")
+    gc.collect()
+    deadline = time.monotonic() + 15
+    while psutil.Process().children(recursive=True) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert psutil.Process().children(recursive=True) == []

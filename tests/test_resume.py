@@ -1,0 +1,210 @@
+"""Never lose a run: a stopped run resumed equals the uninterrupted one bit for bit, on the
+CPU with trainer.deterministic=true; checkpoints survive crashes and kills mid-save."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import saturate
+from saturate import checkpoint
+from saturate.engine import Engine
+from saturate.faults import Preempted
+from tests.conftest import ROOT, read_metrics, run_cli
+from tests.test_train import events
+
+# digits, 11 steps per epoch, every step's loss logged
+EXACT = ["trainer.deterministic=true", "trainer.max_epochs=3", "trainer.log_interval=1", "trainer.limit_train_batches=-1",
+         "trainer.limit_val_batches=-1", "loader.batch_size=128"]  # fmt: skip
+
+
+def step_losses(*run_dirs) -> list[float]:
+    """train/loss of every step, in step order, across a run and its resumption(s)."""
+    by_step = {}
+    for run_dir in run_dirs:
+        by_step.update({e.step: e.value for e in events(run_dir).Scalars("train/loss")})
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def final_weights(run_dir) -> dict[str, torch.Tensor]:
+    return torch.load(Path(run_dir) / "checkpoints" / "last.pt", weights_only=False)["model"]
+
+
+def stop_at(monkeypatch, step: int, signum: int = signal.SIGUSR1) -> None:
+    """Deliver a real signal to this process as the engine finishes step `step`."""
+    original = Engine.train_step
+
+    def train_step(self, x, y, s):
+        out = original(self, x, y, s)
+        if s == step:
+            signal.raise_signal(signum)
+        return out
+
+    monkeypatch.setattr(Engine, "train_step", train_step)
+
+
+def interrupted_then_resumed(make_cfg, monkeypatch, overrides, at_step):
+    first = make_cfg(*EXACT, *overrides)
+    with monkeypatch.context() as m:
+        stop_at(m, at_step)
+        with pytest.raises(Preempted) as stopped:
+            saturate.train(first)
+    assert stopped.value.code == 128 + signal.SIGUSR1
+    assert read_metrics(first.run_dir)["status"] == "preempted"
+    assert torch.load(Path(first.run_dir) / "checkpoints/last.pt", weights_only=False)["step"] == at_step
+    second = make_cfg(*EXACT, *overrides, f"trainer.resume={first.run_dir}")
+    saturate.train(second)
+    return first.run_dir, second.run_dir
+
+
+SCENARIOS = {
+    "epoch-boundary": ([], 11),
+    "mid-epoch": ([], 16),
+    "mid-epoch-2-workers": (["loader.num_workers=2"], 16),
+    "mid-epoch-gpu-augmentation": (["augmentation=gpu"], 16),
+    "mid-epoch-cpu-augmentation-2-workers": (["augmentation=cpu", "loader.num_workers=2"], 16),
+    "mid-epoch-resident": (["loader=resident", "augmentation=gpu"], 16),
+}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_resumed_run_equals_the_uninterrupted_one(make_cfg, monkeypatch, name):
+    overrides, at_step = SCENARIOS[name]
+    full = make_cfg(*EXACT, *overrides)
+    saturate.train(full)
+    first, second = interrupted_then_resumed(make_cfg, monkeypatch, overrides, at_step)
+
+    expected = step_losses(full.run_dir)
+    assert len(expected) == 33
+    assert step_losses(first, second) == expected  # zero tolerance
+    weights, resumed = final_weights(full.run_dir), final_weights(second)
+    assert weights.keys() == resumed.keys()
+    for key in weights:
+        assert torch.equal(weights[key], resumed[key]), key
+
+
+def test_resume_auto_in_the_same_run_dir_continues_and_keeps_tensorboard_consistent(make_cfg, monkeypatch):
+    cfg = make_cfg(*EXACT)
+    with monkeypatch.context() as m:
+        stop_at(m, 16)
+        with pytest.raises(Preempted):
+            saturate.train(cfg)
+    again = make_cfg(*EXACT, "trainer.resume=auto")
+    again.run_dir = cfg.run_dir
+    metrics = saturate.train(again)
+    assert metrics["progress/step"] == 33
+    steps = [e.step for e in events(cfg.run_dir).Scalars("train/loss")]
+    assert sorted(set(steps)) == list(range(1, 34))
+
+
+def test_resume_auto_without_a_checkpoint_starts_fresh(make_cfg):
+    metrics = saturate.train(make_cfg("trainer.resume=auto"))
+    assert metrics["progress/step"] == 3
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_143_and_the_resumed_run_equals_the_uninterrupted_one(tmp_path):
+    args = [*EXACT, "trainer.max_epochs=4", "trainer.progress=false"]
+    run_dir = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "last.pt").exists():  # the first epoch is done
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out = "".join(proc.communicate(timeout=120))  # Hydra logs to stdout
+    assert proc.returncode == 143, out
+    assert "SIGTERM at step" in out and f"saved {run_dir / 'checkpoints' / 'last.pt'} in" in out
+    stopped_at = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["step"]
+    assert 11 <= stopped_at < 44
+
+    resumed = run_cli(*args, f"hydra.run.dir={run_dir}", "trainer.resume=auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {run_dir / 'checkpoints'}" in resumed.stdout
+    full = run_cli(*args, f"hydra.run.dir={tmp_path / 'full'}", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr
+    assert step_losses(run_dir) == step_losses(tmp_path / "full")
+    for key, value in final_weights(tmp_path / "full").items():
+        assert torch.equal(value, final_weights(run_dir)[key]), key
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    checkpoint.atomic_save({"model": {}, "step": 5}, path)
+
+    def broken_save(obj, f):
+        f.write(b"half a checkpoint")
+        raise RuntimeError("injected failure during torch.save")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(RuntimeError, match="injected"):
+        checkpoint.atomic_save({"model": {}, "step": 6}, path)
+    monkeypatch.undo()
+    assert checkpoint.load(path)["step"] == 5
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no partial file left behind
+
+
+SAVER = """
+import sys, torch
+from pathlib import Path
+from saturate.checkpoint import atomic_save
+out = Path(sys.argv[1])
+big = torch.randn(16, 1024, 1024)  # 64 MB: a save takes long enough to be killed in the middle
+for step in range(1, 10_000):
+    atomic_save({"model": {"w": big}, "step": step}, out / "last.pt")
+    print(step, flush=True)
+"""
+
+
+def test_sigkill_during_a_save_never_leaves_a_partial_checkpoint(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", SAVER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    saved = int(proc.stdout.readline())  # one complete save
+    time.sleep(0.15)  # somewhere inside a later one
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    newest = checkpoint.newest(tmp_path)
+    assert newest == tmp_path / "last.pt"
+    ckpt = checkpoint.load(newest)
+    assert ckpt["step"] >= saved and ckpt["model"]["w"].shape == (16, 1024, 1024)
+    assert all(p.name in ("last.pt", ".last.pt.tmp") for p in tmp_path.iterdir())
+
+
+def test_top_k_and_step_checkpoints(make_cfg):
+    cfg = make_cfg(
+        "trainer.max_epochs=4", "checkpoint.top_k=2", "checkpoint.every_n_steps=2", "checkpoint.monitor=val/loss", "checkpoint.mode=min"
+    )
+    saturate.train(cfg)
+    folder = Path(cfg.run_dir) / "checkpoints"
+    tops = sorted(p.name for p in folder.glob("top-*.pt"))
+    assert len(tops) == 2
+    best = checkpoint.load(folder / "best.pt")
+    kept = [checkpoint.load(folder / name) for name in tops]
+    assert best["best"] == min(k["best"] for k in kept)  # best.pt is the best of the kept ones
+    assert checkpoint.load(folder / "last.pt")["step"] == 12
+
+
+def test_checkpoints_carry_the_fingerprint_and_config(make_cfg):
+    cfg = make_cfg()
+    saturate.train(cfg)
+    ckpt = checkpoint.load(Path(cfg.run_dir) / "checkpoints/last.pt")
+    assert ckpt["fingerprint"]["torch"] == str(torch.__version__) and ckpt["fingerprint"]["world_size"] == 1
+    assert ckpt["config"]["run_dir"] == cfg.run_dir
+    assert {"python", "numpy", "torch"} <= ckpt["rng"].keys()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux")
+def test_sigint_once_stops_cleanly(make_cfg, monkeypatch):
+    cfg = make_cfg(*EXACT)
+    stop_at(monkeypatch, 5, signal.SIGINT)
+    with pytest.raises(Preempted) as stopped:
+        saturate.train(cfg)
+    assert stopped.value.code == 130
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers are put back
