@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 
 import saturate
-import saturate.engine
+import saturate.step
 from saturate import checkpoint
 from saturate.data.base import ImageTensors
 from saturate.errors import DataError
 from saturate.faults import NonFiniteGuard, TrainingDiverged
 from saturate.precision import Precision
+from saturate.step import TrainStep
 from tests.test_train import events
 
 
@@ -37,30 +38,32 @@ def poison_loss(monkeypatch, bad_steps: set[int]) -> list[int]:
                 return loss * float("nan")
         return loss
 
-    monkeypatch.setattr(saturate.engine.F, "cross_entropy", cross_entropy)
+    monkeypatch.setattr(saturate.step.F, "cross_entropy", cross_entropy)
     return seen
 
 
 def test_a_non_finite_step_is_skipped_counted_and_leaves_weights_and_schedule_alone(make_cfg, monkeypatch):
     snapshots = {}
-    original = saturate.engine.Engine.train_step
+    original = TrainStep.__call__
 
-    def train_step(self, x, y, step):
-        before = [p.detach().clone() for p in self.params]
-        lr_steps = self.scheduler.last_epoch
+    def call(self, x, y, step):
+        before = [p.detach().clone() for p in self.params] + [s.clone() for s in self.optimizer.state_dict()["state"].get(0, {}).values()]
         out = original(self, x, y, step)
-        snapshots[step] = (all(torch.equal(a, b) for a, b in zip(before, self.params, strict=True)), self.scheduler.last_epoch - lr_steps)
+        after = [p.detach() for p in self.params] + list(self.optimizer.state_dict()["state"].get(0, {}).values())
+        snapshots[step] = (len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after, strict=True)), out[2])
         return out
 
-    monkeypatch.setattr(saturate.engine.Engine, "train_step", train_step)
+    monkeypatch.setattr(TrainStep, "__call__", call)
     poison_loss(monkeypatch, {2})
-    cfg = make_cfg("trainer.max_epochs=2")
+    cfg = make_cfg("trainer.max_epochs=2", "optim.warmup_epochs=0")
     metrics = saturate.train(cfg)
-    assert snapshots[2] == (True, 0)  # untouched weights, schedule not advanced
-    assert snapshots[1] == (False, 1) and snapshots[3] == (False, 1)
+    assert snapshots[2] == (True, False)  # weights and momentum untouched; not a step for the schedule
+    assert snapshots[1] == (False, True) and snapshots[3] == (False, True)
     assert metrics["train/nonfinite_steps"] == 1 and math.isfinite(metrics["train/loss"])
-    counts = [(e.step, e.value) for e in events(cfg.run_dir).Scalars("train/nonfinite_steps")]
-    assert counts[:3] == [(1, 0), (2, 1), (3, 1)]
+    acc = events(cfg.run_dir)
+    assert [(e.step, e.value) for e in acc.Scalars("train/nonfinite_steps")][:3] == [(1, 0), (2, 1), (3, 1)]
+    lrs = [e.value for e in acc.Scalars("train/lr")]
+    assert lrs[1] == lrs[0] and lrs[2] < lrs[1]  # the schedule did not advance on step 2
 
 
 def test_consecutive_non_finite_steps_stop_with_the_last_good_state(make_cfg, monkeypatch):

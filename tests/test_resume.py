@@ -15,8 +15,8 @@ import torch
 
 import saturate
 from saturate import checkpoint
-from saturate.engine import Engine
 from saturate.faults import Preempted
+from saturate.step import TrainStep
 from tests.conftest import ROOT, read_metrics, run_cli
 from tests.test_train import events
 
@@ -39,15 +39,15 @@ def final_weights(run_dir) -> dict[str, torch.Tensor]:
 
 def stop_at(monkeypatch, step: int, signum: int = signal.SIGUSR1) -> None:
     """Deliver a real signal to this process as the engine finishes step `step`."""
-    original = Engine.train_step
+    original = TrainStep.__call__
 
-    def train_step(self, x, y, s):
+    def call(self, x, y, s):
         out = original(self, x, y, s)
         if s == step:
             signal.raise_signal(signum)
         return out
 
-    monkeypatch.setattr(Engine, "train_step", train_step)
+    monkeypatch.setattr(TrainStep, "__call__", call)
 
 
 def interrupted_then_resumed(make_cfg, monkeypatch, overrides, at_step):

@@ -79,7 +79,7 @@ class PrecisionConfig:
 
 @dataclass
 class LoaderConfig:
-    batch_size: Any = 128  # per device; an integer
+    batch_size: Any = 128  # per device: an integer, or "auto" (see batch_search)
     num_workers: Any = "auto"  # an integer, or "auto" (see README: loader)
     pin_memory: Any = "auto"  # true/false, or "auto": when the device is CUDA
     persistent_workers: bool = False
@@ -91,7 +91,7 @@ class LoaderConfig:
     resident_memory_fraction: float = 0.5  # most of the device's free memory the data may take
 
     def problems(self) -> Issues:
-        yield from _at_least("batch_size", self.batch_size, 1)
+        yield from _int_or_auto("batch_size", self.batch_size, 1)
         yield from _int_or_auto("num_workers", self.num_workers, 0)
         if self.pin_memory not in (True, False, "auto"):
             yield "pin_memory", self.pin_memory, "true, false or 'auto'"
@@ -148,9 +148,13 @@ class OptimConfig:
     schedule: str = "cosine"  # cosine (to min_lr_ratio) or constant, after the warmup
     warmup_epochs: float = 1.0  # linear warmup from 0.1 x lr
     min_lr_ratio: float = 0.0
+    lr_scaling: str = "none"  # none | linear | sqrt: lr x (global batch / base_batch_size) ^ (1 or 1/2)
+    base_batch_size: int = 128  # the global batch size the optimizer's lr is meant for
 
     def problems(self) -> Issues:
         yield from _choice("schedule", self.schedule, ("cosine", "constant"))
+        yield from _choice("lr_scaling", self.lr_scaling, ("none", "linear", "sqrt"))
+        yield from _at_least("base_batch_size", self.base_batch_size, 1)
         yield from _at_least("warmup_epochs", self.warmup_epochs, 0.0)
         yield from _unit_interval("min_lr_ratio", self.min_lr_ratio)
 
@@ -167,6 +171,7 @@ class TrainerConfig:
     compile: bool = False  # torch.compile; falls back to eager with one warning
     channels_last: bool = False
     grad_clip: float = 0.0  # max gradient norm; 0: no clipping
+    accumulate: int = 1  # compute each batch in this many micro-batches (same optimizer batch, less memory)
     limit_train_batches: int = -1  # per epoch; -1: all (debugging)
     limit_val_batches: int = -1
     detect_anomaly: bool = False  # autograd anomaly detection (slow; debugging)
@@ -183,11 +188,32 @@ class TrainerConfig:
         for key in ("eval_interval", "checkpoint_interval", "log_interval"):
             yield from _at_least(key, getattr(self, key), 1)
         yield from _at_least("grad_clip", self.grad_clip, 0.0)
+        yield from _at_least("accumulate", self.accumulate, 1)
         for key in ("limit_train_batches", "limit_val_batches"):
             if getattr(self, key) != -1:
                 yield from _at_least(key, getattr(self, key), 1, " or -1")
         yield from _choice("log_level", self.log_level, ("DEBUG", "INFO", "WARNING", "ERROR"))
         yield from _at_least("max_nonfinite_steps", self.max_nonfinite_steps, 1)
+
+
+@dataclass
+class BatchSearchConfig:
+    """How loader.batch_size=auto searches (see saturate.batch_size)."""
+
+    min: int = 16  # first candidate
+    max: int = 4096  # never above this, nor above the training set
+    steps: int = 3  # timed training steps per candidate, after one warm-up step
+    min_gain: float = 0.05  # stop growing when samples/s improves by this share or less
+    safety: float = 0.9  # after an out-of-memory: at most this share of the largest size that fit
+    cache: str = "outputs/batch_size_cache.json"  # earlier choices, reused for the same key; "" disables
+
+    def problems(self) -> Issues:
+        yield from _at_least("min", self.min, 1)
+        if self.max < self.min:
+            yield "max", self.max, f"an integer >= batch_search.min ({self.min})"
+        yield from _at_least("steps", self.steps, 1)
+        yield from _at_least("min_gain", self.min_gain, 0.0)
+        yield from _unit_interval("safety", self.safety, open_low=True)
 
 
 @dataclass
@@ -283,6 +309,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    batch_search: BatchSearchConfig = field(default_factory=BatchSearchConfig)
     run_dir: str = MISSING  # Hydra's output dir for this job
 
 
@@ -338,7 +365,7 @@ def validate(cfg: DictConfig) -> RunConfig:
     """Check the whole composed config; raise one ConfigError that lists every problem."""
     problems: list[Problem] = []
     run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    for group in ("device", "precision", "loader", "augmentation", "optim", "trainer", "checkpoint"):
+    for group in ("device", "precision", "loader", "augmentation", "optim", "trainer", "checkpoint", "batch_search"):
         fields = [f.name for f in dataclasses.fields(getattr(run, group))]
         for key in cfg[group]:  # `+group.key=...` gets past Hydra; a typo should not
             if key not in fields:

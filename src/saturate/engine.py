@@ -1,8 +1,8 @@
 """The training loop, and only the loop.
 
-It receives built objects (model, optimizer, precision policy, batches, evaluator,
-checkpointer, tracker, timer, guard, stop signal) and never asks which options built them.
-It touches the host only at log steps (the loss is summed on the device and read there),
+It receives built objects (the model, the step, the schedule, batches, evaluator,
+checkpointer, tracker, timer, stop signal) and never asks which options built them. It
+touches the host only at log steps (the loss is summed on the device and read there),
 apart from the non-finite guard's one scalar per step when that is on.
 """
 
@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from saturate.faults import Preempted
+from saturate.step import TrainStep
 
 log = logging.getLogger(__name__)
 
@@ -30,15 +30,13 @@ class TrainState:
 
 
 class Engine:
-    def __init__(self, *, model: nn.Module, optimizer, scheduler, precision, train_batches, evaluator, checkpointer, tracker, timer,
-                 guard, stop, memory, max_epochs: int, max_steps: int, grad_clip: float, start_time: float):  # fmt: skip
-        self.model, self.optimizer, self.scheduler, self.precision = model, optimizer, scheduler, precision
+    def __init__(self, *, model: nn.Module, step: TrainStep, scheduler, train_batches, evaluator, checkpointer, tracker, timer,
+                 stop, memory, max_epochs: int, max_steps: int, start_time: float):  # fmt: skip
+        self.model, self.step, self.scheduler, self.guard = model, step, scheduler, step.guard
         self.train_batches, self.evaluator, self.checkpointer = train_batches, evaluator, checkpointer
-        self.tracker, self.timer, self.guard, self.stop, self.memory = tracker, timer, guard, stop, memory
+        self.tracker, self.timer, self.stop, self.memory = tracker, timer, stop, memory
         self.max_epochs, self.max_steps, self.start_time = max_epochs, max_steps, start_time
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.max_norm = grad_clip if grad_clip > 0 else float("inf")  # inf: measure the norm, never clip
-        self.loss_sum = torch.zeros((), device=self.params[0].device)  # summed on the device, read at log steps
+        self.loss_sum = torch.zeros((), device=next(model.parameters()).device)  # summed on the device, read at log steps
         self.loss_count = 0
 
     def fit(self, state: TrainState) -> dict[str, float]:
@@ -51,7 +49,9 @@ class Engine:
                 with self.timer.phase("copy"):
                     x, y = self.train_batches.to_device(batch)
                 with self.timer.phase("compute"):
-                    loss, applied = self.train_step(x, y, state.step + 1)
+                    loss, applied, stepped = self.step(x, y, state.step + 1)
+                    if stepped:  # a step not taken (non-finite, fp16 overflow) keeps the LR where it is
+                        self.scheduler.step()
                 self.loss_sum += loss
                 self.loss_count += applied
                 self.timer.step_done(len(y))
@@ -78,21 +78,6 @@ class Engine:
             if last:
                 return dict(self.tracker.latest)
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[torch.Tensor, bool]:
-        """One optimizer step on the batch (x, y). Returns the loss, still on the device
-        (zero if the step was skipped as non-finite), and whether the step was applied."""
-        with self.precision.autocast():
-            loss = F.cross_entropy(self.model(x), y)
-        scaler = self.precision.scaler
-        scaler.scale(loss).backward()
-        scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
-        applied = self.guard.ok(loss, grad_norm, step)
-        if self.precision.step(self.optimizer, applied):  # a step not taken keeps the LR where it is
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return (loss.detach() if applied else torch.zeros_like(loss.detach())), applied
-
     def log_train(self, state: TrainState, steps_per_epoch: int) -> None:
         """The one place the loop waits for the device: at log steps and epoch ends."""
         window = self.timer.flush()
@@ -103,6 +88,7 @@ class Engine:
             "train/loss": self.loss_sum.item() / self.loss_count if self.loss_count else float("nan"),
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/nonfinite_steps": self.guard.count,
+            "train/micro_batches": self.step.micro_batches,
             "progress/epoch": state.epoch + state.batch_in_epoch / steps_per_epoch,
             "progress/step": state.step,
             "memory/peak_mb": self.memory(),

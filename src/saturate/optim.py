@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import math
 
 import torch
@@ -11,6 +12,8 @@ from torch import nn
 
 from saturate.config import OptimConfig
 from saturate.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -31,11 +34,24 @@ def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: f
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def scaled_lr(cfg: OptimConfig, lr: float, global_batch: int) -> float:
+    """The base LR scaled for the global batch size: linear (lr x k) or sqrt (lr x sqrt k,
+    seed 001's rule: 4x the batch, 2x the LR), k = global_batch / base_batch_size."""
+    exponent = {"none": 0.0, "linear": 1.0, "sqrt": 0.5}[cfg.lr_scaling]
+    return lr * (global_batch / cfg.base_batch_size) ** exponent
+
+
 def setup_optimizer(
-    cfg: OptimConfig, model: nn.Module, *, steps_per_epoch: int, total_steps: int
+    cfg: OptimConfig, model: nn.Module, *, steps_per_epoch: int, total_steps: int, global_batch: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     node = dict(cfg.optimizer)
     weight_decay = node.pop("weight_decay", 0.0)
+    if cfg.lr_scaling != "none":
+        lr = scaled_lr(cfg, node["lr"], global_batch)
+        log.info(
+            "optim: lr %g -> %g (%s scaling, global batch %d, base %d)", node["lr"], lr, cfg.lr_scaling, global_batch, cfg.base_batch_size
+        )
+        node["lr"] = lr
     try:
         optimizer = instantiate(node)(param_groups(model, weight_decay))
     except (TypeError, ValueError) as e:  # a bad value, e.g. optim.optimizer.lr=-1

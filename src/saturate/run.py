@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import logging
 import os
@@ -19,15 +20,17 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from torch.utils.data import default_collate
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from saturate.augment import BatchAugment, Preview, SampleAugment, Schedule
+from saturate.batch_size import Cache, Trial, measure_with, restoring, search, table
 from saturate.checkpoint import Checkpointer
 from saturate.config import AugmentationConfig, LoaderConfig, RunConfig, TrainerConfig, validate
 from saturate.data import DataInfo, ImageTensors, build_datasets
 from saturate.device import setup_device
 from saturate.engine import Engine
-from saturate.environment import fingerprint
+from saturate.environment import cpu_name, fingerprint
 from saturate.errors import UserError
 from saturate.evaluate import Evaluator
 from saturate.faults import NonFiniteGuard, Preempted, StopSignal, TrainingDiverged
@@ -36,6 +39,7 @@ from saturate.monitor import device_memory_mb, peak_memory
 from saturate.optim import setup_optimizer
 from saturate.precision import Precision, setup_precision
 from saturate.report import RunFacts, Verdict, diagnose, render
+from saturate.step import TrainStep
 from saturate.timing import StepTimer
 from saturate.tracking import Tracker, write_json
 
@@ -54,14 +58,21 @@ def train(cfg: DictConfig) -> dict[str, float]:
     device = setup_device(run.device)
     with _seeded(run.trainer), StopSignal() as stop:
         train_set, val_set, info = build_datasets(run.data)
-        train_batches, val_batches = _setup_loaders(run.loader, run.augmentation, train_set, val_set, info, device, run.trainer, tracker)
         precision = setup_precision(run.precision, device)
-        model, raw_model = _setup_model(run.model, info, device, run.trainer, precision, batch_size=run.loader.batch_size)
+        example = run.loader.batch_size if run.loader.batch_size != "auto" else run.batch_search.min
+        model, raw_model = _setup_model(run.model, info, device, run.trainer, precision, batch_size=example)
+        trials = None
+        if run.loader.batch_size == "auto":
+            chosen, trials = _auto_batch_size(run, model, raw_model, precision, train_set, info, device)
+            run.loader = dataclasses.replace(run.loader, batch_size=chosen)
+        train_batches, val_batches = _setup_loaders(run.loader, run.augmentation, train_set, val_set, info, device, run.trainer, tracker)
         steps_per_epoch = len(train_batches)
         total_steps = steps_per_epoch * run.trainer.max_epochs
         if run.trainer.max_steps > 0:
             total_steps = min(total_steps, run.trainer.max_steps)
-        optimizer, scheduler = setup_optimizer(run.optim, raw_model, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
+        optimizer, scheduler = setup_optimizer(
+            run.optim, raw_model, steps_per_epoch=steps_per_epoch, total_steps=total_steps, global_batch=run.loader.batch_size
+        )
 
         resolved = OmegaConf.to_container(cfg, resolve=True)
         env = fingerprint(device, precision=precision.name, compile=run.trainer.compile, channels_last=run.trainer.channels_last)
@@ -81,15 +92,20 @@ def train(cfg: DictConfig) -> dict[str, float]:
             device=device,
         )
         timer = StepTimer(device)
+        step = TrainStep(model, optimizer, precision, guard, grad_clip=run.trainer.grad_clip, micro_batches=run.trainer.accumulate)
         engine = Engine(
-            model=model, optimizer=optimizer, scheduler=scheduler, precision=precision, train_batches=train_batches,
+            model=model, step=step, scheduler=scheduler, train_batches=train_batches,
             evaluator=Evaluator(model, val_batches, precision, interval=run.trainer.eval_interval), checkpointer=checkpointer,
-            tracker=tracker, timer=timer, guard=guard, stop=stop, memory=peak_memory(device), max_epochs=run.trainer.max_epochs,
-            max_steps=run.trainer.max_steps, grad_clip=run.trainer.grad_clip, start_time=start_time,
+            tracker=tracker, timer=timer, stop=stop, memory=peak_memory(device), max_epochs=run.trainer.max_epochs,
+            max_steps=run.trainer.max_steps, start_time=start_time,
         )  # fmt: skip
 
         tracker.start(total_steps, done=state.step)
         tracker.text("config", "```yaml\n" + OmegaConf.to_yaml(resolved) + "```")
+        if trials is not None:
+            tracker.text("batch_search", table(trials, run.loader.batch_size))
+            for t in trials:
+                tracker.log({"batch_search/samples_per_s": t.samples_per_s or 0.0}, step=t.size)
         tracker.text("fingerprint", "```yaml\n" + OmegaConf.to_yaml(env) + "```")
         log.info("training %s on %s%s: %d steps (%d per epoch), batch %d", type(raw_model).__name__, info.name,
                  " (SYNTHETIC)" if info.synthetic else "", total_steps, steps_per_epoch, run.loader.batch_size)  # fmt: skip
@@ -186,11 +202,9 @@ def _setup_loaders(
     workers = auto_workers(per_sample_work=aug.placement == "cpu") if cfg.num_workers == "auto" else cfg.num_workers
     pin = device.type == "cuda" if cfg.pin_memory == "auto" else cfg.pin_memory
 
-    pipeline = functools.partial(
-        DevicePipeline, device, info.mean, info.std, non_blocking=cfg.non_blocking, channels_last=trainer.channels_last
-    )
+    pipeline = functools.partial(_pipeline, cfg, info, device, trainer)
     train_pipeline = pipeline(
-        augment=BatchAugment(schedule, seed=trainer.seed) if aug.placement == "gpu" else None,
+        augment=_device_augment(aug, trainer.seed),
         preview=Preview(tracker.images, schedule, aug.preview_images) if aug.preview_images else None,
     )
     if cfg.resident:
@@ -205,6 +219,51 @@ def _setup_loaders(
     kind = f"resident on {train.home}" if cfg.resident else f"{workers} workers, pin_memory={pin}"
     log.info("loader: batch %d, %s; augmentation: %s %s", cfg.batch_size, kind, aug.placement, stages)
     return train, val
+
+
+def _pipeline(cfg: LoaderConfig, info: DataInfo, device: torch.device, trainer: TrainerConfig, **kwargs) -> DevicePipeline:
+    return DevicePipeline(device, info.mean, info.std, non_blocking=cfg.non_blocking, channels_last=trainer.channels_last, **kwargs)
+
+
+def _device_augment(aug: AugmentationConfig, seed: int) -> BatchAugment | None:
+    return BatchAugment(Schedule.from_config(aug), seed=seed) if aug.placement == "gpu" else None
+
+
+def _auto_batch_size(run: RunConfig, model, raw_model, precision: Precision, train_set, info: DataInfo, device: torch.device):
+    """loader.batch_size=auto: the cached choice for this key, or a search (saturate.batch_size)."""
+    cfg = run.batch_search
+    key = {
+        "model": run.model,
+        "input": [info.channels, info.height, info.width],
+        "precision": precision.name,
+        "compile": run.trainer.compile,
+        "channels_last": run.trainer.channels_last,
+        "augmentation": run.augmentation.placement,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu: {cpu_name()}",
+        "world_size": 1,
+    }
+    high = min(cfg.max, len(train_set))
+    cache = Cache(cfg.cache)
+    hit = cache.get(key)
+    if hit is not None and cfg.min <= hit["batch_size"] <= high:
+        log.info("loader.batch_size=auto: %d, reused from %s (same model, input, precision, compile, device)", hit["batch_size"], cfg.cache)
+        return hit["batch_size"], [Trial(**t) for t in hit["trials"]]
+
+    start = time.perf_counter()
+    order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(run.trainer.seed))
+
+    def fetch(size: int):  # a host batch of `size` real training samples
+        index = order[:size].tolist()
+        return train_set.__getitems__(index) if hasattr(train_set, "__getitems__") else default_collate([train_set[i] for i in index])
+
+    optimizer = instantiate(run.optim.optimizer)(raw_model.parameters())  # the run's kind, thrown away afterwards
+    pipeline = _pipeline(run.loader, info, device, run.trainer, augment=_device_augment(run.augmentation, run.trainer.seed))
+    measure = measure_with(model, optimizer, precision, pipeline, fetch, steps=cfg.steps, device=device)
+    chosen, trials = restoring(raw_model, lambda: search(measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety))
+    cache.put(key, chosen, trials)
+    log.info("loader.batch_size=auto: %d after %d trials in %.1fs%s\n%s", chosen, len(trials), time.perf_counter() - start,
+             f" (cached in {cfg.cache})" if cfg.cache else "", table(trials, chosen))  # fmt: skip
+    return chosen, trials
 
 
 def _setup_model(node: dict, info: DataInfo, device: torch.device, trainer: TrainerConfig, precision: Precision, batch_size: int):

@@ -1,0 +1,160 @@
+"""`loader.batch_size=auto`: the fastest batch size that safely fits, found by trial and
+remembered.
+
+Candidates double from `batch_search.min`, each timed over a few real training steps (the
+run's model, precision, compile, channels_last and device augmentation). Growing stops at
+the first out-of-memory (then the memory limit is bisected), when samples/s improves by no
+more than `min_gain`, or at `max` (never above the training set). The pick is the
+highest-throughput size; after an out-of-memory, only among sizes at most `safety` times
+the largest that fit, so a run does not live on the edge of memory. Model, optimizer and
+RNG state are put back afterwards. The choice is cached in a JSON file keyed by what
+decides it, and reused by later runs with the same key.
+"""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from saturate.faults import NonFiniteGuard
+from saturate.step import OutOfMemory, TrainStep, free_device_memory, is_oom
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Trial:
+    size: int
+    fit: bool
+    samples_per_s: float | None = None
+    peak_mb: float | None = None  # peak allocated device memory (CUDA only)
+
+
+def search(measure: Callable[[int], Trial], *, low: int, high: int, min_gain: float, safety: float) -> tuple[int, list[Trial]]:
+    """The search itself, given `measure(size) -> Trial`. Returns (chosen size, trials)."""
+    trials: list[Trial] = []
+
+    def trial(size: int) -> Trial:
+        trials.append(measure(size))
+        return trials[-1]
+
+    largest_fit, smallest_oom, best_rate, size = None, None, 0.0, low
+    while True:  # doubling
+        t = trial(size)
+        if not t.fit:
+            smallest_oom = size
+            break
+        largest_fit = size
+        improved = t.samples_per_s > best_rate * (1 + min_gain)
+        best_rate = max(best_rate, t.samples_per_s)
+        if not improved or size >= high:
+            break
+        size = min(2 * size, high)
+    if largest_fit is None:
+        raise OutOfMemory(f"loader.batch_size=auto: even batch_search.min={low} runs out of memory; lower it or free device memory")
+    if smallest_oom is not None:  # bisection: where between the two does memory run out?
+        while smallest_oom - largest_fit > max(1, largest_fit // 16):
+            middle = (largest_fit + smallest_oom) // 2
+            if trial(middle).fit:
+                largest_fit = middle
+            else:
+                smallest_oom = middle
+    limit = int(safety * largest_fit) if smallest_oom is not None else high
+    allowed = [t for t in trials if t.fit and t.size <= limit]
+    if not allowed:
+        log.warning("batch_search: %g x the largest size that fit (%d) is below batch_search.min; using %d", safety, largest_fit, low)
+        return low, trials
+    # Throughputs within min_gain of the best are a tie, which the smaller batch wins:
+    # it generalises at least as well and leaves memory to spare.
+    best = max(t.samples_per_s for t in allowed)
+    return min(t.size for t in allowed if t.samples_per_s * (1 + min_gain) >= best), trials
+
+
+def measure_with(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision, pipeline, fetch, *, steps: int,
+                 device: torch.device) -> Callable[[int], Trial]:  # fmt: skip
+    """measure(size): one warm-up and `steps` timed training steps on a batch of `size`
+    real samples (`fetch(size)` gives the host batch; preparing it is not timed)."""
+    guard = NonFiniteGuard(skip=False, check_grads=False, max_consecutive=1, device=device)  # reads nothing per step
+    step = TrainStep(model, optimizer, precision, guard, grad_clip=0.0, recover_oom=False)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def measure(size: int) -> Trial:
+        host = fetch(size)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        try:
+            step(*pipeline(host), 0)
+            sync()
+            start = time.perf_counter()
+            for _ in range(steps):
+                step(*pipeline(host), 0)
+            sync()
+            elapsed = time.perf_counter() - start
+            peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+            return Trial(size, True, size * steps / elapsed, peak)
+        except Exception as e:
+            if not is_oom(e):
+                raise
+        optimizer.zero_grad(set_to_none=True)  # out here: the exception no longer holds the tensors
+        free_device_memory()
+        return Trial(size, False)
+
+    return measure
+
+
+def restoring(model: torch.nn.Module, run: Callable[[], tuple[int, list[Trial]]]) -> tuple[int, list[Trial]]:
+    """Run the search, then put the model's weights and buffers and every RNG back."""
+    saved = copy.deepcopy(model.state_dict())
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            return run()
+        finally:
+            model.load_state_dict(saved)
+
+
+def table(trials: list[Trial], chosen: int) -> str:
+    lines = ["| batch size | samples/s | peak MB | result |", "|---:|---:|---:|---|"]
+    for t in trials:
+        rate = f"{t.samples_per_s:,.0f}" if t.samples_per_s else "-"
+        peak = f"{t.peak_mb:,.0f}" if t.peak_mb is not None else "-"
+        lines.append(f"| {t.size} | {rate} | {peak} | {'fit' if t.fit else 'out of memory'}{' **chosen**' if t.size == chosen else ''} |")
+    return "\n".join(lines)
+
+
+class Cache:
+    """JSON file of earlier choices, {key: {"batch_size", "trials", "key"}}; updated under a
+    file lock and replaced atomically, so concurrent sweep jobs do not corrupt it."""
+
+    def __init__(self, path: str):
+        self.path = Path(path) if path else None
+
+    def get(self, key: dict) -> dict | None:
+        if self.path is None or not self.path.is_file():
+            return None
+        try:
+            return json.loads(self.path.read_text()).get(json.dumps(key, sort_keys=True))
+        except (OSError, json.JSONDecodeError) as e:
+            log.warning("batch_search.cache: cannot read %s (%s); searching again", self.path, e)
+            return None
+
+    def put(self, key: dict, size: int, trials: list[Trial]) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            entries = json.loads(self.path.read_text()) if self.path.is_file() else {}
+            entries[json.dumps(key, sort_keys=True)] = {"batch_size": size, "trials": [asdict(t) for t in trials], "key": key}
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)

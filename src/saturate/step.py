@@ -1,0 +1,87 @@
+"""One optimizer step on one batch, in micro-batches, surviving CUDA out-of-memory.
+
+The batch is the optimizer batch; it is computed in `micro_batches` pieces whose gradients
+accumulate (each piece's loss weighted by its share of the batch), so the optimizer sees
+the same gradient whatever the split. An out-of-memory error doubles the number of pieces
+and retries the batch: the optimizer batch and the LR schedule do not change. (With
+BatchNorm the statistics are per piece, as with any gradient accumulation.)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from saturate.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class OutOfMemory(UserError):
+    """Out of memory even with one sample per micro-batch."""
+
+
+def is_oom(error: BaseException) -> bool:
+    """CUDA's out-of-memory error, in its current form or the older RuntimeError one."""
+    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError) and "out of memory" in str(error))
+
+
+def free_device_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class TrainStep:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision, guard, *, grad_clip: float,
+                 micro_batches: int = 1, recover_oom: bool = True):  # fmt: skip
+        self.model, self.optimizer, self.precision, self.guard = model, optimizer, precision, guard
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.max_norm = grad_clip if grad_clip > 0 else float("inf")  # inf: measure the norm, never clip
+        self.micro_batches, self.recover_oom = micro_batches, recover_oom
+        self.oom_recoveries = 0
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[torch.Tensor, bool, bool]:
+        """Returns (loss on the device, or zero if the step was skipped as non-finite;
+        whether the guard let it through; whether the weights moved, which is when the
+        caller advances the LR schedule)."""
+        while True:
+            try:
+                loss = self._forward_backward(x, y)
+                break
+            except Exception as e:
+                if not (self.recover_oom and is_oom(e)):
+                    raise
+            self._after_oom(step, len(y))  # out here, the exception's frames (and tensors) are gone
+        scaler = self.precision.scaler
+        scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        applied = self.guard.ok(loss, grad_norm, step)
+        stepped = self.precision.step(self.optimizer, applied)
+        self.optimizer.zero_grad(set_to_none=True)
+        return (loss if applied else torch.zeros_like(loss)), applied, stepped
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        total = None
+        for xs, ys in zip(x.tensor_split(self.micro_batches), y.tensor_split(self.micro_batches), strict=True):
+            with self.precision.autocast():
+                loss = F.cross_entropy(self.model(xs), ys) * (len(ys) / len(y))  # x1.0 (exact) for one piece
+            self.precision.scaler.scale(loss).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        return total
+
+    def _after_oom(self, step: int, batch: int) -> None:
+        self.optimizer.zero_grad(set_to_none=True)  # drop what the failed pieces accumulated
+        free_device_memory()
+        piece = math.ceil(batch / self.micro_batches)
+        if piece <= 1:
+            raise OutOfMemory(f"out of memory at step {step} even with micro-batches of 1 sample; use a smaller model or input, "
+                              "or free device memory (device.memory_fraction, other processes)")  # fmt: skip
+        self.micro_batches *= 2
+        self.oom_recoveries += 1
+        smaller = math.ceil(batch / self.micro_batches)
+        log.warning("step %d: out of memory with micro-batches of %d samples; continuing with %d micro-batches of %d "
+                    "(the optimizer batch stays %d)", step, piece, self.micro_batches, smaller, batch)  # fmt: skip

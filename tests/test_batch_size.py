@@ -1,0 +1,190 @@
+"""loader.batch_size=auto, OOM recovery by micro-batches, LR scaling. CUDA's out-of-memory
+cannot happen on a CPU, so it is injected above a size threshold."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+import saturate
+from saturate import batch_size
+from saturate.batch_size import Cache, Trial, search
+from saturate.config import OptimConfig
+from saturate.optim import scaled_lr
+from saturate.step import OutOfMemory
+from tests.test_train import events
+
+
+def fake_measure(oom_above: int, rate, tried: list[int]):
+    def measure(size: int) -> Trial:
+        tried.append(size)
+        return Trial(size, False) if size > oom_above else Trial(size, True, rate(size))
+
+    return measure
+
+
+def test_search_doubles_then_bisects_the_memory_limit_and_keeps_a_margin():
+    tried: list[int] = []
+    chosen, trials = search(fake_measure(600, lambda s: 1000 * s / (s + 50), tried), low=16, high=4096, min_gain=0.0, safety=0.9)
+    assert tried == [16, 32, 64, 128, 256, 512, 1024, 768, 640, 576, 608]
+    assert [t.fit for t in trials] == [True] * 6 + [False, False, False, True, False]
+    assert chosen == 512  # the fastest of the sizes <= 0.9 x 576
+
+
+def test_search_stops_growing_when_throughput_stops_improving():
+    tried: list[int] = []
+    rates = {16: 100.0, 32: 190.0, 64: 300.0, 128: 310.0}
+    chosen, _ = search(fake_measure(10**6, lambda s: rates[s], tried), low=16, high=4096, min_gain=0.05, safety=0.9)
+    assert tried == [16, 32, 64, 128]  # 128 is only 3% faster than 64: stop
+    assert chosen == 64  # within the 5% margin of the best, the smaller wins
+
+
+def test_search_respects_the_bounds():
+    tried: list[int] = []
+    chosen, _ = search(fake_measure(10**6, float, tried), low=24, high=100, min_gain=0.0, safety=0.9)
+    assert tried == [24, 48, 96, 100] and chosen == 100
+
+
+def test_search_fails_clearly_when_even_the_minimum_does_not_fit():
+    with pytest.raises(OutOfMemory, match="even batch_search.min=16 runs out of memory"):
+        search(fake_measure(8, float, []), low=16, high=64, min_gain=0.0, safety=0.9)
+
+
+def oom_above(monkeypatch, threshold: int, from_call: int = 0) -> list[int]:
+    """The model's forward raises CUDA's out-of-memory error for more than `threshold`
+    samples (from the `from_call`-th training forward on); returns the sizes it saw."""
+    from saturate.models import SmallCNN
+
+    seen: list[int] = []
+    original = SmallCNN.forward
+
+    def forward(self, x):
+        if self.training:
+            seen.append(len(x))
+            if len(x) > threshold and len(seen) > from_call:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+        return original(self, x)
+
+    monkeypatch.setattr(SmallCNN, "forward", forward)
+    return seen
+
+
+def test_auto_batch_size_picks_within_the_margin_restores_state_and_caches(make_cfg, monkeypatch, tmp_path, caplog):
+    cache = tmp_path / "cache.json"
+    common = ["loader.batch_size=auto", f"batch_search.cache={cache}", "batch_search.min_gain=0", "batch_search.steps=1"]
+    oom_above(monkeypatch, 300)
+    states = {}
+    original = batch_size.restoring
+
+    def restoring(model, run):
+        states["before"] = ({k: v.clone() for k, v in model.state_dict().items()}, torch.get_rng_state())
+        out = original(model, run)
+        states["after"] = ({k: v.clone() for k, v in model.state_dict().items()}, torch.get_rng_state())
+        return out
+
+    monkeypatch.setattr(saturate.run, "restoring", restoring)
+    real_measure_with = batch_size.measure_with
+
+    def measure_with(*args, **kwargs):  # real trials; throughput made a smooth function of size (CPU timing is noisy)
+        measure = real_measure_with(*args, **kwargs)
+
+        def steady(size):
+            t = measure(size)
+            return Trial(t.size, t.fit, 1000 * size / (size + 50) if t.fit else None, t.peak_mb)
+
+        return steady
+
+    monkeypatch.setattr(saturate.run, "measure_with", measure_with)
+    cfg = make_cfg(*common)
+    metrics = saturate.train(cfg)
+    for key, value in states["before"][0].items():
+        assert torch.equal(value, states["after"][0][key]), key
+    assert torch.equal(states["before"][1], states["after"][1])
+
+    entry = next(iter(json.loads(cache.read_text()).values()))
+    sizes = [t["size"] for t in entry["trials"]]
+    assert sizes == [16, 32, 64, 128, 256, 512, 384, 320, 288, 304]
+    assert entry["batch_size"] <= 0.9 * 288 and entry["key"]["input"] == [1, 8, 8] and entry["key"]["precision"] == "fp32"
+    assert metrics["progress/step"] == 3
+    assert events(cfg.run_dir).Tags()["scalars"].count("batch_search/samples_per_s") == 1
+
+    monkeypatch.setattr(saturate.run, "search", lambda *a, **k: pytest.fail("the cached choice should be reused"))
+    with caplog.at_level(logging.INFO, logger="saturate"):
+        saturate.train(make_cfg(*common))
+    assert any(f"loader.batch_size=auto: {entry['batch_size']}, reused from {cache}" in r.getMessage() for r in caplog.records)
+
+
+def test_a_different_key_searches_again(make_cfg, tmp_path):
+    cache = Cache(str(tmp_path / "c.json"))
+    cache.put({"model": "a"}, 64, [Trial(64, True, 1.0)])
+    assert cache.get({"model": "a"})["batch_size"] == 64 and cache.get({"model": "b"}) is None
+
+
+def test_errors_other_than_out_of_memory_propagate_from_the_search(make_cfg, monkeypatch):
+    from saturate.models import SmallCNN
+
+    def forward(self, x):
+        raise ValueError("a real bug, not memory")
+
+    monkeypatch.setattr(SmallCNN, "forward", forward)
+    with pytest.raises(ValueError, match="a real bug"):
+        saturate.train(make_cfg("loader.batch_size=auto", "batch_search.cache="))
+
+
+EXACT = ["model.norm=group", "trainer.max_epochs=2", "loader.batch_size=32", "trainer.deterministic=true"]
+
+
+def final_weights(cfg):
+    return torch.load(Path(cfg.run_dir) / "checkpoints/last.pt", weights_only=False)["model"]
+
+
+def test_out_of_memory_mid_training_halves_the_micro_batch_and_keeps_the_optimisation(make_cfg, monkeypatch, caplog):
+    reference = make_cfg(*EXACT)
+    saturate.train(reference)
+    seen = oom_above(monkeypatch, 16, from_call=2)  # steps 1-2 fit; from step 3 on, 32 samples do not
+    cfg = make_cfg(*EXACT)
+    with caplog.at_level(logging.WARNING, logger="saturate"):
+        metrics = saturate.train(cfg)
+    assert seen[:5] == [32, 32, 32, 16, 16]  # step 3 failed at 32, retried as two micro-batches of 16
+    assert metrics["train/micro_batches"] == 2
+    assert any(
+        "out of memory with micro-batches of 32 samples; continuing with 2 micro-batches of 16" in r.getMessage() for r in caplog.records
+    )
+    for key, value in final_weights(reference).items():
+        torch.testing.assert_close(final_weights(cfg)[key], value, rtol=1e-5, atol=1e-6)  # the same optimisation
+    lrs = [e.value for e in events(cfg.run_dir).Scalars("train/lr")]
+    assert lrs == [e.value for e in events(reference.run_dir).Scalars("train/lr")]
+
+
+def test_out_of_memory_at_one_sample_per_micro_batch_stops_clearly(make_cfg, monkeypatch):
+    oom_above(monkeypatch, 0)
+    with pytest.raises(OutOfMemory, match="out of memory at step 1 even with micro-batches of 1 sample"):
+        saturate.train(make_cfg("loader.batch_size=4"))
+
+
+def test_gradient_accumulation_is_the_same_optimisation(make_cfg):
+    whole, split = make_cfg(*EXACT), make_cfg(*EXACT, "trainer.accumulate=4")
+    saturate.train(whole)
+    assert saturate.train(split)["train/micro_batches"] == 4
+    for key, value in final_weights(whole).items():
+        torch.testing.assert_close(final_weights(split)[key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_lr_scaling_rules():
+    cfg = OptimConfig(base_batch_size=128)
+    assert scaled_lr(cfg, 0.1, 512) == 0.1
+    cfg.lr_scaling = "linear"
+    assert scaled_lr(cfg, 0.1, 512) == pytest.approx(0.4)
+    cfg.lr_scaling = "sqrt"  # seed 001: 4x the batch, 2x the LR
+    assert scaled_lr(cfg, 0.1, 512) == pytest.approx(0.2)
+
+
+def test_lr_scaling_applies_to_the_run_with_warmup(make_cfg):
+    cfg = make_cfg("optim.lr_scaling=sqrt", "optim.base_batch_size=8", "trainer.max_epochs=3", "optim.warmup_epochs=1")
+    saturate.train(cfg)  # batch 32 = 4 x 8: lr 0.1 -> 0.2
+    lrs = [e.value for e in events(cfg.run_dir).Scalars("train/lr")]
+    assert max(lrs) == pytest.approx(0.2, rel=0.02) and lrs[0] < max(lrs)
