@@ -180,6 +180,9 @@ class TrainerConfig:
     resume: str | None = None  # "auto" (newest checkpoint in this run dir), a .pt file or a run dir
     skip_nonfinite: bool = True  # skip steps with a non-finite loss/gradient (one host read per step)
     max_nonfinite_steps: int = 10  # this many in a row stop the run
+    profile: bool = False  # record a torch.profiler trace of a few steady-state steps
+    profile_wait: int = 5  # steps before the trace (warm-up: compilation, workers, caches)
+    profile_steps: int = 5  # steps in the trace
 
     def problems(self) -> Issues:
         yield from _at_least("max_epochs", self.max_epochs, 1)
@@ -194,6 +197,18 @@ class TrainerConfig:
                 yield from _at_least(key, getattr(self, key), 1, " or -1")
         yield from _choice("log_level", self.log_level, ("DEBUG", "INFO", "WARNING", "ERROR"))
         yield from _at_least("max_nonfinite_steps", self.max_nonfinite_steps, 1)
+        yield from _at_least("profile_wait", self.profile_wait, 0)
+        yield from _at_least("profile_steps", self.profile_steps, 1)
+
+
+@dataclass
+class MonitorConfig:
+    enabled: bool = True  # sample GPU (NVML) and CPU (psutil) use in a background thread
+    interval_s: float = 1.0
+
+    def problems(self) -> Issues:
+        if self.interval_s <= 0:
+            yield "interval_s", self.interval_s, "a number of seconds > 0"
 
 
 @dataclass
@@ -310,6 +325,7 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     batch_search: BatchSearchConfig = field(default_factory=BatchSearchConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
     run_dir: str = MISSING  # Hydra's output dir for this job
 
 
@@ -365,7 +381,7 @@ def validate(cfg: DictConfig) -> RunConfig:
     """Check the whole composed config; raise one ConfigError that lists every problem."""
     problems: list[Problem] = []
     run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    for group in ("device", "precision", "loader", "augmentation", "optim", "trainer", "checkpoint", "batch_search"):
+    for group in ("device", "precision", "loader", "augmentation", "optim", "trainer", "checkpoint", "batch_search", "monitor"):
         fields = [f.name for f in dataclasses.fields(getattr(run, group))]
         for key in cfg[group]:  # `+group.key=...` gets past Hydra; a typo should not
             if key not in fields:

@@ -31,10 +31,11 @@ class TrainState:
 
 class Engine:
     def __init__(self, *, model: nn.Module, step: TrainStep, scheduler, train_batches, evaluator, checkpointer, tracker, timer,
-                 stop, memory, max_epochs: int, max_steps: int, start_time: float):  # fmt: skip
+                 stop, monitor, profiler, memory, max_epochs: int, max_steps: int, start_time: float):  # fmt: skip
         self.model, self.step, self.scheduler, self.guard = model, step, scheduler, step.guard
         self.train_batches, self.evaluator, self.checkpointer = train_batches, evaluator, checkpointer
         self.tracker, self.timer, self.stop, self.memory = tracker, timer, stop, memory
+        self.monitor, self.profiler = monitor, profiler
         self.max_epochs, self.max_steps, self.start_time = max_epochs, max_steps, start_time
         self.loss_sum = torch.zeros((), device=next(model.parameters()).device)  # summed on the device, read at log steps
         self.loss_count = 0
@@ -55,6 +56,7 @@ class Engine:
                 self.loss_sum += loss
                 self.loss_count += applied
                 self.timer.step_done(len(y))
+                self.profiler.step()
                 state.step += 1
                 state.batch_in_epoch += 1
                 if self.tracker.due(state.step):
@@ -94,6 +96,7 @@ class Engine:
             "memory/peak_mb": self.memory(),
             "time/wall_s": time.perf_counter() - self.start_time,
             **window.metrics(),
+            **self.monitor.window(),  # gpu/*, cpu/*: averages of the samples in this window
         }
         self.loss_sum.zero_()
         self.loss_count = 0

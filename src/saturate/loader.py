@@ -196,7 +196,7 @@ class ResidentLoader:
             log.warning("loader.resident: the data (%.0f MB) exceeds loader.resident_memory_fraction=%g of free %s memory "
                         "(%.0f MB); keeping it in host memory and staging batches through pinned memory",
                         nbytes / 2**20, cfg.resident_memory_fraction, device.type, budget / 2**20)  # fmt: skip
-        self.images, self.labels = data.images.to(home), data.labels.to(home)
+        self.images, self.labels, self.dataset = data.images.to(home), data.labels.to(home), data
         self.home, self.to_device = home, to_device
         self.stage = home != device  # host-resident for a CUDA device: pin each gathered batch
         self.sampler = ResumableSampler(

@@ -1,11 +1,27 @@
-"""Resource figures for the run: peak memory of the training device."""
+"""Resource figures: peak device memory, and a background sampler of GPU (NVML) and CPU
+(psutil) use during the run.
+
+The sampler thread only reads counters into a list; the engine takes the window's averages
+at log steps (no device synchronisation) and the run report summarises all samples.
+Without NVML or without an NVIDIA GPU it says so once and samples the CPU only.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
 import resource
+import statistics
 import sys
+import threading
+from dataclasses import dataclass
 
+import psutil
 import torch
+
+log = logging.getLogger(__name__)
+
+STABLE_MEAN, STABLE_STD, STARVED_MEAN = 85.0, 10.0, 50.0  # % utilisation; see `analyse`
 
 
 def peak_memory(device: torch.device):
@@ -22,6 +38,160 @@ def device_memory_mb(device: torch.device) -> float:
     """Total memory of the training device: the GPU's, or the host's for the CPU."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory / 2**20
-    import psutil
-
     return psutil.virtual_memory().total / 2**20
+
+
+@dataclass
+class Analysis:
+    mean: float
+    std: float
+    minimum: float
+    under_50: float  # share of samples under 50 %
+    status: str  # stable, fluctuating or starved
+
+    @staticmethod
+    def thresholds() -> str:
+        return (f"stable: mean >= {STABLE_MEAN:.0f}% and std <= {STABLE_STD:.0f}; starved: mean < {STARVED_MEAN:.0f}%; "
+                "fluctuating: anything else")  # fmt: skip
+
+
+def analyse(util: list[float]) -> Analysis:
+    """Summarise a series of GPU utilisation samples (%)."""
+    mean = statistics.fmean(util)
+    std = statistics.pstdev(util)
+    if mean < STARVED_MEAN:
+        status = "starved"
+    elif mean >= STABLE_MEAN and std <= STABLE_STD:
+        status = "stable"
+    else:
+        status = "fluctuating"
+    return Analysis(mean, std, min(util), sum(u < 50 for u in util) / len(util), status)
+
+
+def visible_nvml_handles(pynvml) -> list[tuple[int, object]]:
+    """(CUDA index, NVML handle) for each device CUDA can see: NVML counts every GPU in the
+    machine, CUDA only those in CUDA_VISIBLE_DEVICES (indices or UUIDs), in that order."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+    handles = []
+    for cuda_index, item in enumerate(v.strip() for v in visible.split(",") if v.strip()):
+        if item.startswith("-"):  # CUDA stops at the first invalid entry
+            break
+        get = pynvml.nvmlDeviceGetHandleByUUID if item.startswith(("GPU-", "MIG-")) else lambda i: pynvml.nvmlDeviceGetHandleByIndex(int(i))
+        handles.append((cuda_index, get(item)))
+    return handles
+
+
+def read_gpu(pynvml, handle) -> dict[str, float]:
+    util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    return {
+        "util": float(util.gpu),
+        "mem_used_mb": memory.used / 2**20,
+        "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+        "temp_c": float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
+        "sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+    }
+
+
+def open_nvml():
+    """The initialised pynvml module, or (None, why not)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml, ""
+    except Exception as e:  # no package, no driver, no GPU
+        return None, f"{type(e).__name__}: {e}"
+
+
+class ResourceMonitor:
+    """Samples every `interval_s` in a background thread: `gpu/*` for the training device
+    (`gpu<k>/*` for the other visible ones) and `cpu/*` for the host and this process."""
+
+    def __init__(self, interval_s: float, device: torch.device, enabled: bool = True):
+        self.interval_s, self.enabled = interval_s, enabled
+        self.samples: list[dict[str, float]] = []
+        self._taken = 0  # samples already averaged into a window
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.pynvml, self.handles = None, []
+        if not enabled:
+            return
+        self.pynvml, why = open_nvml()
+        if self.pynvml is None:
+            log.info("monitor: no NVML (%s); GPU utilisation is not sampled, CPU use is", why)
+        else:
+            self.handles = visible_nvml_handles(self.pynvml)
+            if not self.handles:
+                log.info("monitor: NVML found no visible NVIDIA GPU; GPU utilisation is not sampled, CPU use is")
+        self.own = device.index if device.type == "cuda" and device.index is not None else 0
+        self.process = psutil.Process()
+        self.process.cpu_percent(None)  # the first reading only starts the clock
+        psutil.cpu_percent(None)
+
+    def sample(self) -> dict[str, float]:
+        workers = self.process.children(recursive=True)
+        values = {
+            "cpu/util": psutil.cpu_percent(None),
+            "cpu/process_util": self.process.cpu_percent(None),
+            "cpu/rss_mb": self.process.memory_info().rss / 2**20,
+            "cpu/workers_rss_mb": sum(_rss(w) for w in workers) / 2**20,
+        }
+        for index, handle in self.handles:
+            prefix = "gpu" if index == self.own else f"gpu{index}"
+            values.update({f"{prefix}/{k}": v for k, v in read_gpu(self.pynvml, handle).items()})
+        return values
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.samples.append(self.sample())
+            except Exception as e:  # a GPU that fell off the bus must not stop training
+                log.warning("monitor: sampling failed (%s: %s); stopping the monitor", type(e).__name__, e)
+                return
+
+    def start(self) -> ResourceMonitor:
+        if self.enabled:
+            self._thread = threading.Thread(target=self._run, name="saturate-monitor", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * self.interval_s + 1)
+        if self.pynvml is not None:
+            try:
+                self.pynvml.nvmlShutdown()
+            except Exception:
+                pass
+
+    def window(self) -> dict[str, float]:
+        """Averages of the samples since the last call (empty if there were none)."""
+        new, self._taken = self.samples[self._taken :], len(self.samples)
+        if not new:
+            return {}
+        return {key: statistics.fmean(s[key] for s in new if key in s) for key in new[-1]}
+
+    def gpu_summary(self) -> dict[str, float] | None:
+        """The run's GPU utilisation figures for the report, or None if none was sampled."""
+        util = [s["gpu/util"] for s in self.samples if "gpu/util" in s]
+        if not util:
+            return None
+        a = analyse(util)
+        return {"gpu/util_mean": a.mean, "gpu/util_std": a.std, "gpu/util_min": a.minimum, "gpu/util_under_50_frac": a.under_50}
+
+    def __enter__(self) -> ResourceMonitor:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _rss(process: psutil.Process) -> int:
+    try:
+        return process.memory_info().rss
+    except psutil.Error:  # a worker that just exited
+        return 0

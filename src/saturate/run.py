@@ -35,9 +35,10 @@ from saturate.errors import UserError
 from saturate.evaluate import Evaluator
 from saturate.faults import NonFiniteGuard, Preempted, StopSignal, TrainingDiverged
 from saturate.loader import DevicePipeline, ResidentLoader, StreamLoader, auto_workers, cpus_per_process, loader_failure
-from saturate.monitor import device_memory_mb, peak_memory
+from saturate.monitor import ResourceMonitor, device_memory_mb, peak_memory
 from saturate.optim import setup_optimizer
 from saturate.precision import Precision, setup_precision
+from saturate.profiling import NoProfiler, StepProfiler
 from saturate.report import RunFacts, Verdict, diagnose, render
 from saturate.step import TrainStep
 from saturate.timing import StepTimer
@@ -93,11 +94,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
         )
         timer = StepTimer(device)
         step = TrainStep(model, optimizer, precision, guard, grad_clip=run.trainer.grad_clip, micro_batches=run.trainer.accumulate)
+        monitor = ResourceMonitor(run.monitor.interval_s, device, enabled=run.monitor.enabled)
+        profiler = NoProfiler()
+        if run.trainer.profile:
+            profiler = StepProfiler(run_dir / "profile", device, wait=run.trainer.profile_wait, steps=run.trainer.profile_steps)
         engine = Engine(
             model=model, step=step, scheduler=scheduler, train_batches=train_batches,
             evaluator=Evaluator(model, val_batches, precision, interval=run.trainer.eval_interval), checkpointer=checkpointer,
-            tracker=tracker, timer=timer, stop=stop, memory=peak_memory(device), max_epochs=run.trainer.max_epochs,
-            max_steps=run.trainer.max_steps, start_time=start_time,
+            tracker=tracker, timer=timer, stop=stop, monitor=monitor, profiler=profiler, memory=peak_memory(device),
+            max_epochs=run.trainer.max_epochs, max_steps=run.trainer.max_steps, start_time=start_time,
         )  # fmt: skip
 
         tracker.start(total_steps, done=state.step)
@@ -112,11 +117,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
         outcome = {"data": info.name, "synthetic": info.synthetic, "precision": precision.name, "fingerprint": env}
         failure = None
         try:
-            with logging_redirect_tqdm(), torch.autograd.set_detect_anomaly(run.trainer.detect_anomaly):
+            with logging_redirect_tqdm(), torch.autograd.set_detect_anomaly(run.trainer.detect_anomaly), monitor:
                 last = engine.fit(state)
-            metrics = {**last, **timer.run_window().metrics(), **info.notes, "time/wall_s": time.perf_counter() - start_time}
+            gpu = monitor.gpu_summary()
+            metrics = {**last, **timer.run_window().metrics(), **info.notes, **(gpu or {}), "time/wall_s": time.perf_counter() - start_time}
             verdict = _report(run, metrics, steps=timer.run_window().steps, device=device, train_batches=train_batches,
-                              precision=precision, tracker=tracker)  # fmt: skip
+                              precision=precision, tracker=tracker, gpu=gpu)  # fmt: skip
             tracker.hparams(_hparams(run, precision, info), metrics, step=state.step)
         except (Preempted, TrainingDiverged) as stopped:
             status = "preempted" if isinstance(stopped, Preempted) else "diverged"
@@ -127,6 +133,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             if failure is None:
                 raise
         finally:
+            profiler.close()
             tracker.close()
         if failure is not None:  # raised out here, so the frames holding the loader's workers are freed
             raise failure
@@ -138,7 +145,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-def _report(run: RunConfig, metrics: dict, *, steps: int, device, train_batches, precision: Precision, tracker: Tracker) -> Verdict:
+def _report(run: RunConfig, metrics: dict, *, steps: int, device, train_batches, precision: Precision, tracker: Tracker, gpu) -> Verdict:
     """The bottleneck report: to the console, report.md and TensorBoard."""
     facts = RunFacts(
         device=device.type,
@@ -146,7 +153,7 @@ def _report(run: RunConfig, metrics: dict, *, steps: int, device, train_batches,
         num_workers=train_batches.num_workers,
         cpus=cpus_per_process(),
         resident=run.loader.resident,
-        in_memory=isinstance(getattr(train_batches, "dataset", None), (ImageTensors, SampleAugment)) or run.loader.resident,
+        in_memory=isinstance(getattr(train_batches.dataset, "base", train_batches.dataset), ImageTensors),  # base: under SampleAugment
         placement=run.augmentation.placement,
         persistent_workers=run.loader.persistent_workers,
         pin_memory=run.loader.pin_memory is True or (run.loader.pin_memory == "auto" and device.type == "cuda"),
@@ -156,7 +163,7 @@ def _report(run: RunConfig, metrics: dict, *, steps: int, device, train_batches,
         memory_headroom=metrics["memory/peak_mb"] < 0.5 * device_memory_mb(device),
     )
     verdict = diagnose(metrics, facts)
-    text = render(metrics, verdict, steps=steps)
+    text = render(metrics, verdict, steps=steps, gpu=gpu)
     (Path(run.run_dir) / "report.md").write_text(text)
     tracker.text("report", text)
     log.info("\n%s", text)
