@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import statistics
-import sys
 import threading
 from dataclasses import dataclass
 
@@ -25,13 +23,20 @@ STABLE_MEAN, STABLE_STD, STARVED_MEAN = 85.0, 10.0, 50.0  # % utilisation; see `
 
 
 def peak_memory(device: torch.device):
-    """A callable giving the peak memory (MB) since the run started: allocated device memory
-    on CUDA, the process's peak resident set on CPU."""
+    """A callable giving the peak memory (MB) since this run started: allocated device memory
+    on CUDA (its counter reset now), the process's resident set on the CPU (the highest seen
+    at each call; the process-wide maximum would carry over between jobs of a multirun)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return lambda: torch.cuda.max_memory_allocated(device) / 2**20
-    scale = 2**20 if sys.platform == "darwin" else 2**10  # ru_maxrss: bytes on macOS, KiB on Linux
-    return lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
+    process, peak = psutil.Process(), [0.0]
+
+    def rss_peak() -> float:
+        peak[0] = max(peak[0], process.memory_info().rss / 2**20)
+        return peak[0]
+
+    rss_peak()
+    return rss_peak
 
 
 def device_memory_mb(device: torch.device) -> float:

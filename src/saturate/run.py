@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -47,8 +48,39 @@ from saturate.tracking import Tracker, write_json
 log = logging.getLogger("saturate")
 
 
-def train(cfg: DictConfig) -> dict[str, float]:
-    """Train with the composed config `cfg`; return the final metrics (also in metrics.json)."""
+class Metrics(dict):
+    """The final metrics. `float()` of it is the run's figure of merit (`checkpoint.monitor`),
+    which is what sweepers that optimise one number (Optuna) read from train.py's return."""
+
+    objective: str = "val/acc"
+
+    def __float__(self) -> float:
+        return float(self[self.objective])
+
+
+def train(cfg: DictConfig) -> Metrics:
+    """Train with the composed config `cfg`; return the final metrics (also in metrics.json).
+    A run that fails still leaves a metrics.json saying so and why (for sweep reports)."""
+    try:
+        return _train(cfg)
+    except (Preempted, TrainingDiverged):
+        raise  # they record their own status
+    except Exception as e:
+        _record_failure(cfg, e)
+        raise
+
+
+def _record_failure(cfg: DictConfig, error: Exception) -> None:
+    try:
+        run_dir = Path(cfg.run_dir)
+    except Exception:  # no run dir to write to (an unresolvable config)
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    write_json(run_dir / "metrics.json", {"status": "failed", "error": f"{type(error).__name__}: {first}"})
+
+
+def _train(cfg: DictConfig) -> Metrics:
     start_time = time.perf_counter()
     run = validate(cfg)
     log.setLevel(run.trainer.log_level)
@@ -138,11 +170,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if failure is not None:  # raised out here, so the frames holding the loader's workers are freed
             raise failure
 
-    write_json(run_dir / "metrics.json", {**metrics, **outcome, "status": "completed", "verdict": verdict.kind})
+    used = {"batch_size": run.loader.batch_size, "num_workers": train_batches.num_workers}
+    write_json(run_dir / "metrics.json", {**metrics, **outcome, **used, "status": "completed", "verdict": verdict.kind})
     log.info("done in %.1fs: val/acc %.4f, val/loss %.4f, %.0f samples/s, data wait %.0f%%, peak memory %.0f MB -> %s",
              metrics["time/wall_s"], metrics["val/acc"], metrics["val/loss"], metrics["perf/samples_per_s"],
              100 * metrics["perf/data_wait_frac"], metrics["memory/peak_mb"], run_dir)  # fmt: skip
-    return metrics
+    result = Metrics(metrics)
+    result.objective = run.checkpoint.monitor
+    return result
 
 
 def _report(run: RunConfig, metrics: dict, *, steps: int, device, train_batches, precision: Precision, tracker: Tracker, gpu) -> Verdict:
@@ -310,9 +345,27 @@ def _compile(model: nn.Module, example: torch.Tensor, precision: Precision) -> n
     return compiled
 
 
+def _swept(run: RunConfig) -> dict:
+    """The command line's overrides (a multirun's swept values among them) as {key: value},
+    values as the config resolved them; group choices (`precision=amp`) as the option."""
+    if not HydraConfig.initialized():
+        return {}
+    resolved = OmegaConf.structured(run)
+    columns = {}
+    for override in HydraConfig.get().overrides.task:
+        key, _, text = override.lstrip("+~").partition("=")
+        if key.startswith("hydra") or key in ("run_dir", "sweep"):
+            continue
+        value = OmegaConf.select(resolved, key, default=text)
+        columns[key] = text if isinstance(value, (dict, list, DictConfig)) or OmegaConf.is_config(value) else value
+    return columns
+
+
 def _hparams(run: RunConfig, precision: Precision, info: DataInfo) -> dict:
-    """The columns of this run in TensorBoard's HParams tab."""
+    """The columns of this run in TensorBoard's HParams tab: the overrides it was given
+    (every job of a sweep has the same keys), then its main settings."""
     return {
+        **_swept(run),
         "model": run.model["_target_"].rsplit(".", 1)[-1],
         "data": info.name,
         "precision": precision.name,

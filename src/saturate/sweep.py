@@ -1,0 +1,142 @@
+"""Reading a multirun directory back: one row per job, the table, the CSV and the plots
+that scripts/sweep_report.py writes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+# (metrics.json key, column heading, format)
+FIGURES = [
+    ("perf/samples_per_s", "samples/s", "{:,.0f}"),
+    ("perf/data_wait_frac", "data wait", "{:.1%}"),
+    ("memory/peak_mb", "peak MB", "{:,.0f}"),
+    ("gpu/util_mean", "GPU util", "{:.0f}%"),
+    ("val/acc", "val/acc", "{:.4f}"),
+    ("time/wall_s", "wall s", "{:.1f}"),
+]
+
+
+@dataclass
+class Job:
+    number: int
+    path: Path
+    overrides: dict[str, str]
+    metrics: dict = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return self.metrics.get("status", "missing")  # missing: the job died before writing anything
+
+    @property
+    def throughput(self) -> float:
+        return self.metrics.get("perf/samples_per_s", 0.0) if self.status == "completed" else -1.0
+
+
+def read_jobs(sweep_dir: Path) -> list[Job]:
+    jobs = []
+    for path in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)):
+        overrides_file = path / ".hydra" / "overrides.yaml"
+        overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
+        pairs = dict(o.lstrip("+~").split("=", 1) for o in overrides or [] if "=" in o)
+        metrics_file = path / "metrics.json"
+        try:
+            metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+        except json.JSONDecodeError:
+            metrics = {"status": "failed", "error": "metrics.json is not valid JSON"}
+        jobs.append(Job(int(path.name), path, pairs, metrics))
+    return jobs
+
+
+def swept_keys(jobs: list[Job]) -> list[str]:
+    """Override keys whose value differs between jobs, in first-seen order."""
+    keys = list(dict.fromkeys(k for j in jobs for k in j.overrides))
+    return [k for k in keys if len({j.overrides.get(k) for j in jobs}) > 1]
+
+
+def common_overrides(jobs: list[Job]) -> dict[str, str]:
+    swept = set(swept_keys(jobs))
+    return {k: v for k, v in jobs[0].overrides.items() if k not in swept} if jobs else {}
+
+
+def rows(jobs: list[Job]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) sorted by throughput, the best marked; failed jobs last."""
+    keys = swept_keys(jobs)
+    gpu = any("gpu/util_mean" in j.metrics for j in jobs)
+    figures = [f for f in FIGURES if gpu or f[0] != "gpu/util_mean"]
+    header = ["job", *keys, *(heading for _, heading, _ in figures), "status"]
+    ordered = sorted(jobs, key=lambda j: j.throughput, reverse=True)
+    best = ordered[0] if ordered and ordered[0].status == "completed" else None
+    table = []
+    for job in ordered:
+        cells = [str(job.number), *(job.overrides.get(k, "") for k in keys)]
+        for key, _, fmt in figures:
+            value = job.metrics.get(key)
+            cells.append(fmt.format(value) if isinstance(value, (int, float)) else "-")
+        status = job.status if job.status != "failed" else f"failed: {job.metrics.get('error', '')}"
+        table.append([*cells, ("**best** " if job is best else "") + status])
+    return header, table
+
+
+def markdown(header: list[str], table: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table]
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, jobs: list[Job]) -> None:
+    keys = swept_keys(jobs)
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["job", *keys, *(k for k, _, _ in FIGURES), "batch_size", "num_workers", "status", "error"])
+        for j in sorted(jobs, key=lambda j: j.number):
+            figures = [j.metrics.get(k, "") for k, _, _ in FIGURES]
+            used = [j.metrics.get("batch_size", ""), j.metrics.get("num_workers", "")]
+            writer.writerow([j.number, *(j.overrides.get(k, "") for k in keys), *figures, *used, j.status, j.metrics.get("error", "")])
+
+
+def plot(jobs: list[Job], out: Path) -> list[Path]:
+    """samples/s and data-wait share against the batch size, one line per worker count (or,
+    when the batch size was not swept, one bar per job). Returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [j for j in jobs if j.status == "completed"]
+    if not done:
+        return []
+    by_batch = len({j.metrics.get("batch_size") for j in done}) > 1
+    written = []
+    for key, label, name in (
+        ("perf/samples_per_s", "samples/s", "samples_per_s.png"),
+        ("perf/data_wait_frac", "data wait (share of step time)", "data_wait.png"),
+    ):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        if by_batch:
+            for workers in sorted({j.metrics.get("num_workers") for j in done}, key=str):
+                line = sorted((j.metrics["batch_size"], j.metrics[key]) for j in done if j.metrics.get("num_workers") == workers)
+                ax.plot([x for x, _ in line], [y for _, y in line], marker="o", label=f"{workers} workers")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("batch size (per device)")
+            ax.legend()
+        else:
+            keys = swept_keys(jobs)
+            labels = [" ".join(f"{k}={j.overrides.get(k, '')}" for k in keys) or str(j.number) for j in done]
+            ax.bar(range(len(done)), [j.metrics[key] for j in done])
+            ax.set_xticks(range(len(done)), labels, rotation=30, ha="right", fontsize=8)
+            ax.set_title(f"{label} by job")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        written.append(out / name)
+    return written

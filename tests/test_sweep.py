@@ -1,0 +1,95 @@
+"""Sweeps as real `python train.py -m` subprocesses, read back: run dirs, HParams entries,
+the sweep report, and a failing job that does not lose the others."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.conftest import CONF, ROOT, TINY, run_cli
+from tests.test_train import session_hparams
+
+QUICK = [o for o in TINY if not o.startswith(("loader.batch_size", "loader.num_workers"))]
+
+
+def sweep_dir(cwd):
+    (found,) = (cwd / "outputs" / "multirun").glob("*/*")
+    return found
+
+
+def report(directory):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts/sweep_report.py"), str(directory)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_sweep_of_four_jobs_leaves_four_runs_hparams_and_a_report(tmp_path):
+    result = run_cli("-m", "loader.batch_size=32,64", "loader.num_workers=0,2", *QUICK, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    root = sweep_dir(tmp_path)
+    jobs = sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+    assert [p.name for p in jobs] == ["0", "1", "2", "3"]
+    seen = set()
+    for job in jobs:
+        assert json.loads((job / "metrics.json").read_text())["status"] == "completed"
+        acc = EventAccumulator(str(job / "tb"))
+        acc.Reload()
+        hp = session_hparams(acc)  # the swept overrides are the columns
+        seen.add((hp["loader.batch_size"], hp["loader.num_workers"]))
+        assert "val/acc" in acc.Tags()["scalars"]
+    assert seen == {(32, 0), (32, 2), (64, 0), (64, 2)}
+
+    done = report(root)
+    assert done.returncode == 0, done.stderr
+    table = [line for line in (root / "sweep.md").read_text().splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(table) == 4 and "**best** completed" in table[0]
+    header = (root / "sweep.md").read_text().split("| job |")[1].splitlines()[0]
+    assert "loader.batch_size | loader.num_workers | samples/s | data wait | peak MB | val/acc | wall s | status" in header
+    rates = [float(line.split("|")[4].replace(",", "")) for line in table]
+    assert rates == sorted(rates, reverse=True)  # sorted by throughput
+    rows = list(csv.DictReader((root / "sweep.csv").open()))
+    assert len(rows) == 4 and {r["batch_size"] for r in rows} == {"32", "64"}
+    for png in ("samples_per_s.png", "data_wait.png"):
+        assert (root / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_failing_job_does_not_lose_the_others(tmp_path):
+    result = run_cli("-m", "loader.batch_size=auto,5000", "batch_search.steps=1", "batch_search.cache=", *QUICK, cwd=tmp_path)
+    assert result.returncode == 1  # the sweep as a whole failed ...
+    assert "loader.batch_size=5000: larger than the training set" in result.stderr and "Traceback" not in result.stderr
+    root = sweep_dir(tmp_path)
+    ok = json.loads((root / "0" / "metrics.json").read_text())
+    assert ok["status"] == "completed" and ok["batch_size"] >= 16  # ... but the auto-sized job ran
+    failed = json.loads((root / "1" / "metrics.json").read_text())
+    assert failed == {"status": "failed", "error": "UserError: loader.batch_size=5000: larger than the training set (1437 samples)"}
+
+    done = report(root)
+    assert done.returncode == 0, done.stderr
+    assert "2 jobs, 1 completed" in done.stdout and "Failed: job 1 (failed: UserError: loader.batch_size=5000" in done.stdout
+    assert "**best** completed" in done.stdout
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF / "sweep").glob("*.yaml")))
+def test_every_sweep_preset_composes_with_its_parameters(preset):
+    from hydra import compose, initialize_config_dir
+
+    if preset == "optuna":
+        pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"sweep={preset}"], return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    assert len(params) >= 2, params
+
+
+def test_optuna_preset_searches_lr_and_batch_size(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    result = run_cli("-m", "sweep=optuna", "hydra.sweeper.n_trials=2", *QUICK, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Best parameters: {'optim.optimizer.lr':" in result.stdout and "Best value: " in result.stdout
+    assert len(list(sweep_dir(tmp_path).glob("*/metrics.json"))) == 2
