@@ -34,9 +34,10 @@ def main() -> None:
         device = saturate.device.setup_device(run.device)
         train_set, _, info = saturate.data.build_datasets(run.data)
         precision = saturate.precision.setup_precision(run.precision, device)
-        model, raw = saturate.run._setup_model(run.model, info, device, run.trainer, precision, batch_size=run.batch_search.min)
+        d = saturate.distributed.Dist()
+        models = saturate.run._setup_model(run.model, info, device, run.trainer, precision, d, batch_size=run.batch_search.min)
         start = time.perf_counter()
-        chosen, trials = saturate.run._auto_batch_size(run, model, raw, precision, train_set, info, device)
+        chosen, trials = saturate.run._auto_batch_size(run, models, precision, train_set, info, device, d)
         search_s = time.perf_counter() - start
     epoch_s = epoch["progress/step"] * epoch["perf/step_ms"] / 1000
     print(f"\n{' '.join(overrides) or 'default config'}: {len(train_set)} training samples\n")

@@ -79,7 +79,9 @@ def main() -> None:
                 )
             run = saturate.config.validate(cfg)
             train_set, val_set, info = build_datasets(run.data)
-            loader, _ = _setup_loaders(run.loader, run.augmentation, train_set, val_set, info, device, run.trainer, tracker)
+            loader, _ = _setup_loaders(
+                run.loader, run.augmentation, train_set, val_set, info, device, run.trainer, tracker, saturate.distributed.Dist()
+            )
             rows[f"loader={preset} ({loader.num_workers} workers)"] = (
                 lambda loader=loader: (loader.to_device(b) for b in loader.epoch(0)),
                 lambda batch: None,

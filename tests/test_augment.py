@@ -178,7 +178,7 @@ def test_validation_batches_are_not_augmented(make_cfg):
     run = saturate.config.validate(cfg)
     data = saturate.data.build_datasets(run.data)
     tracker = Tracker(Path(run.run_dir), log_interval=1, progress=False, enabled=False)
-    train, val = _setup_loaders(run.loader, run.augmentation, *data, torch.device("cpu"), run.trainer, tracker)
+    train, val = _setup_loaders(run.loader, run.augmentation, *data, torch.device("cpu"), run.trainer, tracker, saturate.distributed.Dist())
     host = next(iter(val.epoch(0)))
     x, _ = val.to_device(host)
     info = data[2]

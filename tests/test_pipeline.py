@@ -104,17 +104,18 @@ def test_resident_loader_rejects_per_sample_augmentation(make_cfg):
 
 
 @pytest.mark.parametrize(("n", "world"), [(100, 1), (103, 2), (7, 3)])
-@pytest.mark.parametrize("shuffle", [True, False])
-def test_resident_order_is_the_distributed_samplers(n, world, shuffle):
+def test_resident_order_is_the_distributed_samplers(n, world):
     data = ImageTensors(torch.zeros((n, 1, 2, 2), dtype=torch.uint8), torch.zeros(n, dtype=torch.long))
+    cfg = LoaderConfig(batch_size=2, resident=True)
+    shards = []
     for rank in range(world):
         pipeline = DevicePipeline(torch.device("cpu"), [0.5], [0.25], non_blocking=True, channels_last=False)
-        loader = ResidentLoader(
-            data, LoaderConfig(batch_size=2, resident=True), pipeline, train=shuffle, seed=5, rank=rank, world_size=world
-        )
-        sampler = ResumableSampler(data, batch_size=2, shuffle=shuffle, seed=5, rank=rank, world_size=world, keyed=False)
+        loader = ResidentLoader(data, cfg, pipeline, train=True, seed=5, rank=rank, world_size=world)
+        sampler = ResumableSampler(data, batch_size=2, shuffle=True, seed=5, rank=rank, world_size=world, keyed=False)
         sampler.set_epoch(3)
         assert loader.order(3).tolist() == list(sampler)
+        shards += ResidentLoader(data, cfg, pipeline, train=False, seed=5, rank=rank, world_size=world).order(0).tolist()
+    assert sorted(shards) == list(range(n))  # evaluation: every sample once, no padding
 
 
 def test_resident_falls_back_to_host_memory_with_a_warning(make_cfg, caplog):

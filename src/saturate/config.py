@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import os
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from hydra.utils import get_method
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from saturate.distributed import rank_zero, shared_value
 from saturate.errors import ConfigError, Problem
 
 # A schema's problems(): (field, bad value, what is allowed), keyed relative to its node.
@@ -180,6 +182,7 @@ class TrainerConfig:
     resume: str | None = None  # "auto" (newest checkpoint in this run dir), a .pt file or a run dir
     skip_nonfinite: bool = True  # skip steps with a non-finite loss/gradient (one host read per step)
     max_nonfinite_steps: int = 10  # this many in a row stop the run
+    sync_batchnorm: bool = False  # under DDP on GPUs: BatchNorm statistics over the global batch
     profile: bool = False  # record a torch.profiler trace of a few steady-state steps
     profile_wait: int = 5  # steps before the trace (warm-up: compilation, workers, caches)
     profile_steps: int = 5  # steps in the trace
@@ -333,12 +336,20 @@ ConfigStore.instance().store(name="base_config", node=RunConfig)
 
 
 def _run_stamp() -> str:
-    """The run directory's leaf name: the time to the microsecond, so two runs started in
-    the same second still get directories of their own."""
-    return datetime.now().strftime("%H-%M-%S-%f")
+    """The run directory's name below outputs/runs: date/time to the microsecond, so two runs
+    started in the same second still get directories of their own. Under torchrun, rank 0's
+    (every rank resolves it before the run starts): one directory per run."""
+    return shared_value(lambda: datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f"))
+
+
+def _rank_suffix() -> str:
+    """ "" on rank 0, ".rank<r>" on the others (their log files in the shared run dir)."""
+    return "" if rank_zero() else f".rank{os.environ.get('RANK')}"
 
 
 OmegaConf.register_new_resolver("saturate_stamp", _run_stamp, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("saturate_rank_suffix", _rank_suffix, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("saturate_hydra_subdir", lambda: ".hydra" if rank_zero() else None, use_cache=True, replace=True)
 
 _TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 

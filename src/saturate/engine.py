@@ -31,11 +31,11 @@ class TrainState:
 
 class Engine:
     def __init__(self, *, model: nn.Module, step: TrainStep, scheduler, train_batches, evaluator, checkpointer, tracker, timer,
-                 stop, monitor, profiler, memory, max_epochs: int, max_steps: int, start_time: float):  # fmt: skip
+                 stop, monitor, profiler, memory, dist, max_epochs: int, max_steps: int, start_time: float):  # fmt: skip
         self.model, self.step, self.scheduler, self.guard = model, step, scheduler, step.guard
         self.train_batches, self.evaluator, self.checkpointer = train_batches, evaluator, checkpointer
         self.tracker, self.timer, self.stop, self.memory = tracker, timer, stop, memory
-        self.monitor, self.profiler = monitor, profiler
+        self.monitor, self.profiler, self.dist = monitor, profiler, dist
         self.max_epochs, self.max_steps, self.start_time = max_epochs, max_steps, start_time
         self.loss_sum = torch.zeros((), device=next(model.parameters()).device)  # summed on the device, read at log steps
         self.loss_count = 0
@@ -63,7 +63,7 @@ class Engine:
                     self.log_train(state, steps_per_epoch)
                 if self.checkpointer.due_step(state.step):
                     self.checkpointer.save(state, self.tracker.latest)
-                if self.stop.requested or self.guard.failed:
+                if self.halting(state.step):
                     self.halt(state, steps_per_epoch)
                 if state.step == self.max_steps:
                     break
@@ -81,13 +81,16 @@ class Engine:
                 return dict(self.tracker.latest)
 
     def log_train(self, state: TrainState, steps_per_epoch: int) -> None:
-        """The one place the loop waits for the device: at log steps and epoch ends."""
+        """The one place the loop waits for the device: at log steps and epoch ends. Across
+        ranks the loss and timings are averaged (samples/s summed) before they are logged."""
         window = self.timer.flush()
         if window is None:
             return
         self.guard.read()
+        train_loss = self.loss_sum.item() / self.loss_count if self.loss_count else float("nan")
+        shared = self.dist.mean({"train/loss": train_loss, **window.metrics()}, sum_keys=("perf/samples_per_s",))
         metrics = {
-            "train/loss": self.loss_sum.item() / self.loss_count if self.loss_count else float("nan"),
+            **shared,
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/nonfinite_steps": self.guard.count,
             "train/micro_batches": self.step.micro_batches,
@@ -95,7 +98,6 @@ class Engine:
             "progress/step": state.step,
             "memory/peak_mb": self.memory(),
             "time/wall_s": time.perf_counter() - self.start_time,
-            **window.metrics(),
             **self.monitor.window(),  # gpu/*, cpu/*: averages of the samples in this window
         }
         self.loss_sum.zero_()
@@ -103,16 +105,28 @@ class Engine:
         self.tracker.log(metrics, state.step)
         self.tracker.progress(state.step, state.epoch)
 
+    def halting(self, step: int) -> bool:
+        """Whether to stop at this step boundary. Across ranks they must stop together, so the
+        flags are agreed (a small collective) every `dist.check_every` steps, the log interval;
+        in one process, every step."""
+        if step % self.dist.check_every:
+            return False
+        return self.dist.any(self.stop.requested is not None or self.guard.failed)
+
     def halt(self, state: TrainState, steps_per_epoch: int) -> None:
         """Stop at this step boundary: a preemption signal saves last.pt and exits; too many
         non-finite steps fail the run, pointing at the last good state."""
         self.log_train(state, steps_per_epoch)
-        if self.guard.failed:
+        if self.dist.any(self.guard.failed):
             if self.guard.skip:  # every bad step was skipped: the weights are the last good state
                 self.checkpointer.save(state, {})
+            self.dist.barrier()  # no rank leaves before rank 0 has saved
             raise self.guard.error(state.step, str(self.checkpointer.last_path))
         seconds = self.checkpointer.save(state, {})
-        name = signal.Signals(self.stop.requested).name
-        log.warning("%s at step %d (epoch %d, batch %d): saved %s in %.2fs; resume with trainer.resume=auto",
-                    name, state.step, state.epoch, state.batch_in_epoch, self.checkpointer.last_path, seconds)  # fmt: skip
-        raise Preempted(self.stop.requested)
+        self.dist.barrier()  # torchrun kills the others as soon as one rank exits
+        signum = self.stop.requested or signal.SIGTERM  # a rank that heard nothing follows the others
+        name = signal.Signals(signum).name
+        if self.dist.is_main:
+            log.warning("%s at step %d (epoch %d, batch %d): saved %s in %.2fs; resume with trainer.resume=auto",
+                        name, state.step, state.epoch, state.batch_in_epoch, self.checkpointer.last_path, seconds)  # fmt: skip
+        raise Preempted(signum)

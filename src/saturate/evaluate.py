@@ -10,8 +10,8 @@ from saturate.precision import Precision
 
 
 class Evaluator:
-    def __init__(self, model: nn.Module, batches, precision: Precision, *, interval: int):
-        self.model, self.batches, self.precision, self.interval = model, batches, precision, interval
+    def __init__(self, model: nn.Module, batches, precision: Precision, *, interval: int, dist):
+        self.model, self.batches, self.precision, self.interval, self.dist = model, batches, precision, interval, dist
 
     def due(self, epoch: int, last: bool) -> bool:
         """After every `interval`-th epoch, and always after the last."""
@@ -21,17 +21,14 @@ class Evaluator:
     def run(self) -> dict[str, float]:
         was_training = self.model.training
         self.model.eval()
-        loss_sum = correct = None
-        count = 0
-        for batch in self.batches.epoch(0):
+        totals = torch.zeros(3, dtype=torch.float64, device=next(self.model.parameters()).device)  # loss sum, hits, count
+        for batch in self.batches.epoch(0):  # this rank's shard of the validation set, unpadded
             x, y = self.batches.to_device(batch)
             with self.precision.autocast():
                 logits = self.model(x)
-            loss = F.cross_entropy(logits.float(), y, reduction="sum")
-            hits = (logits.argmax(1) == y).sum()
-            loss_sum = loss if loss_sum is None else loss_sum + loss
-            correct = hits if correct is None else correct + hits
-            count += len(y)
+            totals[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+            totals[1] += (logits.argmax(1) == y).sum()
+            totals[2] += len(y)
         self.model.train(was_training)
-        totals = torch.stack([loss_sum, correct.float(), torch.tensor(float(count), device=loss_sum.device)]).tolist()
-        return {"val/loss": totals[0] / totals[2], "val/acc": totals[1] / totals[2]}
+        loss, hits, count = self.dist.sum_tensor(totals.cpu()).tolist()
+        return {"val/loss": loss / count, "val/acc": hits / count}

@@ -67,8 +67,9 @@ class NonFiniteGuard:
     counted on the device and found at the next log step, which fails the run (the weights
     are no longer trustworthy; the last saved checkpoint is)."""
 
-    def __init__(self, *, skip: bool, check_grads: bool, max_consecutive: int, device: torch.device):
+    def __init__(self, *, skip: bool, check_grads: bool, max_consecutive: int, device: torch.device, agree=lambda ok: ok):
         self.skip, self.check_grads, self.max_consecutive = skip, check_grads, max_consecutive
+        self.agree = agree  # across ranks: every rank skips when any rank must
         self.count = 0  # non-finite steps so far
         self.consecutive = 0
         self.first_bad_step: int | None = None  # of the current streak
@@ -79,7 +80,7 @@ class NonFiniteGuard:
         if not self.skip:
             self.unread += ~finite
             return True
-        if finite.item():
+        if self.agree(bool(finite.item())):
             self.consecutive, self.first_bad_step = 0, None
             return True
         self.count += 1

@@ -99,6 +99,24 @@ class ResumableSampler(DistributedSampler):
         return self.num_samples - self.start * self.batch_size
 
 
+class EvalShard(torch.utils.data.Sampler):
+    """This rank's share of an evaluation set, in order and without the padding a
+    DistributedSampler adds (it would count some samples twice)."""
+
+    def __init__(self, n: int, rank: int, world_size: int):
+        self.indices = range(rank, n, world_size)
+        self.num_samples, self.start = len(self.indices), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
 class StreamLoader:
     """A torch DataLoader over a map-style dataset, with resumable epochs."""
 
@@ -118,8 +136,10 @@ class StreamLoader:
     ):
         self.to_device = to_device
         keyed = isinstance(dataset, SampleAugment)
-        self.sampler = ResumableSampler(
-            dataset, batch_size=cfg.batch_size, shuffle=train, seed=seed, rank=rank, world_size=world_size, keyed=keyed
+        self.sampler = (
+            ResumableSampler(dataset, batch_size=cfg.batch_size, shuffle=True, seed=seed, rank=rank, world_size=world_size, keyed=keyed)
+            if train
+            else EvalShard(len(dataset), rank, world_size)
         )
         self.drop_last = cfg.drop_last and train
         self.generator = torch.Generator()  # seeds the workers; reseeded every epoch
@@ -199,8 +219,11 @@ class ResidentLoader:
         self.images, self.labels, self.dataset = data.images.to(home), data.labels.to(home), data
         self.home, self.to_device = home, to_device
         self.stage = home != device  # host-resident for a CUDA device: pin each gathered batch
-        self.sampler = ResumableSampler(
-            data, batch_size=cfg.batch_size, shuffle=train, seed=seed, rank=rank, world_size=world_size, keyed=False
+        self.train = train
+        self.sampler = (
+            ResumableSampler(data, batch_size=cfg.batch_size, shuffle=True, seed=seed, rank=rank, world_size=world_size, keyed=False)
+            if train
+            else EvalShard(len(data), rank, world_size)
         )
         self.batch_size, self.drop_last, self.num_workers = cfg.batch_size, cfg.drop_last and train, 0
         n = self.sampler.num_samples
@@ -212,12 +235,12 @@ class ResidentLoader:
 
     def order(self, epoch: int) -> torch.Tensor:
         """This rank's sample order for `epoch`: DistributedSampler's, computed as a tensor
-        (its list form costs milliseconds per epoch at CIFAR size)."""
+        (its list form costs milliseconds per epoch at CIFAR size); for evaluation, the
+        unpadded shard."""
         s = self.sampler
-        if s.shuffle:
-            order = torch.randperm(len(s.dataset), generator=torch.Generator().manual_seed(s.seed + epoch))
-        else:
-            order = torch.arange(len(s.dataset))
+        if not self.train:
+            return torch.tensor(s.indices, dtype=torch.int64)
+        order = torch.randperm(len(s.dataset), generator=torch.Generator().manual_seed(s.seed + epoch))
         padding = s.total_size - len(order)
         if padding > 0:  # as DistributedSampler pads: repeat from the start
             order = torch.cat([order, order.repeat(-(-padding // len(order)))[:padding]])

@@ -159,6 +159,7 @@ class ResourceMonitor:
 
     def start(self) -> ResourceMonitor:
         if self.enabled:
+            self.samples.append(self.sample())  # one now: even a short run has a reading
             self._thread = threading.Thread(target=self._run, name="saturate-monitor", daemon=True)
             self._thread.start()
         return self

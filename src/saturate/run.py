@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from saturate.checkpoint import Checkpointer
 from saturate.config import AugmentationConfig, LoaderConfig, RunConfig, TrainerConfig, validate
 from saturate.data import DataInfo, ImageTensors, build_datasets
 from saturate.device import setup_device
+from saturate.distributed import Dist, wrap
 from saturate.engine import Engine
 from saturate.environment import cpu_name, fingerprint
 from saturate.errors import UserError
@@ -83,39 +85,43 @@ def _record_failure(cfg: DictConfig, error: Exception) -> None:
 def _train(cfg: DictConfig) -> Metrics:
     start_time = time.perf_counter()
     run = validate(cfg)
-    log.setLevel(run.trainer.log_level)
+    d = Dist()
+    log.setLevel(run.trainer.log_level if d.is_main else "WARNING")  # one voice: rank 0's
     run_dir = Path(run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    tracker = Tracker(run_dir, log_interval=run.trainer.log_interval, progress=run.trainer.progress)
-    device = setup_device(run.device)
+    tracker = Tracker(run_dir, log_interval=run.trainer.log_interval, progress=run.trainer.progress, enabled=d.is_main)
+    device = setup_device(run.device, local_rank=d.local_rank)
     with _seeded(run.trainer), StopSignal() as stop:
         train_set, val_set, info = build_datasets(run.data)
         precision = setup_precision(run.precision, device)
         example = run.loader.batch_size if run.loader.batch_size != "auto" else run.batch_search.min
-        model, raw_model = _setup_model(run.model, info, device, run.trainer, precision, batch_size=example)
+        models = _setup_model(run.model, info, device, run.trainer, precision, d, batch_size=example)
         trials = None
         if run.loader.batch_size == "auto":
-            chosen, trials = _auto_batch_size(run, model, raw_model, precision, train_set, info, device)
+            chosen, trials = _auto_batch_size(run, models, precision, train_set, info, device, d)
             run.loader = dataclasses.replace(run.loader, batch_size=chosen)
-        train_batches, val_batches = _setup_loaders(run.loader, run.augmentation, train_set, val_set, info, device, run.trainer, tracker)
+        train_batches, val_batches = _setup_loaders(run.loader, run.augmentation, train_set, val_set, info, device, run.trainer, tracker, d)
         steps_per_epoch = len(train_batches)
         total_steps = steps_per_epoch * run.trainer.max_epochs
         if run.trainer.max_steps > 0:
             total_steps = min(total_steps, run.trainer.max_steps)
+        global_batch = run.loader.batch_size * d.world_size
         optimizer, scheduler = setup_optimizer(
-            run.optim, raw_model, steps_per_epoch=steps_per_epoch, total_steps=total_steps, global_batch=run.loader.batch_size
+            run.optim, models.raw, steps_per_epoch=steps_per_epoch, total_steps=total_steps, global_batch=global_batch
         )
 
         resolved = OmegaConf.to_container(cfg, resolve=True)
-        env = fingerprint(device, precision=precision.name, compile=run.trainer.compile, channels_last=run.trainer.channels_last)
+        env = fingerprint(device, precision=precision.name, compile=run.trainer.compile, channels_last=run.trainer.channels_last,
+                          world_size=d.world_size)  # fmt: skip
         checkpointer = Checkpointer(
             run_dir / "checkpoints",
             run.checkpoint,
             interval=run.trainer.checkpoint_interval,
-            parts={"model": raw_model, "optimizer": optimizer, "scheduler": scheduler, "scaler": precision.scaler},
+            parts={"model": models.raw, "optimizer": optimizer, "scheduler": scheduler, "scaler": precision.scaler},
             config=resolved,
             fingerprint=env,
+            enabled=d.is_main,
         )
         state = checkpointer.resume(run.trainer.resume)
         guard = NonFiniteGuard(
@@ -123,42 +129,51 @@ def _train(cfg: DictConfig) -> Metrics:
             check_grads=not precision.scaler.is_enabled(),
             max_consecutive=run.trainer.max_nonfinite_steps,
             device=device,
+            agree=d.agree,
         )
+        step = TrainStep(models.train, optimizer, precision, guard, grad_clip=run.trainer.grad_clip, micro_batches=run.trainer.accumulate,
+                         dist=d)  # fmt: skip
         timer = StepTimer(device)
-        step = TrainStep(model, optimizer, precision, guard, grad_clip=run.trainer.grad_clip, micro_batches=run.trainer.accumulate)
         monitor = ResourceMonitor(run.monitor.interval_s, device, enabled=run.monitor.enabled)
         profiler = NoProfiler()
         if run.trainer.profile:
             profiler = StepProfiler(run_dir / "profile", device, wait=run.trainer.profile_wait, steps=run.trainer.profile_steps)
+        d.check_every = run.trainer.log_interval if d.world_size > 1 else 1
         engine = Engine(
-            model=model, step=step, scheduler=scheduler, train_batches=train_batches,
-            evaluator=Evaluator(model, val_batches, precision, interval=run.trainer.eval_interval), checkpointer=checkpointer,
-            tracker=tracker, timer=timer, stop=stop, monitor=monitor, profiler=profiler, memory=peak_memory(device),
-            max_epochs=run.trainer.max_epochs, max_steps=run.trainer.max_steps, start_time=start_time,
+            model=models.train, step=step, scheduler=scheduler, train_batches=train_batches,
+            evaluator=Evaluator(models.eval, val_batches, precision, interval=run.trainer.eval_interval, dist=d),
+            checkpointer=checkpointer, tracker=tracker, timer=timer, stop=stop, monitor=monitor, profiler=profiler,
+            memory=peak_memory(device), dist=d, max_epochs=run.trainer.max_epochs, max_steps=run.trainer.max_steps, start_time=start_time,
         )  # fmt: skip
 
         tracker.start(total_steps, done=state.step)
         tracker.text("config", "```yaml\n" + OmegaConf.to_yaml(resolved) + "```")
+        tracker.text("fingerprint", "```yaml\n" + OmegaConf.to_yaml(env) + "```")
         if trials is not None:
             tracker.text("batch_search", table(trials, run.loader.batch_size))
             for t in trials:
                 tracker.log({"batch_search/samples_per_s": t.samples_per_s or 0.0}, step=t.size)
-        tracker.text("fingerprint", "```yaml\n" + OmegaConf.to_yaml(env) + "```")
-        log.info("training %s on %s%s: %d steps (%d per epoch), batch %d", type(raw_model).__name__, info.name,
-                 " (SYNTHETIC)" if info.synthetic else "", total_steps, steps_per_epoch, run.loader.batch_size)  # fmt: skip
+        ranks = f", {d.world_size} ranks: global batch {global_batch}" if d.world_size > 1 else ""
+        log.info("training %s on %s%s: %d steps (%d per epoch), batch %d per device%s", type(models.raw).__name__, info.name,
+                 " (SYNTHETIC)" if info.synthetic else "", total_steps, steps_per_epoch, run.loader.batch_size, ranks)  # fmt: skip
         outcome = {"data": info.name, "synthetic": info.synthetic, "precision": precision.name, "fingerprint": env}
         failure = None
         try:
             with logging_redirect_tqdm(), torch.autograd.set_detect_anomaly(run.trainer.detect_anomaly), monitor:
                 last = engine.fit(state)
             gpu = monitor.gpu_summary()
-            metrics = {**last, **timer.run_window().metrics(), **info.notes, **(gpu or {}), "time/wall_s": time.perf_counter() - start_time}
-            verdict = _report(run, metrics, steps=timer.run_window().steps, device=device, train_batches=train_batches,
-                              precision=precision, tracker=tracker, gpu=gpu)  # fmt: skip
-            tracker.hparams(_hparams(run, precision, info), metrics, step=state.step)
+            steady = d.mean(timer.run_window().metrics(), sum_keys=("perf/samples_per_s",))
+            metrics = {**last, **steady, **info.notes, **(gpu or {}), "time/wall_s": time.perf_counter() - start_time}
+            if d.world_size > 1:  # every rank must end with the same weights
+                metrics["distributed/params_identical"] = float(d.params_identical(models.raw))
+            if d.is_main:
+                verdict = _report(run, metrics, steps=timer.run_window().steps, device=device, train_batches=train_batches,
+                                  precision=precision, tracker=tracker, gpu=gpu)  # fmt: skip
+                tracker.hparams(_hparams(run, precision, info), metrics, step=state.step)
         except (Preempted, TrainingDiverged) as stopped:
-            status = "preempted" if isinstance(stopped, Preempted) else "diverged"
-            write_json(run_dir / "metrics.json", {**tracker.latest, **outcome, "status": status})
+            if d.is_main:
+                status = "preempted" if isinstance(stopped, Preempted) else "diverged"
+                write_json(run_dir / "metrics.json", {**tracker.latest, **outcome, "status": status})
             raise
         except RuntimeError as e:  # a DataLoader worker that hung or died
             failure = loader_failure(e, run.loader.timeout_s)
@@ -170,8 +185,9 @@ def _train(cfg: DictConfig) -> Metrics:
         if failure is not None:  # raised out here, so the frames holding the loader's workers are freed
             raise failure
 
-    used = {"batch_size": run.loader.batch_size, "num_workers": train_batches.num_workers}
-    write_json(run_dir / "metrics.json", {**metrics, **outcome, **used, "status": "completed", "verdict": verdict.kind})
+    if d.is_main:
+        used = {"batch_size": run.loader.batch_size, "num_workers": train_batches.num_workers, "world_size": d.world_size}
+        write_json(run_dir / "metrics.json", {**metrics, **outcome, **used, "status": "completed", "verdict": verdict.kind})
     log.info("done in %.1fs: val/acc %.4f, val/loss %.4f, %.0f samples/s, data wait %.0f%%, peak memory %.0f MB -> %s",
              metrics["time/wall_s"], metrics["val/acc"], metrics["val/loss"], metrics["perf/samples_per_s"],
              100 * metrics["perf/data_wait_frac"], metrics["memory/peak_mb"], run_dir)  # fmt: skip
@@ -233,11 +249,13 @@ def _setup_loaders(
     device: torch.device,
     trainer: TrainerConfig,
     tracker: Tracker,
+    d: Dist,
 ):
     """Training and validation batches. Augmentation is placed here, once: per sample in the
     training dataset (cpu), or on the device in the training pipeline (gpu)."""
-    if cfg.batch_size > len(train_set):
-        raise UserError(f"loader.batch_size={cfg.batch_size}: larger than the training set ({len(train_set)} samples)")
+    if cfg.batch_size * d.world_size > len(train_set):
+        ranks = f" across {d.world_size} ranks" if d.world_size > 1 else ""
+        raise UserError(f"loader.batch_size={cfg.batch_size}: larger than the training set ({len(train_set)} samples{ranks})")
     schedule = Schedule.from_config(aug) if aug.placement != "none" else None
     if aug.placement == "cpu":
         train_set = SampleAugment(train_set, schedule, seed=trainer.seed)
@@ -246,15 +264,16 @@ def _setup_loaders(
 
     pipeline = functools.partial(_pipeline, cfg, info, device, trainer)
     train_pipeline = pipeline(
-        augment=_device_augment(aug, trainer.seed),
+        augment=_device_augment(aug, trainer.seed + 1_000_003 * d.rank),  # ranks draw differently
         preview=Preview(tracker.images, schedule, aug.preview_images) if aug.preview_images else None,
     )
     if cfg.resident:
         train_set, val_set = (d.materialize() if hasattr(d, "materialize") else d for d in (train_set, val_set))
-        train = ResidentLoader(train_set, cfg, train_pipeline, train=True, seed=trainer.seed, limit_batches=trainer.limit_train_batches)
-        val = ResidentLoader(val_set, cfg, pipeline(), train=False, seed=trainer.seed, limit_batches=trainer.limit_val_batches)
+        ranks = dict(seed=trainer.seed, rank=d.rank, world_size=d.world_size)
+        train = ResidentLoader(train_set, cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **ranks)
+        val = ResidentLoader(val_set, cfg, pipeline(), train=False, limit_batches=trainer.limit_val_batches, **ranks)
     else:
-        common = dict(seed=trainer.seed, num_workers=workers, pin_memory=pin)
+        common = dict(seed=trainer.seed, num_workers=workers, pin_memory=pin, rank=d.rank, world_size=d.world_size)
         train = StreamLoader(train_set, cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **common)
         val = StreamLoader(val_set, cfg, pipeline(), train=False, limit_batches=trainer.limit_val_batches, **common)
     stages = " -> ".join(f"{p.name} from epoch {e}" for e, p in schedule.stages) if schedule else ""
@@ -271,8 +290,10 @@ def _device_augment(aug: AugmentationConfig, seed: int) -> BatchAugment | None:
     return BatchAugment(Schedule.from_config(aug), seed=seed) if aug.placement == "gpu" else None
 
 
-def _auto_batch_size(run: RunConfig, model, raw_model, precision: Precision, train_set, info: DataInfo, device: torch.device):
-    """loader.batch_size=auto: the cached choice for this key, or a search (saturate.batch_size)."""
+def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, train_set, info: DataInfo, device: torch.device, d: Dist):
+    """loader.batch_size=auto: the cached choice for this key, or a search (saturate.batch_size).
+    Under DDP each rank searches on its own device with the plain model (no collectives in
+    the trials) and the smallest choice wins, so it fits everywhere."""
     cfg = run.batch_search
     key = {
         "model": run.model,
@@ -282,9 +303,9 @@ def _auto_batch_size(run: RunConfig, model, raw_model, precision: Precision, tra
         "channels_last": run.trainer.channels_last,
         "augmentation": run.augmentation.placement,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu: {cpu_name()}",
-        "world_size": 1,
+        "world_size": d.world_size,
     }
-    high = min(cfg.max, len(train_set))
+    high = min(cfg.max, len(train_set) // d.world_size)
     cache = Cache(cfg.cache)
     hit = cache.get(key)
     if hit is not None and cfg.min <= hit["batch_size"] <= high:
@@ -298,18 +319,28 @@ def _auto_batch_size(run: RunConfig, model, raw_model, precision: Precision, tra
         index = order[:size].tolist()
         return train_set.__getitems__(index) if hasattr(train_set, "__getitems__") else default_collate([train_set[i] for i in index])
 
-    optimizer = instantiate(run.optim.optimizer)(raw_model.parameters())  # the run's kind, thrown away afterwards
+    optimizer = instantiate(run.optim.optimizer)(models.raw.parameters())  # the run's kind, thrown away afterwards
     pipeline = _pipeline(run.loader, info, device, run.trainer, augment=_device_augment(run.augmentation, run.trainer.seed))
+    model = models.train if d.world_size == 1 else models.eval
     measure = measure_with(model, optimizer, precision, pipeline, fetch, steps=cfg.steps, device=device)
-    chosen, trials = restoring(raw_model, lambda: search(measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety))
-    cache.put(key, chosen, trials)
+    chosen, trials = restoring(models.raw, lambda: search(measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety))
+    chosen = d.minimum(chosen)
+    if d.is_main:
+        cache.put(key, chosen, trials)
     log.info("loader.batch_size=auto: %d after %d trials in %.1fs%s\n%s", chosen, len(trials), time.perf_counter() - start,
              f" (cached in {cfg.cache})" if cfg.cache else "", table(trials, chosen))  # fmt: skip
     return chosen, trials
 
 
-def _setup_model(node: dict, info: DataInfo, device: torch.device, trainer: TrainerConfig, precision: Precision, batch_size: int):
-    """(model to train, the plain module inside it). The first is compiled when asked."""
+@dataclass
+class Models:
+    train: nn.Module  # what the loop calls: DDP-wrapped and/or compiled
+    eval: nn.Module  # what the evaluator calls: never DDP (ranks evaluate different numbers of batches)
+    raw: nn.Module  # the plain module: optimizer, checkpoints
+
+
+def _setup_model(node: dict, info: DataInfo, device: torch.device, trainer: TrainerConfig, precision: Precision, d: Dist,
+                 batch_size: int) -> Models:  # fmt: skip
     try:
         raw = instantiate(node, in_channels=info.channels, num_classes=info.num_classes)
     except Exception as e:  # a bad value in the model node, e.g. model.norm=foo
@@ -319,16 +350,25 @@ def _setup_model(node: dict, info: DataInfo, device: torch.device, trainer: Trai
     raw = raw.to(device=device, memory_format=memory_format)
     n_params = sum(p.numel() for p in raw.parameters())
     log.info("model: %s, %.2fM parameters%s", type(raw).__name__, n_params / 1e6, ", channels_last" if trainer.channels_last else "")
+    if trainer.sync_batchnorm:
+        if d.world_size == 1:
+            log.warning("trainer.sync_batchnorm=true in a single process: nothing to synchronise, ignored")
+        elif device.type != "cuda":
+            raise UserError("trainer.sync_batchnorm=true: SyncBatchNorm works only on CUDA devices; leave it false on the CPU")
+        else:
+            raw = nn.SyncBatchNorm.convert_sync_batchnorm(raw)
+    wrapped = wrap(raw, d, device)
     if not trainer.compile:
-        return raw, raw
+        return Models(wrapped, raw, raw)
     example = torch.randn(batch_size, info.channels, info.height, info.width, device=device).contiguous(memory_format=memory_format)
-    return _compile(raw, example, precision), raw
+    compiled = _compile(wrapped, raw, example, precision)
+    return Models(compiled, compiled if d.world_size == 1 else raw, raw)
 
 
-def _compile(model: nn.Module, example: torch.Tensor, precision: Precision) -> nn.Module:
+def _compile(model: nn.Module, raw: nn.Module, example: torch.Tensor, precision: Precision) -> nn.Module:
     """torch.compile, warmed up on one forward/backward so that a failure shows now (and the
     run goes on in eager mode with one warning) and the compile time is reported apart."""
-    saved = copy.deepcopy(model.state_dict())  # the warm-up must not move BatchNorm statistics
+    saved = copy.deepcopy(raw.state_dict())  # the warm-up must not move BatchNorm statistics
     compiled = torch.compile(model)
     start = time.perf_counter()
     try:
@@ -340,8 +380,8 @@ def _compile(model: nn.Module, example: torch.Tensor, precision: Precision) -> n
         log.warning("torch.compile failed (%s: %s); training in eager mode", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         compiled = model
     finally:
-        model.zero_grad(set_to_none=True)
-        model.load_state_dict(saved)
+        raw.zero_grad(set_to_none=True)
+        raw.load_state_dict(saved)
     return compiled
 
 

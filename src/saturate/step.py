@@ -9,6 +9,7 @@ BatchNorm the statistics are per piece, as with any gradient accumulation.)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from saturate.distributed import no_sync
 from saturate.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -23,6 +25,17 @@ log = logging.getLogger(__name__)
 
 class OutOfMemory(UserError):
     """Out of memory even with one sample per micro-batch."""
+
+
+_DDP_OOM = (
+    "out of memory in the last micro-batch's {where} pass under DDP, which the ranks cannot back out of together; "
+    "lower loader.batch_size or raise trainer.accumulate (out-of-memory in the earlier micro-batches is recovered)"
+)
+
+
+def _alone(ok: bool) -> bool:
+    """The agreement of a single process: its own answer."""
+    return ok
 
 
 def is_oom(error: BaseException) -> bool:
@@ -37,8 +50,10 @@ def free_device_memory() -> None:
 
 class TrainStep:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision, guard, *, grad_clip: float,
-                 micro_batches: int = 1, recover_oom: bool = True):  # fmt: skip
+                 micro_batches: int = 1, recover_oom: bool = True, dist=None):  # fmt: skip
         self.model, self.optimizer, self.precision, self.guard = model, optimizer, precision, guard
+        self.distributed = dist is not None and dist.world_size > 1
+        self.agree = dist.agree if self.distributed else _alone  # True only if every rank's answer is True
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.max_norm = grad_clip if grad_clip > 0 else float("inf")  # inf: measure the norm, never clip
         self.micro_batches, self.recover_oom = micro_batches, recover_oom
@@ -48,14 +63,8 @@ class TrainStep:
         """Returns (loss on the device, or zero if the step was skipped as non-finite;
         whether the guard let it through; whether the weights moved, which is when the
         caller advances the LR schedule)."""
-        while True:
-            try:
-                loss = self._forward_backward(x, y)
-                break
-            except Exception as e:
-                if not (self.recover_oom and is_oom(e)):
-                    raise
-            self._after_oom(step, len(y))  # out here, the exception's frames (and tensors) are gone
+        while (loss := self._forward_backward(x, y)) is None:
+            self._after_oom(step, len(y))
         scaler = self.precision.scaler
         scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
@@ -64,14 +73,51 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         return (loss if applied else torch.zeros_like(loss)), applied, stepped
 
-    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        """Gradients of the batch's loss, accumulated over the micro-batches; None after an
+        out-of-memory (on any rank: they agree after each forward and backward pass, so all
+        retry together).
+
+        Under DDP only the last micro-batch synchronises gradients, and DDP prepares that
+        exchange at the end of its forward pass: a rank cannot back out of it once its
+        forward succeeded. So an out-of-memory there stops every rank together (agreed) with
+        a clear error, and one inside the synchronising backward pass (where the others are
+        already exchanging gradients) stops that rank, the others at the process group's
+        timeout. Out-of-memory in the earlier micro-batches is recovered as in one process."""
         total = None
-        for xs, ys in zip(x.tensor_split(self.micro_batches), y.tensor_split(self.micro_batches), strict=True):
-            with self.precision.autocast():
-                loss = F.cross_entropy(self.model(xs), ys) * (len(ys) / len(y))  # x1.0 (exact) for one piece
-            self.precision.scaler.scale(loss).backward()
+        pieces = list(zip(x.tensor_split(self.micro_batches), y.tensor_split(self.micro_batches), strict=True))
+        for i, (xs, ys) in enumerate(pieces):
+            synchronising = i == len(pieces) - 1 and self.distributed
+            with contextlib.nullcontext() if i == len(pieces) - 1 else no_sync(self.model):
+                ok, loss = self._attempt(self._forward, xs, ys, len(y))
+                if not self.agree(ok):
+                    if synchronising:
+                        raise OutOfMemory(_DDP_OOM.format(where="forward"))
+                    return None
+                ok, _ = self._attempt(self._backward, loss)
+            if synchronising and not ok:
+                raise OutOfMemory(_DDP_OOM.format(where="gradient-synchronising backward"))
+            if not self.agree(ok):
+                return None
             total = loss.detach() if total is None else total + loss.detach()
         return total
+
+    def _forward(self, xs: torch.Tensor, ys: torch.Tensor, batch: int) -> torch.Tensor:
+        with self.precision.autocast():
+            return F.cross_entropy(self.model(xs), ys) * (len(ys) / batch)  # x1.0 (exact) for one piece
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.precision.scaler.scale(loss).backward()
+
+    def _attempt(self, fn, *args) -> tuple[bool, object]:
+        """(True, fn(*args)), or (False, None) after a CUDA out-of-memory, keeping nothing of
+        the failure (its frames would hold the tensors that filled the memory)."""
+        try:
+            return True, fn(*args)
+        except Exception as e:
+            if not (self.recover_oom and is_oom(e)):
+                raise
+        return False, None
 
     def _after_oom(self, step: int, batch: int) -> None:
         self.optimizer.zero_grad(set_to_none=True)  # drop what the failed pieces accumulated

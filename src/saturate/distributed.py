@@ -1,0 +1,147 @@
+"""Running under torchrun (or SLURM through submitit) with DistributedDataParallel.
+
+torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) starts one
+process group per run: NCCL for CUDA tensors and gloo for CPU ones (so small agreements
+between ranks, a stop flag or an out-of-memory, never touch the GPU). Under SLURM without
+torchrun, submitit derives that environment from SLURM's. A single process gets a `Dist` of
+world size 1 whose collectives are no-ops, so callers never ask whether they are
+distributed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+def _slurm_to_torch_env() -> None:
+    """In a SLURM job of several tasks started by submitit (hydra/launcher=slurm), export
+    torchrun's variables from SLURM's with submitit's helper; CUDA_VISIBLE_DEVICES is left
+    alone (LOCAL_RANK picks the GPU)."""
+    if "RANK" in os.environ or os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return
+    from submitit.helpers import TorchDistributedEnvironment
+
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
+def world_size() -> int:
+    _slurm_to_torch_env()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_process_group() -> None:
+    """Start this run's process group from the environment, once per process."""
+    if dist.is_initialized():
+        return
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+    log.debug("process group: rank %d of %d (%s)", dist.get_rank(), dist.get_world_size(), backend)
+
+
+class Dist:
+    """This process's place in the run, and the few collectives the run needs."""
+
+    def __init__(self):
+        self.world_size = world_size()
+        if self.world_size > 1:
+            init_process_group()
+        self.rank = dist.get_rank() if self.world_size > 1 else 0
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.is_main = self.rank == 0
+        self.check_every = 1  # steps between stop-flag agreements (a collective): the log interval across ranks
+
+    def agree(self, ok: bool) -> bool:
+        """True only if `ok` on every rank (a gloo all-reduce of one CPU value: no GPU sync)."""
+        if self.world_size == 1:
+            return ok
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def minimum(self, value: int) -> int:
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
+    def any(self, flag: bool) -> bool:
+        return not self.agree(not flag)
+
+    def mean(self, values: dict[str, float], sum_keys: tuple[str, ...] = ()) -> dict[str, float]:
+        """Average `values` over the ranks (`sum_keys` are summed instead); one all-reduce."""
+        if self.world_size == 1 or not values:
+            return values
+        keys = sorted(values)
+        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+        dist.all_reduce(t)
+        return {k: v if k in sum_keys else v / self.world_size for k, v in zip(keys, t.tolist(), strict=True)}
+
+    def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(t)
+        return t
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def broadcast(self, obj):
+        """Rank 0's `obj` on every rank."""
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def params_identical(self, model: torch.nn.Module) -> bool:
+        """Whether every rank holds bit-identical parameters (a digest of their bytes)."""
+        digest = hashlib.sha256()
+        for p in model.parameters():
+            digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+        if self.world_size == 1:
+            return True
+        digests = [None] * self.world_size
+        dist.all_gather_object(digests, digest.hexdigest())
+        return len(set(digests)) == 1
+
+
+def shared_value(make):
+    """`make()` on rank 0, the same value on every rank (for the run directory's name, which
+    Hydra resolves in each process before the run starts)."""
+    if world_size() == 1:
+        return make()
+    init_process_group()
+    box = [make() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def rank_zero() -> bool:
+    """Whether this process is rank 0 (before any process group exists)."""
+    _slurm_to_torch_env()
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def wrap(model: torch.nn.Module, d: Dist, device: torch.device) -> torch.nn.Module:
+    """DistributedDataParallel when there are several ranks; the model itself otherwise."""
+    if d.world_size == 1:
+        return model
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def no_sync(model: torch.nn.Module):
+    """DDP's no_sync() (accumulate locally, no gradient all-reduce), or nothing."""
+    inner = getattr(model, "_orig_mod", model)  # under torch.compile
+    return inner.no_sync() if isinstance(inner, torch.nn.parallel.DistributedDataParallel) else contextlib.nullcontext()

@@ -1,0 +1,205 @@
+"""DDP for real: `torchrun` processes talking gloo on the CPU. One run directory, identical
+parameters on every rank, the single-process result at the same global batch, resume after
+a SIGTERM, out-of-memory and non-finite decisions agreed across ranks, multirun under
+torchrun, and the SLURM wiring."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+import saturate
+from tests.conftest import CONF, ROOT
+from tests.test_resume import final_weights, step_losses
+
+pytestmark = pytest.mark.slow
+
+TORCHRUN = shutil.which("torchrun") or "torchrun"
+# group norm: per-sample statistics, so 2 x 32 on two ranks is the same computation as 64 on one
+SAME = ["model.norm=group", "trainer.deterministic=true", "trainer.max_epochs=2", "trainer.progress=false", "trainer.log_interval=5"]
+
+
+def torchrun(*args: str, cwd: Path, script: str | Path = ROOT / "train.py", env: dict | None = None, timeout: float = 300):
+    return subprocess.run([TORCHRUN, "--nproc_per_node=2", str(script), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory) -> Path:
+    """An uninterrupted 2-process run, batch 32 per rank."""
+    cwd = tmp_path_factory.mktemp("ddp")
+    result = torchrun(*SAME, "loader.batch_size=32", f"hydra.run.dir={cwd / 'run'}", cwd=cwd)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return cwd / "run"
+
+
+def test_two_processes_one_run_dir_identical_ranks_and_the_single_process_result(ddp_run, make_cfg):
+    outputs = [p for p in ddp_run.parent.rglob("metrics.json")]
+    assert outputs == [ddp_run / "metrics.json"]  # exactly one run dir and one metrics.json
+    assert sorted(p.name for p in ddp_run.iterdir()) == [
+        ".hydra",
+        "checkpoints",
+        "metrics.json",
+        "report.md",
+        "tb",
+        "train.log",
+        "train.rank1.log",
+    ]
+    metrics = json.loads((ddp_run / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["distributed/params_identical"] == 1.0 and metrics["progress/step"] == 44
+
+    single = make_cfg(*SAME, "loader.batch_size=64", tiny=False)
+    alone = saturate.train(single)
+    for key, value in final_weights(single.run_dir).items():
+        torch.testing.assert_close(final_weights(ddp_run)[key], value, rtol=1e-3, atol=1e-3)
+    assert metrics["val/acc"] == pytest.approx(alone["val/acc"], abs=0.01)
+    assert metrics["val/loss"] == pytest.approx(alone["val/loss"], rel=1e-3)
+
+
+def test_two_processes_stop_on_sigterm_and_resume_to_the_same_weights(ddp_run, tmp_path):
+    run_dir = tmp_path / "run"
+    command = [TORCHRUN, "--nproc_per_node=2", str(ROOT / "train.py"), *SAME, "loader.batch_size=32", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "last.pt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # torchrun forwards it to both ranks
+    out, _ = proc.communicate(timeout=120)
+    assert "SIGTERM at step" in out, out[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["status"] == "preempted"
+    stopped = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["step"]
+    assert stopped % 5 == 0 and 22 <= stopped < 44  # ranks agree to stop at a log step
+
+    resumed = torchrun(*SAME, "loader.batch_size=32", f"hydra.run.dir={run_dir}", "trainer.resume=auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["distributed/params_identical"] == 1.0
+    assert step_losses(run_dir) == step_losses(ddp_run)
+    for key, value in final_weights(ddp_run).items():
+        assert torch.equal(final_weights(run_dir)[key], value), key
+
+
+FAULTS_ON_RANK_1 = """
+import os, runpy, sys, torch
+import saturate.step
+from saturate.models import SmallCNN
+
+calls = {"forward": 0, "loss": 0}
+original_forward, original_loss = SmallCNN.forward, saturate.step.F.cross_entropy
+
+def forward(self, x):
+    if self.training and os.environ["RANK"] == "1":
+        calls["forward"] += 1
+        if calls["forward"] == 3:  # rank 1 alone runs out of memory in step 3
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected on rank 1)")
+    return original_forward(self, x)
+
+def cross_entropy(logits, y, *args, **kwargs):
+    loss = original_loss(logits, y, *args, **kwargs)
+    if logits.requires_grad and os.environ["RANK"] == "1":
+        calls["loss"] += 1
+        if calls["loss"] == 8:  # and its loss alone is NaN once, later
+            return loss * float("nan")
+    return loss
+
+SmallCNN.forward = forward
+saturate.step.F.cross_entropy = cross_entropy
+sys.argv = [sys.argv[0], *sys.argv[1:]]
+runpy.run_path(os.environ["TRAIN_PY"], run_name="__main__")
+"""
+
+
+def faults_on_rank_1(tmp_path, *overrides):
+    script = tmp_path / "faults_on_rank_1.py"
+    script.write_text(FAULTS_ON_RANK_1)
+    args = [
+        *SAME,
+        "trainer.max_epochs=1",
+        "trainer.log_interval=1",
+        "loader.batch_size=32",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        *overrides,
+    ]
+    return torchrun(*args, cwd=tmp_path, script=script, env={"TRAIN_PY": str(ROOT / "train.py")}, timeout=120)
+
+
+def test_out_of_memory_and_non_finite_decisions_are_agreed_across_ranks(tmp_path):
+    result = faults_on_rank_1(tmp_path, "trainer.accumulate=2")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["distributed/params_identical"] == 1.0  # nobody stepped alone, nobody waited forever
+    assert metrics["train/micro_batches"] == 4  # rank 0 split its batches too, when rank 1 ran out of memory
+    assert metrics["train/nonfinite_steps"] == 1 and metrics["progress/step"] == 22
+
+
+def test_out_of_memory_in_the_synchronising_micro_batch_stops_every_rank_together(tmp_path):
+    start = time.monotonic()
+    result = faults_on_rank_1(tmp_path)  # one micro-batch: the synchronising one fails on rank 1
+    assert result.returncode != 0 and time.monotonic() - start < 100  # no rank waits for the others
+    out = result.stdout + result.stderr
+    assert out.count("out of memory in the last micro-batch's forward pass under DDP") == 2, out[-3000:]
+
+
+def test_multirun_under_torchrun_runs_each_job_on_both_ranks(tmp_path):
+    result = torchrun("-m", "loader.batch_size=32,64", *SAME, "trainer.max_epochs=1", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")  # one sweep dir, shared by the ranks
+    for job, batch in (("0", 32), ("1", 64)):
+        metrics = json.loads((sweep / job / "metrics.json").read_text())
+        assert metrics["world_size"] == 2 and metrics["batch_size"] == batch and metrics["distributed/params_identical"] == 1.0
+
+
+def test_sync_batchnorm_on_cpu_ranks_is_a_clean_error(tmp_path):
+    result = torchrun("trainer.sync_batchnorm=true", "trainer.max_epochs=1", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "trainer.sync_batchnorm=true: SyncBatchNorm works only on CUDA devices" in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(("procid", "localid", "rank", "local"), [("0", "0", "0", "0"), ("3", "1", "3", "1")])
+def test_slurm_tasks_become_torchrun_ranks(procid, localid, rank, local):
+    pytest.importorskip("submitit")
+    from saturate import distributed
+
+    slurm = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "4", "SLURM_PROCID": procid, "SLURM_LOCALID": localid,
+             "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "gpu[07-08]"}  # fmt: skip
+    torch_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    with mock.patch.dict(os.environ, slurm):  # the whole environment is put back afterwards
+        for key in torch_vars:
+            os.environ.pop(key, None)
+        assert distributed.world_size() == 4
+        assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]) == (rank, local, "2")
+        assert os.environ["MASTER_ADDR"] == "gpu07" and 20000 <= int(os.environ["MASTER_PORT"]) <= 60000
+    assert not any(key in os.environ for key in torch_vars)
+
+
+def test_slurm_launcher_preset_wires_one_task_per_gpu():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert launcher.tasks_per_node == 4 and launcher.max_num_timeout == 3
+
+
+def test_a_single_process_needs_no_process_group():
+    from saturate.distributed import Dist
+
+    d = Dist()
+    assert (d.world_size, d.rank, d.is_main) == (1, 0, True) and not torch.distributed.is_initialized()
+    assert d.agree(False) is False and d.mean({"a": 2.0}) == {"a": 2.0}
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
