@@ -93,83 +93,37 @@ def _train(cfg: DictConfig) -> Metrics:
     tracker = Tracker(run_dir, log_interval=run.trainer.log_interval, progress=run.trainer.progress, enabled=d.is_main)
     device = setup_device(run.device, local_rank=d.local_rank)
     with _seeded(run.trainer), StopSignal() as stop:
-        train_set, val_set, info = build_datasets(run.data)
-        precision = setup_precision(run.precision, device)
-        example = run.loader.batch_size if run.loader.batch_size != "auto" else run.batch_search.min
-        models = _setup_model(run.model, info, device, run.trainer, precision, d, batch_size=example)
-        trials = None
-        if run.loader.batch_size == "auto":
-            chosen, trials = _auto_batch_size(run, models, precision, train_set, info, device, d)
-            run.loader = dataclasses.replace(run.loader, batch_size=chosen)
-        train_batches, val_batches = _setup_loaders(run.loader, run.augmentation, train_set, val_set, info, device, run.trainer, tracker, d)
-        steps_per_epoch = len(train_batches)
-        total_steps = steps_per_epoch * run.trainer.max_epochs
-        if run.trainer.max_steps > 0:
-            total_steps = min(total_steps, run.trainer.max_steps)
-        global_batch = run.loader.batch_size * d.world_size
-        optimizer, scheduler = setup_optimizer(
-            run.optim, models.raw, steps_per_epoch=steps_per_epoch, total_steps=total_steps, global_batch=global_batch
-        )
-
+        parts = _setup_training(run, d, device, tracker)
         resolved = OmegaConf.to_container(cfg, resolve=True)
-        env = fingerprint(device, precision=precision.name, compile=run.trainer.compile, channels_last=run.trainer.channels_last,
-                          world_size=d.world_size)  # fmt: skip
+        env = fingerprint(device, precision=parts.precision.name, compile=run.trainer.compile,
+                          channels_last=run.trainer.channels_last, world_size=d.world_size)  # fmt: skip
         checkpointer = Checkpointer(
             run_dir / "checkpoints",
             run.checkpoint,
             interval=run.trainer.checkpoint_interval,
-            parts={"model": models.raw, "optimizer": optimizer, "scheduler": scheduler, "scaler": precision.scaler},
+            parts={"model": parts.models.raw, "optimizer": parts.optimizer, "scheduler": parts.scheduler, "scaler": parts.precision.scaler},
             config=resolved,
             fingerprint=env,
             enabled=d.is_main,
         )
         state = checkpointer.resume(run.trainer.resume)
-        guard = NonFiniteGuard(
-            skip=run.trainer.skip_nonfinite,
-            check_grads=not precision.scaler.is_enabled(),
-            max_consecutive=run.trainer.max_nonfinite_steps,
-            device=device,
-            agree=d.agree,
-        )
-        step = TrainStep(models.train, optimizer, precision, guard, grad_clip=run.trainer.grad_clip, micro_batches=run.trainer.accumulate,
-                         dist=d)  # fmt: skip
-        timer = StepTimer(device)
-        monitor = ResourceMonitor(run.monitor.interval_s, device, enabled=run.monitor.enabled)
-        profiler = NoProfiler()
-        if run.trainer.profile:
-            profiler = StepProfiler(run_dir / "profile", device, wait=run.trainer.profile_wait, steps=run.trainer.profile_steps)
-        d.check_every = run.trainer.log_interval if d.world_size > 1 else 1
-        engine = Engine(
-            model=models.train, step=step, scheduler=scheduler, train_batches=train_batches,
-            evaluator=Evaluator(models.eval, val_batches, precision, interval=run.trainer.eval_interval, dist=d),
-            checkpointer=checkpointer, tracker=tracker, timer=timer, stop=stop, monitor=monitor, profiler=profiler,
-            memory=peak_memory(device), dist=d, max_epochs=run.trainer.max_epochs, max_steps=run.trainer.max_steps, start_time=start_time,
-        )  # fmt: skip
+        engine = _setup_engine(run, parts, checkpointer, tracker, stop, d, device, start_time)
+        _start_tracking(run, parts, tracker, state.step, resolved, env, d)
 
-        tracker.start(total_steps, done=state.step)
-        tracker.text("config", "```yaml\n" + OmegaConf.to_yaml(resolved) + "```")
-        tracker.text("fingerprint", "```yaml\n" + OmegaConf.to_yaml(env) + "```")
-        if trials is not None:
-            tracker.text("batch_search", table(trials, run.loader.batch_size))
-            for t in trials:
-                tracker.log({"batch_search/samples_per_s": t.samples_per_s or 0.0}, step=t.size)
-        ranks = f", {d.world_size} ranks: global batch {global_batch}" if d.world_size > 1 else ""
-        log.info("training %s on %s%s: %d steps (%d per epoch), batch %d per device%s", type(models.raw).__name__, info.name,
-                 " (SYNTHETIC)" if info.synthetic else "", total_steps, steps_per_epoch, run.loader.batch_size, ranks)  # fmt: skip
-        outcome = {"data": info.name, "synthetic": info.synthetic, "precision": precision.name, "fingerprint": env}
+        outcome = {"data": parts.info.name, "synthetic": parts.info.synthetic, "precision": parts.precision.name, "fingerprint": env}
         failure = None
         try:
-            with logging_redirect_tqdm(), torch.autograd.set_detect_anomaly(run.trainer.detect_anomaly), monitor:
+            with logging_redirect_tqdm(), torch.autograd.set_detect_anomaly(run.trainer.detect_anomaly), engine.monitor:
                 last = engine.fit(state)
-            gpu = monitor.gpu_summary()
-            steady = d.mean(timer.run_window().metrics(), sum_keys=("perf/samples_per_s",))
-            metrics = {**last, **steady, **info.notes, **(gpu or {}), "time/wall_s": time.perf_counter() - start_time}
+            gpu = engine.monitor.gpu_summary()
+            steady = d.mean(engine.timer.run_window().metrics(), sum_keys=("perf/samples_per_s",))
+            metrics = {**last, **steady, **parts.info.notes, **(gpu or {}), "time/wall_s": time.perf_counter() - start_time}
             if d.world_size > 1:  # every rank must end with the same weights
-                metrics["distributed/params_identical"] = float(d.params_identical(models.raw))
+                metrics["distributed/params_identical"] = float(d.params_identical(parts.models.raw))
             if d.is_main:
-                verdict = _report(run, metrics, steps=timer.run_window().steps, device=device, train_batches=train_batches,
-                                  precision=precision, tracker=tracker, gpu=gpu)  # fmt: skip
-                tracker.hparams(_hparams(run, precision, info), metrics, step=state.step)
+                verdict = _report(run, metrics, steps=engine.timer.run_window().steps, device=device, train_batches=parts.train_batches,
+                                  precision=parts.precision, tracker=tracker, gpu=gpu)  # fmt: skip
+                tracker.hparams(_hparams(run, parts.precision, parts.info), metrics, step=state.step)
         except (Preempted, TrainingDiverged) as stopped:
             if d.is_main:
                 status = "preempted" if isinstance(stopped, Preempted) else "diverged"
@@ -180,13 +134,13 @@ def _train(cfg: DictConfig) -> Metrics:
             if failure is None:
                 raise
         finally:
-            profiler.close()
+            engine.profiler.close()
             tracker.close()
         if failure is not None:  # raised out here, so the frames holding the loader's workers are freed
             raise failure
 
     if d.is_main:
-        used = {"batch_size": run.loader.batch_size, "num_workers": train_batches.num_workers, "world_size": d.world_size}
+        used = {"batch_size": run.loader.batch_size, "num_workers": parts.train_batches.num_workers, "world_size": d.world_size}
         write_json(run_dir / "metrics.json", {**metrics, **outcome, **used, "status": "completed", "verdict": verdict.kind})
     log.info("done in %.1fs: val/acc %.4f, val/loss %.4f, %.0f samples/s, data wait %.0f%%, peak memory %.0f MB -> %s",
              metrics["time/wall_s"], metrics["val/acc"], metrics["val/loss"], metrics["perf/samples_per_s"],
@@ -194,6 +148,90 @@ def _train(cfg: DictConfig) -> Metrics:
     result = Metrics(metrics)
     result.objective = run.checkpoint.monitor
     return result
+
+
+@dataclass
+class Models:
+    train: nn.Module  # what the loop calls: DDP-wrapped and/or compiled
+    eval: nn.Module  # what the evaluator calls: never DDP (ranks evaluate different numbers of batches)
+    raw: nn.Module  # the plain module: optimizer, checkpoints
+
+
+@dataclass
+class Parts:
+    """What a run trains: data, precision, model, batches, optimizer and schedule."""
+
+    info: DataInfo
+    precision: Precision
+    models: Models
+    train_batches: StreamLoader | ResidentLoader
+    val_batches: StreamLoader | ResidentLoader
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    total_steps: int
+    global_batch: int
+    trials: list[Trial] | None  # batch-size search, when loader.batch_size=auto searched
+
+
+def _setup_training(run: RunConfig, d: Dist, device: torch.device, tracker: Tracker) -> Parts:
+    """datasets -> precision -> model -> (batch-size search) -> loaders -> optimizer and schedule."""
+    train_set, val_set, info = build_datasets(run.data)
+    precision = setup_precision(run.precision, device)
+    example = run.loader.batch_size if run.loader.batch_size != "auto" else run.batch_search.min
+    models = _setup_model(run.model, info, device, run.trainer, precision, d, batch_size=example)
+    trials = None
+    if run.loader.batch_size == "auto":
+        chosen, trials = _auto_batch_size(run, models, precision, train_set, info, device, d)
+        run.loader = dataclasses.replace(run.loader, batch_size=chosen)
+    train_batches, val_batches = _setup_loaders(run.loader, run.augmentation, train_set, val_set, info, device, run.trainer, tracker, d)
+    total_steps = len(train_batches) * run.trainer.max_epochs
+    if run.trainer.max_steps > 0:
+        total_steps = min(total_steps, run.trainer.max_steps)
+    global_batch = run.loader.batch_size * d.world_size
+    optimizer, scheduler = setup_optimizer(
+        run.optim, models.raw, steps_per_epoch=len(train_batches), total_steps=total_steps, global_batch=global_batch
+    )
+    return Parts(info, precision, models, train_batches, val_batches, optimizer, scheduler, total_steps, global_batch, trials)
+
+
+def _setup_engine(run: RunConfig, parts: Parts, checkpointer: Checkpointer, tracker: Tracker, stop: StopSignal, d: Dist,
+                  device: torch.device, start_time: float) -> Engine:  # fmt: skip
+    """The loop and what it drives: the step (with the non-finite guard), evaluator, timer,
+    monitor and profiler."""
+    guard = NonFiniteGuard(
+        skip=run.trainer.skip_nonfinite,
+        check_grads=not parts.precision.scaler.is_enabled(),
+        max_consecutive=run.trainer.max_nonfinite_steps,
+        device=device,
+        agree=d.agree,
+    )
+    step = TrainStep(parts.models.train, parts.optimizer, parts.precision, guard, grad_clip=run.trainer.grad_clip,
+                     micro_batches=run.trainer.accumulate, dist=d)  # fmt: skip
+    profiler = NoProfiler()
+    if run.trainer.profile:
+        profiler = StepProfiler(Path(run.run_dir) / "profile", device, wait=run.trainer.profile_wait, steps=run.trainer.profile_steps)
+    d.check_every = run.trainer.log_interval if d.world_size > 1 else 1  # stop flags agreed at log steps across ranks
+    return Engine(
+        model=parts.models.train, step=step, scheduler=parts.scheduler, train_batches=parts.train_batches,
+        evaluator=Evaluator(parts.models.eval, parts.val_batches, parts.precision, interval=run.trainer.eval_interval, dist=d),
+        checkpointer=checkpointer, tracker=tracker, timer=StepTimer(device), stop=stop,
+        monitor=ResourceMonitor(run.monitor.interval_s, device, enabled=run.monitor.enabled), profiler=profiler,
+        memory=peak_memory(device), dist=d, max_epochs=run.trainer.max_epochs, max_steps=run.trainer.max_steps, start_time=start_time,
+    )  # fmt: skip
+
+
+def _start_tracking(run: RunConfig, parts: Parts, tracker: Tracker, step: int, resolved: dict, env: dict, d: Dist) -> None:
+    tracker.start(parts.total_steps, done=step)
+    tracker.text("config", "```yaml\n" + OmegaConf.to_yaml(resolved) + "```")
+    tracker.text("fingerprint", "```yaml\n" + OmegaConf.to_yaml(env) + "```")
+    if parts.trials is not None:
+        tracker.text("batch_search", table(parts.trials, run.loader.batch_size))
+        for t in parts.trials:
+            tracker.log({"batch_search/samples_per_s": t.samples_per_s or 0.0}, step=t.size)
+    ranks = f", {d.world_size} ranks: global batch {parts.global_batch}" if d.world_size > 1 else ""
+    data = parts.info.name + (" (SYNTHETIC)" if parts.info.synthetic else "")
+    log.info("training %s on %s: %d steps (%d per epoch), batch %d per device%s", type(parts.models.raw).__name__, data,
+             parts.total_steps, len(parts.train_batches), run.loader.batch_size, ranks)  # fmt: skip
 
 
 def _report(run: RunConfig, metrics: dict, *, steps: int, device, train_batches, precision: Precision, tracker: Tracker, gpu) -> Verdict:
@@ -330,13 +368,6 @@ def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, train
     log.info("loader.batch_size=auto: %d after %d trials in %.1fs%s\n%s", chosen, len(trials), time.perf_counter() - start,
              f" (cached in {cfg.cache})" if cfg.cache else "", table(trials, chosen))  # fmt: skip
     return chosen, trials
-
-
-@dataclass
-class Models:
-    train: nn.Module  # what the loop calls: DDP-wrapped and/or compiled
-    eval: nn.Module  # what the evaluator calls: never DDP (ranks evaluate different numbers of batches)
-    raw: nn.Module  # the plain module: optimizer, checkpoints
 
 
 def _setup_model(node: dict, info: DataInfo, device: torch.device, trainer: TrainerConfig, precision: Precision, d: Dist,
