@@ -133,3 +133,49 @@ def test_compile_trains_for_real(make_cfg):
 def test_default_run_reaches_its_accuracy(make_cfg):
     metrics = saturate.train(make_cfg("trainer.progress=false", tiny=False))
     assert metrics["val/acc"] >= 0.98
+
+
+def test_airbench_trains(make_cfg):
+    metrics = saturate.train(make_cfg("model=airbench"))
+    assert math.isfinite(metrics["train/loss"]) and metrics["progress/step"] == 3
+
+
+def test_fast_preset_sets_the_fast_path(make_cfg):
+    cfg = make_cfg("experiment=fast", tiny=False)
+    assert cfg.loader.resident and cfg.augmentation.placement == "gpu" and cfg.precision.mode == "amp"
+    assert cfg.trainer.compile and cfg.trainer.channels_last and cfg.model._target_ == "saturate.models.AirBench"
+
+
+@pytest.mark.slow
+def test_fast_preset_runs(make_cfg):
+    # compile off: compiling on a CPU takes most of a minute (test_compile_trains_for_real covers it)
+    data = ["data=synthetic", "data.num_train=128", "data.num_val=32", "data.height=16", "data.width=16"]
+    cfg = make_cfg(
+        "experiment=fast",
+        "trainer.compile=false",
+        *data,
+        "trainer.max_epochs=1",
+        "trainer.progress=false",
+        "loader.batch_size=32",
+        tiny=False,
+    )
+    metrics = saturate.train(cfg)
+    assert metrics["progress/step"] == 4 and read_metrics(cfg.run_dir)["precision"] == "bf16"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["bench_engine.py", "bench_loader.py", "bench_augment.py"])
+def test_benchmark_scripts_run_and_print_their_tables(script):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    args = {
+        "bench_engine.py": ["--steps", "5", "--warmup", "1", "--rounds", "1", "--samples", "512", "--batch", "32"],
+        "bench_loader.py": ["--batches", "5", "--rounds", "1", "--samples", "1024"],
+        "bench_augment.py": ["--batches", "2", "--rounds", "1", "--workers", "0", "1"],
+    }[script]
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| loop |" in result.stdout or "| loader " in result.stdout or "| placement " in result.stdout

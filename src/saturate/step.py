@@ -67,11 +67,19 @@ class TrainStep:
             self._after_oom(step, len(y))
         scaler = self.precision.scaler
         scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        grad_norm = self._grad_norm()
         applied = self.guard.ok(loss, grad_norm, step)
         stepped = self.precision.step(self.optimizer, applied)
         self.optimizer.zero_grad(set_to_none=True)
         return (loss if applied else torch.zeros_like(loss)), applied, stepped
+
+    def _grad_norm(self) -> torch.Tensor:
+        """The gradients' total norm (for the non-finite guard), clipping them to grad_clip if
+        set; without clipping the gradients are not touched (clip_grad_norm_ would multiply
+        them all by 1)."""
+        if self.max_norm != float("inf") or not hasattr(torch.nn.utils, "get_total_norm"):  # torch < 2.6 has no get_total_norm
+            return torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        return torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """Gradients of the batch's loss, accumulated over the micro-batches; None after an

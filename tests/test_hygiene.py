@@ -1,0 +1,89 @@
+"""Hot-loop hygiene: between log steps the loop never reads a tensor back to the host (on a
+GPU every such read is a synchronisation). Counted on the CPU by wrapping torch.Tensor's
+host-reading methods while the loop runs, outside logging, evaluation and checkpointing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import saturate
+from saturate import augment
+from saturate.augment import Preview
+from saturate.checkpoint import Checkpointer
+from saturate.engine import Engine
+from saturate.evaluate import Evaluator
+from saturate.loader import ResumableSampler
+
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    """Records which host reads happen while the training loop runs, outside the places
+    allowed to read (log steps, evaluation, checkpoints, the stop check)."""
+    reads: list[str] = []
+    counting = [False]
+
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, _original=original, _name=name, **kwargs):
+            if counting[0]:
+                reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, read)
+
+    def quiet(cls, method):
+        original = getattr(cls, method)
+
+        def wrapper(*args, **kwargs):
+            before, counting[0] = counting[0], False
+            try:
+                return original(*args, **kwargs)
+            finally:
+                counting[0] = before
+
+        monkeypatch.setattr(cls, method, wrapper)
+
+    # allowed to read: log steps, stopping, evaluation, checkpoints, the image grid shown when
+    # an augmentation policy starts, and the DataLoader starting an epoch (its seed and sample
+    # order: CPU tensors, once per epoch)
+    allowed = [
+        (Engine, "log_train"),
+        (Engine, "halt"),
+        (Evaluator, "run"),
+        (Checkpointer, "save"),
+        (Preview, "__call__"),
+        (DataLoader, "__iter__"),
+        (ResumableSampler, "__iter__"),
+        (augment, "kornia_pipeline"),  # built once per policy
+    ]
+    for cls, method in allowed:
+        quiet(cls, method)
+    original_fit = Engine.fit
+
+    def fit(self, state):
+        counting[0] = True
+        try:
+            return original_fit(self, state)
+        finally:
+            counting[0] = False
+
+    monkeypatch.setattr(Engine, "fit", fit)
+    return reads
+
+
+@pytest.mark.parametrize("setting", [["loader=resident"], ["loader=default"], ["loader=resident", "augmentation=gpu"]])
+def test_no_host_reads_between_log_steps(make_cfg, host_reads, setting):
+    cfg = make_cfg(*setting, "trainer.skip_nonfinite=false", "trainer.log_interval=5", "trainer.limit_train_batches=10")
+    assert saturate.train(cfg)["progress/step"] == 10
+    assert host_reads == []
+
+
+def test_the_non_finite_guard_reads_one_scalar_per_step(make_cfg, host_reads):
+    cfg = make_cfg("loader=resident", "trainer.skip_nonfinite=true", "trainer.log_interval=5", "trainer.limit_train_batches=10")
+    saturate.train(cfg)
+    assert host_reads == ["item"] * 10  # the documented price of skipping a bad step before the optimizer takes it
