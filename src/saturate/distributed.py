@@ -97,14 +97,6 @@ class Dist:
         if self.world_size > 1:
             dist.barrier()
 
-    def broadcast(self, obj):
-        """Rank 0's `obj` on every rank."""
-        if self.world_size == 1:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
     def params_identical(self, model: torch.nn.Module) -> bool:
         """Whether every rank holds bit-identical parameters (a digest of their bytes)."""
         digest = hashlib.sha256()

@@ -117,6 +117,19 @@ class EvalShard(torch.utils.data.Sampler):
         return self.num_samples
 
 
+def epoch_sampler(dataset: Dataset, cfg: LoaderConfig, *, train: bool, seed: int, rank: int, world_size: int, keyed: bool = False):
+    """Training: shuffled by (seed, epoch), sharded by rank, resumable. Evaluation: this
+    rank's share in order, unpadded."""
+    if train:
+        return ResumableSampler(dataset, batch_size=cfg.batch_size, shuffle=True, seed=seed, rank=rank, world_size=world_size, keyed=keyed)
+    return EvalShard(len(dataset), rank, world_size)
+
+
+def batches_per_epoch(samples: int, batch_size: int, drop_last: bool, limit: int) -> int:
+    full = samples // batch_size if drop_last else -(-samples // batch_size)
+    return full if limit < 0 else min(full, limit)
+
+
 class StreamLoader:
     """A torch DataLoader over a map-style dataset, with resumable epochs."""
 
@@ -135,12 +148,8 @@ class StreamLoader:
         world_size: int = 1,
     ):
         self.to_device = to_device
-        keyed = isinstance(dataset, SampleAugment)
-        self.sampler = (
-            ResumableSampler(dataset, batch_size=cfg.batch_size, shuffle=True, seed=seed, rank=rank, world_size=world_size, keyed=keyed)
-            if train
-            else EvalShard(len(dataset), rank, world_size)
-        )
+        keyed = isinstance(dataset, SampleAugment)  # its items are asked for by (epoch, index)
+        self.sampler = epoch_sampler(dataset, cfg, train=train, seed=seed, rank=rank, world_size=world_size, keyed=keyed)
         self.drop_last = cfg.drop_last and train
         self.generator = torch.Generator()  # seeds the workers; reseeded every epoch
         self.seed = seed
@@ -157,9 +166,7 @@ class StreamLoader:
             collate_fn=already_collated if getattr(dataset, "__getitems__", None) else None,
             timeout=cfg.timeout_s if num_workers > 0 else 0,
         )
-        self.timeout_s = cfg.timeout_s
-        full = self.sampler.num_samples // cfg.batch_size if self.drop_last else -(-self.sampler.num_samples // cfg.batch_size)
-        self.batches_per_epoch = full if limit_batches < 0 else min(full, limit_batches)
+        self.batches_per_epoch = batches_per_epoch(self.sampler.num_samples, cfg.batch_size, self.drop_last, limit_batches)
         self.batch_size, self.num_workers, self.dataset = cfg.batch_size, num_workers, dataset
 
     def __len__(self) -> int:
@@ -220,15 +227,9 @@ class ResidentLoader:
         self.home, self.to_device = home, to_device
         self.stage = home != device  # host-resident for a CUDA device: pin each gathered batch
         self.train = train
-        self.sampler = (
-            ResumableSampler(data, batch_size=cfg.batch_size, shuffle=True, seed=seed, rank=rank, world_size=world_size, keyed=False)
-            if train
-            else EvalShard(len(data), rank, world_size)
-        )
-        self.batch_size, self.drop_last, self.num_workers = cfg.batch_size, cfg.drop_last and train, 0
-        n = self.sampler.num_samples
-        full = n // cfg.batch_size if self.drop_last else -(-n // cfg.batch_size)
-        self.batches_per_epoch = full if limit_batches < 0 else min(full, limit_batches)
+        self.sampler = epoch_sampler(data, cfg, train=train, seed=seed, rank=rank, world_size=world_size)
+        self.batch_size, self.num_workers = cfg.batch_size, 0
+        self.batches_per_epoch = batches_per_epoch(self.sampler.num_samples, cfg.batch_size, cfg.drop_last and train, limit_batches)
 
     def __len__(self) -> int:
         return self.batches_per_epoch
