@@ -202,9 +202,22 @@ def test_checkpoints_carry_the_fingerprint_and_config(make_cfg):
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux")
 def test_sigint_once_stops_cleanly(make_cfg, monkeypatch):
-    cfg = make_cfg(*EXACT)
-    stop_at(monkeypatch, 5, signal.SIGINT)
-    with pytest.raises(Preempted) as stopped:
-        saturate.train(cfg)
-    assert stopped.value.code == 130
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers are put back
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if this runs in the background
+    try:
+        cfg = make_cfg(*EXACT)
+        stop_at(monkeypatch, 5, signal.SIGINT)
+        with pytest.raises(Preempted) as stopped:
+            saturate.train(cfg)
+        assert stopped.value.code == 130
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers are put back
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_an_ignored_signal_stays_ignored(make_cfg):
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # e.g. a background job of a non-interactive shell
+    try:
+        saturate.train(make_cfg())
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -46,7 +46,9 @@ class StopSignal:
 
     def __enter__(self) -> StopSignal:
         if threading.current_thread() is threading.main_thread():  # only the main thread may install handlers
-            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+            # a signal the parent chose to ignore (SIGINT in a background job) stays ignored
+            watched = [s for s in self.SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+            self._previous = {s: signal.signal(s, self._handle) for s in watched}
         return self
 
     def __exit__(self, *exc) -> None:
