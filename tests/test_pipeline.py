@@ -137,6 +137,7 @@ def test_every_run_writes_a_report(make_cfg):
 def facts(**changes) -> RunFacts:
     base = dict(device="cuda", batch_size=128, num_workers=1, cpus=8, resident=False, in_memory=False, placement="cpu")
     base.update(persistent_workers=False, pin_memory=False, precision="fp32", compile=False, channels_last=False, memory_headroom=True)
+    base.update(emulated_precision=False)
     return RunFacts(**{**base, **changes})
 
 
@@ -171,6 +172,15 @@ def test_verdict_compute_bound_suggests_the_compute_fixes():
     ]
     done = diagnose(perf(0.01), facts(placement="gpu", precision="bf16", compile=True, channels_last=True, memory_headroom=False))
     assert done.suggestions == []
+
+
+def test_verdict_emulated_cpu_precision_suggests_fp32_first():
+    # precision=amp on a CPU without bf16 kernels: the slowest part is the emulated arithmetic
+    slow = facts(device="cpu", placement="gpu", precision="bf16", emulated_precision=True, cpus=2)
+    assert [o for o, _ in diagnose(perf(0.01), slow).suggestions][0] == "precision=fp32"
+    assert [o for o, _ in diagnose(perf(0.10), slow).suggestions][-1] == "precision=fp32"
+    native = facts(device="cpu", placement="gpu", precision="bf16", emulated_precision=False, cpus=2)
+    assert not any(o.startswith("precision") for o, _ in diagnose(perf(0.01), native).suggestions)
 
 
 def test_verdict_balanced_names_one_of_each():

@@ -61,9 +61,14 @@ def resolve_mode(mode: str, device: torch.device) -> str:
     return mode
 
 
+def emulated(name: str, device: torch.device) -> bool:
+    """Reduced precision on a CPU without native bf16/fp16 kernels: correct, but slower than fp32."""
+    return device.type == "cpu" and name != "fp32" and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def setup_precision(cfg: PrecisionConfig, device: torch.device) -> Precision:
     name = resolve_mode(cfg.mode, device)
-    if device.type == "cpu" and name != "fp32" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if emulated(name, device):
         log.warning("precision %s on a CPU without native bf16/fp16 kernels (no AVX512-BF16 or AMX): expect it to be "
                     "much slower than fp32 here; precision=auto picks fp32 on CPUs", name)  # fmt: skip
     scaler = torch.amp.GradScaler(device.type, enabled=name == "fp16")

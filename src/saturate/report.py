@@ -32,6 +32,7 @@ class RunFacts:
     compile: bool
     channels_last: bool
     memory_headroom: bool  # peak memory under half of the device's
+    emulated_precision: bool  # bf16/fp16 on a CPU without native kernels for them
 
 
 @dataclass
@@ -65,6 +66,8 @@ def _input_fixes(f: RunFacts) -> list[tuple[str, str]]:
 
 def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
     fixes = []
+    if f.emulated_precision:
+        fixes.append(("precision=fp32", f"this CPU has no native {f.precision} kernels: {f.precision} is emulated, slower than fp32"))
     if f.device == "cuda" and f.precision == "fp32":
         fixes.append(("precision=amp", "bf16/fp16 tensor cores do several times the fp32 work per second"))
     if not f.compile:

@@ -40,7 +40,7 @@ from saturate.faults import NonFiniteGuard, Preempted, StopSignal, TrainingDiver
 from saturate.loader import DevicePipeline, ResidentLoader, StreamLoader, auto_workers, cpus_per_process, loader_failure
 from saturate.monitor import ResourceMonitor, device_memory_mb, peak_memory
 from saturate.optim import setup_optimizer
-from saturate.precision import Precision, setup_precision
+from saturate.precision import Precision, emulated, setup_precision
 from saturate.profiling import NoProfiler, StepProfiler
 from saturate.report import RunFacts, Verdict, diagnose, render
 from saturate.step import TrainStep
@@ -250,6 +250,7 @@ def _report(run: RunConfig, metrics: dict, *, steps: int, device, train_batches,
         compile=run.trainer.compile,
         channels_last=run.trainer.channels_last,
         memory_headroom=metrics["memory/peak_mb"] < 0.5 * device_memory_mb(device),
+        emulated_precision=emulated(precision.name, device),
     )
     verdict = diagnose(metrics, facts)
     text = render(metrics, verdict, steps=steps, gpu=gpu)
