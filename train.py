@@ -3,13 +3,13 @@
 import hydra
 from omegaconf import DictConfig
 
-import saturate
+from saturate.cli import run, task
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> dict:
-    return saturate.train(cfg)
+    return task(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -1,5 +1,6 @@
 """Bad input gets a clear answer: each of these ends with a short message naming the
-problem (a UserError, which Hydra prints without a traceback), and nothing is lost."""
+problem (a UserError, which train.py prints as one message without a traceback), and nothing
+is lost."""
 
 from __future__ import annotations
 

@@ -8,8 +8,10 @@ import sys
 
 import pytest
 import torch
+from hydra.errors import CompactHydraException
 
-from tests.conftest import ROOT, TINY, read_metrics, run_cli
+from saturate.cli import describe
+from tests.conftest import ROOT, TINY, compose_config, read_metrics, run_cli
 
 
 def run_dirs(cwd):
@@ -34,9 +36,13 @@ def test_two_runs_started_together_get_their_own_dirs(tmp_path):
     assert len(run_dirs(tmp_path)) == 2
 
 
+HYDRA_NOISE = ("Traceback", "HYDRA_FULL_ERROR", "Config search path", "reference_type", "Error executing job")
+
+
 def assert_clean_failure(result, *named: str) -> None:
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr + result.stdout
+    assert result.returncode == 1
+    assert not [noise for noise in HYDRA_NOISE if noise in result.stderr + result.stdout], result.stderr
+    assert "\nerror: " in "\n" + result.stderr, result.stderr
     for text in named:
         assert text in result.stderr, result.stderr
 
@@ -55,11 +61,43 @@ def test_bad_values_exit_with_every_problem_and_no_traceback(tmp_path):
 
 
 def test_unknown_option_lists_the_available_ones(tmp_path):
-    assert_clean_failure(run_cli("model=vgg", cwd=tmp_path), "model/vgg", "small_cnn", "resnet18")
+    assert_clean_failure(run_cli("model=vgg", cwd=tmp_path), "error: model='vgg': expected one of airbench, resnet18, small_cnn")
 
 
-def test_wrong_type_names_the_key(tmp_path):
-    assert_clean_failure(run_cli("trainer.max_epochs=lots", cwd=tmp_path), "trainer.max_epochs", "lots")
+def test_unknown_key_suggests_the_nearest(tmp_path):
+    assert_clean_failure(
+        run_cli("trainer.max_epoch=3", cwd=tmp_path),
+        "error: trainer.max_epoch=3: no such key (did you mean trainer.max_epochs?); the keys of trainer are max_epochs, max_steps,",
+    )
+
+
+# Hydra raises these while it composes, before saturate sees the config; `describe` turns each
+# into one line with the key, the value given and what is allowed.
+COMPOSE_ERRORS = [
+    (["model=vgg"], "model='vgg': expected one of airbench, resnet18, small_cnn"),
+    (["data=mnist"], "data='mnist': expected one of cifar10, digits, image_folder, synthetic"),
+    (["trainer.max_epochs=lots"], "trainer.max_epochs=lots: Value 'lots' of type 'str' could not be converted to Integer"),
+    (["trainer.deterministic=maybe"], "trainer.deterministic=maybe: Value 'maybe' is not a valid bool"),
+    (["trainer.max_epoch=3"], "trainer.max_epoch=3: no such key (did you mean trainer.max_epochs?); the keys of trainer are"),
+    (["augmentation.flip=0.5"], "augmentation.flip=0.5: no such key (did you mean augmentation.hflip?)"),
+    (["model.widht=3"], "model.widht=3: no such key (did you mean model.width?); the keys of model are _target_, width, norm"),
+    (["lr=0.1"], "lr=0.1: no such key; the top-level keys are device, precision, loader,"),
+    (["loader.batch_size=[1"], "loader.batch_size=[1: no viable alternative at input '[1'"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "says"), COMPOSE_ERRORS, ids=[o[0] for o, _ in COMPOSE_ERRORS])
+def test_compose_errors_are_one_line_naming_key_value_and_what_is_allowed(overrides, says):
+    with pytest.raises(CompactHydraException) as err:
+        compose_config(overrides)
+    message = describe(err.value, overrides)
+    assert message.startswith(says), message
+    assert not [noise for noise in HYDRA_NOISE if noise in message] and "full_key" not in message
+
+
+def test_hydra_full_error_set_by_the_user_gives_the_traceback_back(tmp_path):
+    result = run_cli("trainer.max_epoch=3", cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    assert result.returncode == 1 and "Traceback" in result.stderr and "ConfigAttributeError" in result.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

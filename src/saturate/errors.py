@@ -1,8 +1,9 @@
 """Errors that are the user's to fix.
 
 They derive from Hydra's `CompactHydraException`, which Hydra prints as the message alone
-(no traceback) before exiting 1. In a multirun the failed job is recorded and the others go
-on. From Python they are ordinary exceptions.
+(no traceback); train.py prints them as one `error: ...` message and exits 1 (saturate.cli).
+In a multirun the failed job is recorded and the others go on. From Python they are
+ordinary exceptions.
 """
 
 from __future__ import annotations

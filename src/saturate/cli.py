@@ -1,0 +1,97 @@
+"""`python train.py` as a command: a user's mistake is answered with one short message.
+
+Hydra prints its own errors with extra lines (the config search path, OmegaConf's
+`reference_type=...`, a hint about HYDRA_FULL_ERROR), and an unknown key without the keys
+that exist. `run` lets those errors reach it instead and prints each as saturate's other
+config errors read: the full key, the value given and what is allowed. A real bug keeps
+its whole traceback. Set HYDRA_FULL_ERROR=1 yourself to get Hydra's own handling back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import sys
+from collections.abc import Callable
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from saturate.errors import Problem, UserError
+from saturate.run import Metrics, train
+
+_answering = False  # run() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
+
+
+def run(main: Callable[[], object]) -> None:
+    """Call a `@hydra.main` function; exit 1 with one message for a user's mistake."""
+    global _answering
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        main()
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing
+    _answering = True
+    try:
+        main()
+    except CompactHydraException as e:  # UserError, composition and override errors
+        sys.exit(f"error: {describe(e, sys.argv[1:])}")
+
+
+def task(cfg: DictConfig) -> Metrics:
+    """`saturate.train` as train.py's task. In a single run a UserError leaves at once, as a
+    SystemExit, so that Hydra adds nothing to its message; in a multirun it is raised as
+    usual: the job is recorded as failed and the sweep goes on."""
+    try:
+        return train(cfg)
+    except UserError as e:
+        if _answering and HydraConfig.get().mode == RunMode.RUN:
+            raise SystemExit(f"error: {e}") from None
+        raise
+
+
+def describe(error: CompactHydraException, argv: list[str]) -> str:
+    """The message for a composition error, from the exception Hydra raised."""
+    if isinstance(error, MissingConfigException) and error.missing_cfg_file and error.options:
+        group, _, option = error.missing_cfg_file.rpartition("/")
+        return str(Problem(group, option, "one of " + ", ".join(error.options)))
+    if isinstance(error, OverrideParseException):
+        return f"{error.override}: {str(error).strip()}"
+    cause = error.__cause__
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        key, value = cause.full_key, _given(cause.full_key, argv)
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+            return _unknown_key(key, value, _keys(cause))
+        return f"{key}={value}: {str(cause.msg).splitlines()[0]}"  # msg's other lines repeat the key
+    return str(error).strip()
+
+
+def _keys(cause: OmegaConfBaseException) -> list[str]:
+    """The keys that exist where the unknown one was asked for: the schema's fields, or the
+    keys of the node (a model or data node has no fixed schema)."""
+    if dataclasses.is_dataclass(cause.object_type):
+        return [f.name for f in dataclasses.fields(cause.object_type)]
+    node = getattr(cause, "parent_node", None)
+    return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+
+
+def _unknown_key(key: str, value: str, names: list[str]) -> str:
+    if not names:
+        return f"{key}={value}: no such key"
+    parent = key.rpartition(".")[0]
+    close = difflib.get_close_matches(key.rpartition(".")[2], names, n=1)
+    hint = f" (did you mean {'.'.join(filter(None, [parent, close[0]]))}?)" if close else ""
+    where = f"the keys of {parent}" if parent else "the top-level keys"
+    return f"{key}={value}: no such key{hint}; {where} are " + ", ".join(names)
+
+
+def _given(key: str, argv: list[str]) -> str:
+    """The value the command line gave `key` (an override `key=value`, maybe with + or ~)."""
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if eq and name.lstrip("+~") == key:
+            return value
+    return "?"
