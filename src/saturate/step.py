@@ -103,9 +103,10 @@ class TrainStep:
                         raise OutOfMemory(_DDP_OOM.format(where="forward"))
                     return None
                 ok, _ = self._attempt(self._backward, loss)
-            if synchronising and not ok:
-                raise OutOfMemory(_DDP_OOM.format(where="gradient-synchronising backward"))
-            if not self.agree(ok):
+            if synchronising:  # no agreement to make: a rank that failed here cannot take part in one
+                if not ok:
+                    raise OutOfMemory(_DDP_OOM.format(where="gradient-synchronising backward"))
+            elif not self.agree(ok):
                 return None
             total = loss.detach() if total is None else total + loss.detach()
         return total
