@@ -10,18 +10,19 @@ own batch size; prints the search's trial table, its seconds, and the epoch's se
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
 import saturate
-from saturate.batch_size import table
+from saturate.batch_size import Trial, table
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+saturate.register()  # the schema and resolvers, before composing conf/
 
 
 def main() -> None:
@@ -30,19 +31,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, initialize_config_dir(str(CONF), version_base="1.3"):
         quiet = ["trainer.progress=false", "trainer.max_epochs=1"]
         epoch = saturate.train(compose("config", overrides=[*overrides, *quiet, f"run_dir={tmp}/epoch"]))
-        run = saturate.config.validate(compose("config", overrides=[*overrides, f"run_dir={tmp}/search", "batch_search.cache="]))
-        device = saturate.device.setup_device(run.device)
-        train_set, _, info = saturate.data.build_datasets(run.data)
-        precision = saturate.precision.setup_precision(run.precision, device)
-        d = saturate.distributed.Dist()
-        models = saturate.run._setup_model(run.model, info, device, run.trainer, precision, d, batch_size=run.batch_search.min)
-        start = time.perf_counter()
-        chosen, trials = saturate.run._auto_batch_size(run, models, precision, train_set, info, device, d)
-        search_s = time.perf_counter() - start
+        searched = ["loader.batch_size=auto", "batch_search.cache=", "trainer.max_steps=1"]
+        saturate.train(compose("config", overrides=[*overrides, *quiet, *searched, f"run_dir={tmp}/search"]))
+        report = json.loads((Path(tmp) / "search" / "metrics.json").read_text())
+    trials = [Trial(**t) for t in report["batch_search"]["trials"]]
+    search_s = report["batch_search"]["seconds"]
     epoch_s = epoch["progress/step"] * epoch["perf/step_ms"] / 1000
-    print(f"\n{' '.join(overrides) or 'default config'}: {len(train_set)} training samples\n")
-    print(table(trials, chosen))
-    print(f"\nsearch: {search_s:.2f} s for {len(trials)} trials; one epoch at batch {run.loader.batch_size}: {epoch_s:.2f} s "
+    print(f"\n{' '.join(overrides) or 'default config'}\n")
+    print(table(trials, report["batch_size"]))
+    print(f"\nsearch: {search_s:.2f} s for {len(trials)} trials; one epoch at the configured batch: {epoch_s:.2f} s "
           f"({int(epoch['progress/step'])} steps x {epoch['perf/step_ms']:.1f} ms); search / epoch = {search_s / epoch_s:.2f}")  # fmt: skip
 
 

@@ -38,12 +38,15 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 import saturate
 import saturate.run
-from saturate.data import build_datasets
+from saturate.data.base import channel_stats
+from saturate.data.synthetic import make_synthetic
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+saturate.register()  # the schema and resolvers, before composing conf/
 
 
 def sync(device: torch.device) -> None:
@@ -178,20 +181,20 @@ def main() -> None:
     common = [*data, f"model={args.model}", f"loader.batch_size={args.batch}", "trainer.progress=false", "optim.warmup_epochs=0"]
     setting = ["experiment=fast", "augmentation=none"] if args.fast else ["loader=resident", "augmentation=none", "precision=fp32"]
     with tempfile.TemporaryDirectory() as tmp:
-        with initialize_config_dir(str(CONF), version_base="1.3"):
-            run = saturate.config.validate(compose("config", overrides=[*common, f"run_dir={tmp}/probe"]))
-        train_set, _, info = build_datasets(run.data)
-        mean = torch.tensor(info.mean, device=device).view(1, -1, 1, 1)
-        std = torch.tensor(info.std, device=device).view(1, -1, 1, 1)
+        # the same data, model and lr as the saturate run, built from the same option files
+        node = OmegaConf.load(CONF / "data" / "synthetic.yaml")
+        node.update(num_train=args.samples, num_val=256, height=args.size, width=args.size)
+        train_set, _ = make_synthetic(**{k: v for k, v in node.items() if k != "_target_"})
+        mean, std = (torch.tensor(v, device=device).view(1, -1, 1, 1) for v in channel_stats(train_set.images))
         x = (train_set.images.to(device).float() / 255 - mean) / std
         y = train_set.labels.to(device)
         if args.fast:
             x = x.contiguous(memory_format=torch.channels_last)
         torch.manual_seed(0)
-        model = instantiate(run.model, in_channels=info.channels, num_classes=info.num_classes).to(device)
+        model = instantiate(OmegaConf.load(CONF / "model" / f"{args.model}.yaml"), in_channels=3, num_classes=node.num_classes).to(device)
         if args.fast:
             model = model.to(memory_format=torch.channels_last)
-        lr = run.optim.optimizer["lr"]
+        lr = OmegaConf.load(CONF / "optim" / "sgd.yaml").optimizer.lr
 
         runners = {
             "hand loop": lambda r: hand_loop(copy.deepcopy(model), x, y, batch=args.batch, steps=args.steps, lr=lr, fast=args.fast),

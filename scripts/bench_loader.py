@@ -3,7 +3,7 @@
     python scripts/bench_loader.py [--batch 256] [--size 32] [--samples 10240]
 
 Each preset is built by the same code as `python train.py loader=<preset>` (config composed
-from conf/, saturate.run._setup_loaders) over a synthetic uint8 data set of 3 x size x size
+from conf/, saturate.loader.build_loaders) over a synthetic uint8 data set of 3 x size x size
 images, with `loader.batch_size` set to --batch for all; a batch counts once it is on the
 training device as the normalised float tensor the model gets. Two reference rows: raw
 index_select slicing of a uint8 tensor plus the float conversion, and
@@ -26,11 +26,13 @@ from hydra import compose, initialize_config_dir
 from torch.utils.data import DataLoader, TensorDataset
 
 import saturate
-from saturate.data import build_datasets
-from saturate.run import _setup_loaders
-from saturate.tracking import Tracker
+from saturate.augment import PRESETS as PRESETS_AUG
+from saturate.config import validate
+from saturate.data import build_datasets, describe
+from saturate.loader import build_loaders
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+saturate.register()  # the schema and resolvers, before composing conf/
 PRESETS = ["default", "fast", "debug", "resident"]
 
 
@@ -71,16 +73,16 @@ def main() -> None:
     ]
     rows: dict[str, callable] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        tracker = Tracker(Path(tmp), log_interval=1, progress=False, enabled=False)
         for preset in PRESETS:
             with initialize_config_dir(str(CONF), version_base="1.3"):
                 cfg = compose(
                     "config", overrides=[f"loader={preset}", f"loader.batch_size={args.batch}", *data_overrides, f"run_dir={tmp}"]
                 )
-            run = saturate.config.validate(cfg)
-            train_set, val_set, info = build_datasets(run.data)
-            loader, _ = _setup_loaders(
-                run.loader, run.augmentation, train_set, val_set, info, device, run.trainer, tracker, saturate.distributed.Dist()
+            run = validate(cfg, presets=tuple(PRESETS_AUG))
+            train_set, val_set = build_datasets(run.data)
+            spec = describe(train_set, val_set, name="synthetic", classes=True)
+            loader, _ = build_loaders(
+                run.loader, run.augmentation, train_set, val_set, spec, target_dtype=torch.int64, device=device, trainer=run.trainer
             )
             rows[f"loader={preset} ({loader.num_workers} workers)"] = (
                 lambda loader=loader: (loader.to_device(b) for b in loader.epoch(0)),

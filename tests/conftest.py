@@ -13,10 +13,11 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import saturate  # noqa: F401  (registers the schemas and resolvers)
+import saturate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+saturate.register()  # the schema and resolvers, before anything composes conf/
 
 # A run of a few steps: seconds on a 2-core CPU.
 TINY = [

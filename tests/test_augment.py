@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from saturate.augment import (
 )
 from saturate.data.base import ImageTensors
 from saturate.loader import ResumableSampler
+from tests.conftest import TINY
 from tests.test_train import events
 
 EVERYTHING = Policy("everything", hflip=0.5, rotation=25, brightness=0.3, contrast=0.3, translate=0.2, erasing=0.7)
@@ -170,19 +170,33 @@ def test_progressive_run_shows_a_grid_per_policy_and_never_augments_validation(m
     assert [e.step for e in acc.Images("augmentation/strong")] == [1]  # recorded when epoch 1 began
 
 
-def test_validation_batches_are_not_augmented(make_cfg):
-    from saturate.run import _setup_loaders
-    from saturate.tracking import Tracker
+def test_validation_batches_are_not_augmented(tmp_path):
+    """Seen from the model: validation batches are the plain normalised images, in order;
+    training batches with augmentation=gpu are not."""
+    from saturate.data.base import channel_stats
+    from saturate.data.digits import load_digits
+    from saturate.models import SmallCNN
 
-    cfg = make_cfg("augmentation=gpu", "augmentation.preset=strong")
-    run = saturate.config.validate(cfg)
-    data = saturate.data.build_datasets(run.data)
-    tracker = Tracker(Path(run.run_dir), log_interval=1, progress=False, enabled=False)
-    train, val = _setup_loaders(run.loader, run.augmentation, *data, torch.device("cpu"), run.trainer, tracker, saturate.distributed.Dist())
-    host = next(iter(val.epoch(0)))
-    x, _ = val.to_device(host)
-    info = data[2]
-    plain = (host[0].float() / 255 - info.mean[0]) / info.std[0]
-    torch.testing.assert_close(x, plain)
-    augmented, _ = train.to_device(host)
-    assert not torch.allclose(augmented, plain)
+    class Recording(SmallCNN):
+        seen: list = []
+
+        def forward(self, x):
+            self.seen.append((self.training, x.detach().clone()))
+            return super().forward(x)
+
+    train, val = load_digits(val_fraction=0.2, split_seed=0)
+    model = Recording(in_channels=1, num_classes=10, width=8)
+    saturate.fit(model, train, val, overrides=[*TINY, "augmentation=gpu", "augmentation.preset=strong"], run_dir=tmp_path)
+    mean, std = channel_stats(train.images)
+    evaluated = torch.cat([x for training, x in model.seen if not training][-2:])  # the last evaluation's 2 batches
+    plain = (val.images[: len(evaluated)].float() / 255 - mean[0]) / std[0]
+    torch.testing.assert_close(evaluated, plain)
+
+    def on_uint8_grid(x):  # the share of values that are a normalised uint8 level (k / 255 - mean) / std
+        level = (x * std[0] + mean[0]) * 255
+        return ((level - level.round()).abs() < 1e-3).float().mean().item()
+
+    trained = [x for training, x in model.seen if training][-1]
+    assert trained.shape == (32, 1, 8, 8)
+    assert on_uint8_grid(evaluated) == 1.0
+    assert on_uint8_grid(trained) < 0.5  # rotated, shifted, brightness and contrast: interpolated values

@@ -78,7 +78,11 @@ BAD_INPUTS = [
     ("image folder with one class", one_class_folder, "found 1 class sub-folder(s)"),
     ("broken file in strict mode", broken_folder, "data.strict=true: "),
     ("resident loader with per-sample augmentation", ["loader=resident", "augmentation=cpu"], "augmentation.placement='cpu'"),
-    ("unknown monitored metric", ["checkpoint.monitor=val/f1"], "checkpoint.monitor='val/f1': expected one of val/acc, val/loss"),
+    (
+        "unknown monitored metric",
+        ["checkpoint.monitor=val/f1"],
+        "checkpoint.monitor='val/f1': expected one of auto, train/loss, val/loss, val/acc",
+    ),
     ("resume from a missing file", ["trainer.resume=/nonexistent/last.pt"], "trainer.resume: no checkpoint at /nonexistent/last.pt"),
     ("resume from an unreadable file", garbage_checkpoint, "cannot read"),
     ("resume from a file that is not a checkpoint", foreign_checkpoint, "is not a saturate checkpoint"),

@@ -14,8 +14,8 @@ import saturate
 from saturate import batch_size
 from saturate.batch_size import Cache, Trial, search
 from saturate.config import OptimConfig
+from saturate.device import OutOfMemory
 from saturate.optim import scaled_lr
-from saturate.step import OutOfMemory
 from tests.test_train import events
 
 
@@ -108,7 +108,7 @@ def test_auto_batch_size_picks_within_the_margin_restores_state_and_caches(make_
     entry = next(iter(json.loads(cache.read_text()).values()))
     sizes = [t["size"] for t in entry["trials"]]
     assert sizes == [16, 32, 64, 128, 256, 512, 384, 320, 288, 304]
-    assert entry["batch_size"] <= 0.9 * 288 and entry["key"]["input"] == [1, 8, 8] and entry["key"]["precision"] == "fp32"
+    assert entry["batch_size"] <= 0.9 * 288 and entry["key"]["input"] == [1, 8, 8, "torch.uint8"] and entry["key"]["precision"] == "fp32"
     assert metrics["progress/step"] == 3
     assert events(cfg.run_dir).Tags()["scalars"].count("batch_search/samples_per_s") == 1
 
@@ -128,8 +128,11 @@ def test_errors_other_than_out_of_memory_propagate_from_the_search(make_cfg, mon
     from saturate.models import SmallCNN
 
     def forward(self, x):
-        raise ValueError("a real bug, not memory")
+        if self.training:  # the search's trials (the start-up check runs in eval mode)
+            raise ValueError("a real bug, not memory")
+        return original(self, x)
 
+    original = SmallCNN.forward
     monkeypatch.setattr(SmallCNN, "forward", forward)
     with pytest.raises(ValueError, match="a real bug"):
         saturate.train(make_cfg("loader.batch_size=auto", "batch_search.cache="))

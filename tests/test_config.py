@@ -7,16 +7,24 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from saturate.config import RunConfig, validate
+import saturate
+from saturate.augment import PRESETS
+from saturate.config import RunConfig
+from saturate.config import validate as validate_with
 from saturate.errors import ConfigError
-from tests.conftest import CONF, compose_config
+from tests.conftest import CONF, TINY, compose_config
+
+
+def validate(cfg):
+    return validate_with(cfg, presets=tuple(PRESETS))
+
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "sweep")
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
 
 
 def test_every_group_has_options():
-    for group in ("device", "precision", "loader", "augmentation", "model", "data", "optim", "experiment"):
+    for group in ("device", "precision", "loader", "augmentation", "model", "data", "task", "optim", "experiment"):
         assert any(g == group for g, _ in OPTIONS), group
 
 
@@ -42,7 +50,14 @@ VALUE_PROBLEMS = [
     ("device.type=tpu", "device.type='tpu'"),
     ("precision.mode=fp8", "precision.mode='fp8'"),
     ("optim.schedule=linear", "optim.schedule='linear'"),
-    ("data.val_fraction=1.5", "data.val_fraction=1.5"),
+    ("+data.val_fractoin=0.5", "data.val_fractoin=0.5"),
+    ("task.kind=ranking", "task.kind='ranking'"),
+    ("task.loss=l1", "task.loss='l1'"),  # a regression loss, under classification
+    ("task.label_smoothing=1.0", "task.label_smoothing=1.0"),
+    ("checkpoint.monitor=val/rmse", "checkpoint.monitor='val/rmse'"),  # a regression metric, under classification
+    ("checkpoint.mode=best", "checkpoint.mode='best'"),
+    ("logger=[tensorboard,wandb]", "logger[1]='wandb'"),
+    ("callbacks=[print]", "callbacks[0]='print'"),
     ("+model.widht=3", "model.widht=3"),
     ("+trainer.max_epoch=3", "trainer.max_epoch=3"),
     ("+optim.optimizer.momentun=0.9", "optim.optimizer.momentun=0.9"),
@@ -77,13 +92,39 @@ def test_all_problems_are_reported_together(tmp_path):
         assert named in str(err.value)
 
 
-def test_data_fields_are_typed_per_option(tmp_path):
+def test_data_keys_are_the_arguments_of_the_data_callable(tmp_path):
     with pytest.raises(ConfigError) as err:
-        validate(compose_config(["data=synthetic", "data.num_train=many", "data.num_classes=1", "+data.root=/x", f"run_dir={tmp_path}"]))
+        validate(compose_config(["data=synthetic", "+data.root=/x", "~data.seed", f"run_dir={tmp_path}"]))
     message = str(err.value)
-    assert "data.num_train='many': expected an integer" in message
-    assert "data.num_classes=1: expected an integer >= 2" in message
-    assert "data.root='/x': expected one of the keys" in message
+    assert "data.root='/x': expected an argument of saturate.data.synthetic.make_synthetic: num_train" in message
+    assert "data.seed='(missing)': expected a value: saturate.data.synthetic.make_synthetic requires it" in message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["data=synthetic", "data.num_train=many"], "data.num_train='many': expected an integer >= 1"),
+        (["data=synthetic", "data.num_classes=1"], "data.num_classes=1: expected an integer >= 2"),
+        (["data.val_fraction=1.5"], "data.val_fraction=1.5: expected a number in (0, 1)"),
+        (["data=image_folder", "data.channels=2"], "data.channels=2: expected one of 1, 3"),
+    ],
+)
+def test_built_in_data_options_check_their_values(overrides, named, tmp_path):
+    """The built-in data callables check their own arguments, as a user's may."""
+    with pytest.raises(ConfigError) as err:
+        saturate.train(compose_config([*TINY, *overrides, f"run_dir={tmp_path}"]))
+    assert named in str(err.value)
+
+
+def test_monitor_and_mode_must_agree(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config(["checkpoint.monitor=val/loss", "checkpoint.mode=max", f"run_dir={tmp_path}"]))
+    assert "checkpoint.mode='max': expected min or auto for checkpoint.monitor=val/loss (lower is better)" in str(err.value)
+    run = validate(compose_config(["task=regression", "checkpoint.monitor=val/r2", f"run_dir={tmp_path}"]))
+    assert run.checkpoint.resolved("regression", has_val=True).mode == "max"
+    assert run.checkpoint.resolved("regression", has_val=True).monitor == "val/r2"
+    assert validate(compose_config([f"run_dir={tmp_path}"])).checkpoint.resolved("classification", has_val=True).monitor == "val/acc"
+    assert validate(compose_config([f"run_dir={tmp_path}"])).checkpoint.resolved("regression", has_val=False).monitor == "train/loss"
 
 
 # Problems Hydra itself catches while composing: wrong types, unknown keys and options.

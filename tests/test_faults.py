@@ -15,13 +15,13 @@ import torch
 import torch.nn.functional as F
 
 import saturate
-import saturate.step
+import saturate.task
 from saturate import checkpoint
-from saturate.data.base import ImageTensors
 from saturate.errors import DataError
 from saturate.faults import NonFiniteGuard, TrainingDiverged
 from saturate.precision import Precision
 from saturate.step import TrainStep
+from tests.conftest import TINY
 from tests.test_train import events
 
 
@@ -38,7 +38,7 @@ def poison_loss(monkeypatch, bad_steps: set[int]) -> list[int]:
                 return loss * float("nan")
         return loss
 
-    monkeypatch.setattr(saturate.step.F, "cross_entropy", cross_entropy)
+    monkeypatch.setattr(saturate.task.F, "cross_entropy", cross_entropy)
     return seen
 
 
@@ -131,33 +131,33 @@ def test_fp16_run_does_not_advance_the_schedule_on_a_step_the_scaler_skipped(mak
     assert metrics["train/nonfinite_steps"] == 0  # an overflow is the scaler's business, not a non-finite step
 
 
-class Stalls(ImageTensors):
+class Stalls(torch.utils.data.Dataset):
     """Item 20 never comes back (a hung worker) or kills its worker, as asked."""
 
+    classes = list(range(10))
+
     def __init__(self, how: str):
-        super().__init__(torch.zeros(64, 1, 8, 8, dtype=torch.uint8), torch.arange(64) % 10)
         self.how = how
 
-    __getitems__ = None  # one item at a time, like a decoding dataset
+    def __len__(self) -> int:
+        return 64
 
     def __getitem__(self, index):
         if index == 20 and torch.utils.data.get_worker_info() is not None:
             if self.how == "hang":
                 time.sleep(600)
             os._exit(1)
-        return super().__getitem__(index)
+        return torch.zeros(1, 8, 8, dtype=torch.uint8), index % 10
 
 
 @pytest.mark.parametrize("how", ["hang", "die"])
-def test_a_worker_that_hangs_or_dies_is_a_clear_error_and_leaves_no_process(make_cfg, monkeypatch, how):
-    from saturate.data.base import DataInfo
+def test_a_worker_that_hangs_or_dies_is_a_clear_error_and_leaves_no_process(tmp_path, how):
+    from saturate.models import SmallCNN
 
-    info = DataInfo("stalls", 1, 8, 8, 10, (0.5,), (0.25,))
-    monkeypatch.setattr(saturate.run, "build_datasets", lambda cfg: (Stalls(how), Stalls(how), info))
-    cfg = make_cfg("loader.num_workers=2", "loader.timeout_s=3", "loader.batch_size=8", "trainer.limit_train_batches=-1")
+    overrides = [*TINY, "loader.num_workers=2", "loader.timeout_s=3", "loader.batch_size=8", "trainer.limit_train_batches=-1"]
     start = time.monotonic()
     with pytest.raises(DataError) as err:
-        saturate.train(cfg)
+        saturate.fit(SmallCNN(1, 10, width=8), Stalls(how), Stalls(how), overrides=overrides, run_dir=tmp_path)
     assert time.monotonic() - start < 60
     expected = "no batch within loader.timeout_s=3 s" if how == "hang" else "a worker process died"
     assert str(err.value).startswith(f"loader: {expected}")

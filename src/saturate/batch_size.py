@@ -25,8 +25,7 @@ from pathlib import Path
 
 import torch
 
-from saturate.faults import NonFiniteGuard
-from saturate.step import OutOfMemory, TrainStep, free_device_memory, is_oom
+from saturate.device import OutOfMemory, free_device_memory, is_oom
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +78,11 @@ def search(measure: Callable[[int], Trial], *, low: int, high: int, min_gain: fl
     return min(t.size for t in allowed if t.samples_per_s * (1 + min_gain) >= best), trials
 
 
-def measure_with(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision, pipeline, fetch, *, steps: int,
+def measure_with(step: Callable, optimizer: torch.optim.Optimizer, pipeline, fetch, *, steps: int,
                  device: torch.device) -> Callable[[int], Trial]:  # fmt: skip
     """measure(size): one warm-up and `steps` timed training steps on a batch of `size`
-    real samples (`fetch(size)` gives the host batch; preparing it is not timed)."""
-    guard = NonFiniteGuard(skip=False, check_grads=False, max_consecutive=1, device=device)  # reads nothing per step
-    step = TrainStep(model, optimizer, precision, guard, grad_clip=0.0, recover_oom=False)
+    real samples (`fetch(size)` gives the host batch; preparing it is not timed). `step(x,
+    y, n)` is one training step that does not recover from out-of-memory itself."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def measure(size: int) -> Trial:

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from saturate.config import CheckpointConfig
-from saturate.engine import TrainState
 from saturate.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -129,7 +128,8 @@ class Checkpointer:
     def _better(self, value: float, than: float | None) -> bool:
         return than is None or (value > than if self.cfg.mode == "max" else value < than)
 
-    def state_dict(self, state: TrainState) -> dict[str, Any]:
+    def state_dict(self, state: Any) -> dict[str, Any]:
+        """`state`: where the run is (its epoch, step and batch_in_epoch attributes)."""
         return {
             **{name: part.state_dict() for name, part in self.parts.items()},
             "epoch": state.epoch,
@@ -142,7 +142,7 @@ class Checkpointer:
             "fingerprint": self.fingerprint,
         }
 
-    def save(self, state: TrainState, metrics: dict[str, float]) -> float:
+    def save(self, state: Any, metrics: dict[str, float]) -> float:
         """Save last.pt (and best.pt / a top-k file when `metrics` improve on them); return
         the seconds it took."""
         if not self.enabled:
@@ -177,17 +177,19 @@ class Checkpointer:
             (self.directory / dropped).unlink(missing_ok=True)
         del self.top[self.cfg.top_k :]
 
-    def resume(self, spec: str | None) -> TrainState:
+    def resume(self, spec: str | None) -> dict[str, int]:
         """Restore from `spec` ("auto": the newest complete checkpoint here, else a fresh
-        start; a .pt file; or a run dir) and return where to continue."""
+        start; a .pt file; or a run dir) and return where to continue: {epoch, step,
+        batch_in_epoch} (all 0 for a fresh start)."""
+        fresh = {"epoch": 0, "step": 0, "batch_in_epoch": 0}
         if not spec:
-            return TrainState()
+            return fresh
         path = Path(spec).expanduser()
         if spec == "auto":
             path = newest(self.directory)
             if path is None:
                 log.info("trainer.resume=auto: no checkpoint in %s; starting fresh", self.directory)
-                return TrainState()
+                return fresh
         elif path.is_dir():
             found = newest(path / "checkpoints") if (path / "checkpoints").is_dir() else newest(path)
             if found is None:
@@ -203,8 +205,8 @@ class Checkpointer:
                 raise CheckpointError(f"trainer.resume: {path} does not fit this run's {name}: {first}") from None
         set_rng_state(ckpt["rng"])
         self.best, self.top = ckpt.get("best"), [tuple(t) for t in ckpt.get("top", [])]
-        state = TrainState(epoch=ckpt["epoch"], step=ckpt["step"], batch_in_epoch=ckpt["batch_in_epoch"])
-        log.info("resumed from %s: epoch %d, step %d, batch %d of the epoch", path, state.epoch, state.step, state.batch_in_epoch)
+        state = {key: ckpt[key] for key in fresh}
+        log.info("resumed from %s: epoch %d, step %d, batch %d of the epoch", path, state["epoch"], state["step"], state["batch_in_epoch"])
         return state
 
     def _warn_changes(self, saved: dict) -> None:

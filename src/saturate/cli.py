@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from saturate.errors import Problem, UserError
+from saturate.registration import register
 from saturate.run import Metrics, train
 
 _answering = False  # run() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
@@ -30,6 +31,7 @@ _answering = False  # run() is answering mistakes (the user did not ask for HYDR
 def run(main: Callable[[], object]) -> None:
     """Call a `@hydra.main` function; exit 1 with one message for a user's mistake."""
     global _answering
+    register()
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         main()
         return

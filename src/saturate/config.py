@@ -6,9 +6,12 @@ checks the type of every value and override while it composes. What a type canno
 (ranges, choices, combinations) each schema says in `problems()`, and `validate()` collects
 every problem into one ConfigError before any data or model work starts.
 
-`data`, `model` and `optim.optimizer` are typed `Any` because their fields depend on the
-option chosen: data nodes are checked against the schema named by `data.name`, model and
-optimizer nodes against the signature of their `_target_`.
+`data`, `model` and `optim.optimizer` are `_target_` nodes typed `Any`, because their
+fields are the parameters of the callable they name: each key is checked against that
+callable's signature, and the callable checks its own values.
+
+Nothing here runs at import: `saturate.register()` stores the schema and the resolvers
+(train.py and `saturate.fit` call it).
 """
 
 from __future__ import annotations
@@ -16,20 +19,15 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
-import os
-import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from hydra.utils import get_method
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from saturate.distributed import rank_zero, shared_value
 from saturate.errors import ConfigError, Problem
+from saturate.task import DIRECTIONS, KINDS, REGRESSION_LOSSES, main_metric, metric_names
 
 # A schema's problems(): (field, bad value, what is allowed), keyed relative to its node.
 Issues = Iterator[tuple[str, Any, str]]
@@ -122,11 +120,9 @@ class AugmentationConfig:
     erasing: float | None = None  # probability
     preview_images: int = 32  # augmented training images shown in TensorBoard per policy
 
-    def problems(self) -> Issues:
-        from saturate.augment import PRESETS  # noqa: PLC0415 (keeps kornia out of config imports)
-
+    def problems(self, presets: tuple[str, ...]) -> Issues:
         yield from _choice("placement", self.placement, ("none", "cpu", "gpu"))
-        yield from _choice("preset", self.preset, tuple(PRESETS))
+        yield from _choice("preset", self.preset, presets)
         for key in ("hflip", "erasing"):
             if getattr(self, key) is not None:
                 yield from _unit_interval(key, getattr(self, key))
@@ -137,7 +133,7 @@ class AugmentationConfig:
             if value is not None and not 0 <= value <= high:
                 yield key, value, f"a number in [0, {high}]"
         for i, stage in enumerate(self.schedule):
-            yield from _choice(f"schedule[{i}].preset", stage.preset, tuple(PRESETS))
+            yield from _choice(f"schedule[{i}].preset", stage.preset, presets)
         starts = [stage.from_epoch for stage in self.schedule]
         if starts and (starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts))):
             yield "schedule", [f"from_epoch={e}" for e in starts], "stages ordered by from_epoch, strictly increasing, the first at 0"
@@ -235,85 +231,50 @@ class BatchSearchConfig:
 
 
 @dataclass
+class TaskConfig:
+    """What is learnt (saturate.task): the loss and the validation metrics."""
+
+    kind: str = "classification"  # classification | regression
+    loss: Any = None  # None: the kind's own; regression: mse | l1 | huber; or a `_target_` node called as loss(outputs, targets)
+    label_smoothing: float = 0.0  # classification's cross-entropy
+    huber_delta: float = 1.0  # regression with loss=huber
+
+    def problems(self) -> Issues:
+        yield from _choice("kind", self.kind, KINDS)
+        if isinstance(self.loss, str) or self.loss is not None and not isinstance(self.loss, dict):
+            allowed = REGRESSION_LOSSES if self.kind == "regression" else ()
+            if self.loss not in allowed:
+                own = f"one of {', '.join(allowed)}, " if allowed else ""
+                yield "loss", self.loss, f"{own}null (the {self.kind} loss) or a `_target_` node taking (outputs, targets)"
+        if not 0 <= self.label_smoothing < 1:
+            yield "label_smoothing", self.label_smoothing, "a number in [0, 1)"
+        if not self.huber_delta > 0:
+            yield "huber_delta", self.huber_delta, "a number > 0"
+
+
+@dataclass
 class CheckpointConfig:
-    monitor: str = "val/acc"  # the metric best.pt (and top_k) is chosen by
-    mode: str = "max"  # max or min
+    monitor: str = "auto"  # the metric best.pt (and top_k) is chosen by; auto: val/acc (classification), val/loss (regression)
+    mode: str = "auto"  # max | min | auto: from the metric (max for accuracy and r2, min for losses and errors)
     top_k: int = 1  # > 1: also keep the k best as top-<epoch>-<step>.pt
     every_n_steps: int = 0  # > 0: also save last.pt every n steps (mid-epoch resume points)
 
-    def problems(self) -> Issues:
-        yield from _choice("monitor", self.monitor, ("val/acc", "val/loss", "train/loss"))
-        yield from _choice("mode", self.mode, ("max", "min"))
+    def problems(self, kind: str) -> Issues:
+        known = ("auto", "train/loss", "val/loss", *metric_names(kind))
+        yield from _choice("monitor", self.monitor, known)
+        yield from _choice("mode", self.mode, ("auto", "max", "min"))
+        direction = DIRECTIONS.get(self.monitor)
+        if direction and self.mode not in ("auto", direction):
+            better = "higher" if direction == "max" else "lower"
+            yield "mode", self.mode, f"{direction} or auto for checkpoint.monitor={self.monitor} ({better} is better)"
         yield from _at_least("top_k", self.top_k, 1)
         yield from _at_least("every_n_steps", self.every_n_steps, 0)
 
-
-# --- data: one schema per option, chosen by `data.name` ---------------------------------
-
-
-@dataclass
-class DigitsData:
-    """scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes)."""
-
-    name: str = "digits"
-    val_fraction: float = 0.2  # stratified; the split is fixed by split_seed
-    split_seed: int = 0
-
-    def problems(self) -> Issues:
-        if not 0 < self.val_fraction < 1:
-            yield "val_fraction", self.val_fraction, "a number in (0, 1)"
-
-
-@dataclass
-class SyntheticData:
-    """Random images with a learnable class signal, for throughput work only."""
-
-    name: str = "synthetic"
-    num_train: int = 8192
-    num_val: int = 1024
-    channels: int = 3
-    height: int = 32
-    width: int = 32
-    num_classes: int = 10
-    seed: int = 0
-
-    def problems(self) -> Issues:
-        for key in ("num_train", "num_val", "channels", "height", "width"):
-            yield from _at_least(key, getattr(self, key), 1)
-        yield from _at_least("num_classes", self.num_classes, 2)
-
-
-@dataclass
-class Cifar10Data:
-    """CIFAR-10's python-pickle batches, read from a local folder (never downloaded)."""
-
-    name: str = "cifar10"
-    root: str = "data/cifar-10-batches-py"  # relative paths start at the working directory
-
-    def problems(self) -> Issues:
-        return iter(())  # whether the files are there is checked when they are read
-
-
-@dataclass
-class ImageFolderData:
-    """Class sub-folders of image files, decoded with PIL (per sample, in the workers)."""
-
-    name: str = "image_folder"
-    root: str = "data/images"
-    image_size: int = 32  # every image is resized to image_size x image_size
-    channels: int = 3  # 3: RGB, 1: greyscale
-    val_fraction: float = 0.2  # when root has no train/ and val/ sub-folders
-    split_seed: int = 0
-    strict: bool = False  # true: the first unreadable file is an error, not a warning
-
-    def problems(self) -> Issues:
-        yield from _at_least("image_size", self.image_size, 1)
-        yield from _choice("channels", self.channels, (1, 3))
-        if not 0 < self.val_fraction < 1:
-            yield "val_fraction", self.val_fraction, "a number in (0, 1)"
-
-
-DATA_SCHEMAS: dict[str, type] = {"digits": DigitsData, "synthetic": SyntheticData, "cifar10": Cifar10Data, "image_folder": ImageFolderData}
+    def resolved(self, kind: str, has_val: bool) -> CheckpointConfig:
+        """monitor and mode with `auto` replaced by what the task and the data decide."""
+        monitor = main_metric(kind, has_val) if self.monitor == "auto" else self.monitor
+        mode = DIRECTIONS.get(monitor, "max") if self.mode == "auto" else self.mode
+        return dataclasses.replace(self, monitor=monitor, mode=mode)
 
 
 @dataclass
@@ -322,55 +283,30 @@ class RunConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
-    model: Any = MISSING  # `_target_` node: built with in_channels and num_classes
-    data: Any = MISSING  # checked against DATA_SCHEMAS[data.name]
+    model: Any = MISSING  # `_target_` node: an nn.Module, given the data-derived arguments its constructor names
+    data: Any = MISSING  # `_target_` node: a callable returning (train_dataset, val_dataset)
+    task: TaskConfig = field(default_factory=TaskConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     batch_search: BatchSearchConfig = field(default_factory=BatchSearchConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    logger: list[Any] = field(default_factory=lambda: ["tensorboard"])  # tensorboard, csv, or `_target_` nodes (saturate.callbacks)
+    callbacks: list[Any] = field(default_factory=list)  # `_target_` nodes with any of the hooks of saturate.callbacks.Callback
     run_dir: str = MISSING  # Hydra's output dir for this job
 
 
-ConfigStore.instance().store(name="base_config", node=RunConfig)
+LOGGERS = ("tensorboard", "csv")
+# the data-derived arguments a model's constructor may name (saturate.run: model_arguments)
+DATA_ARGUMENTS = ("in_channels", "in_features", "num_classes", "num_outputs", "input_shape")
+GROUPS = ("device", "precision", "loader", "augmentation", "task", "optim", "trainer", "checkpoint", "batch_search", "monitor")
 
 
-def _run_stamp() -> str:
-    """The run directory's name below outputs/runs: date/time to the microsecond, so two runs
-    started in the same second still get directories of their own. Under torchrun, rank 0's
-    (every rank resolves it before the run starts): one directory per run."""
-    return shared_value(lambda: datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f"))
-
-
-def _rank_suffix() -> str:
-    """ "" on rank 0, ".rank<r>" on the others (their log files in the shared run dir)."""
-    return "" if rank_zero() else f".rank{os.environ.get('RANK')}"
-
-
-OmegaConf.register_new_resolver("saturate_stamp", _run_stamp, use_cache=True, replace=True)
-OmegaConf.register_new_resolver("saturate_rank_suffix", _rank_suffix, use_cache=True, replace=True)
-OmegaConf.register_new_resolver("saturate_hydra_subdir", lambda: ".hydra" if rank_zero() else None, use_cache=True, replace=True)
-
-_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-
-
-def _typed_node(schema: type, node: dict, prefix: str, problems: list[Problem]) -> Any:
-    """Build `schema` from a plain dict, recording unknown keys and wrong types."""
-    typed = OmegaConf.structured(schema)
-    fields = typing.get_type_hints(schema)
-    for key, value in node.items():
-        if key not in fields:
-            problems.append(Problem(f"{prefix}.{key}", value, "one of the keys " + ", ".join(fields)))
-            continue
-        try:
-            typed[key] = value  # OmegaConf's own conversion: "3" -> 3, "true" -> True
-        except OmegaConfBaseException:
-            problems.append(Problem(f"{prefix}.{key}", value, _TYPE_WORDS[fields[key]]))
-    return OmegaConf.to_object(typed)
-
-
-def _check_target(node: dict, prefix: str, given: tuple[str, ...]) -> Iterator[Problem]:
+def _check_target(node: Any, prefix: str, given: tuple[str, ...]) -> Iterator[Problem]:
     """A `_target_` node: the target imports, and every key is one of its parameters."""
+    if not isinstance(node, dict):
+        yield Problem(prefix, node, "a node with a `_target_` (an importable callable) and its keyword arguments")
+        return
     target = node.get("_target_")
     try:
         fn = get_method(target) if isinstance(target, str) else None
@@ -379,34 +315,49 @@ def _check_target(node: dict, prefix: str, given: tuple[str, ...]) -> Iterator[P
     if fn is None:
         yield Problem(f"{prefix}._target_", target, "an importable class or function")
         return
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check against
         return
     allowed = [name for name in params if name not in given and name != "params"]
+    if not node.get("_partial_"):  # a complete call: every required argument is in the node
+        for name, p in params.items():
+            required = p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            if required and name not in node and name not in given:
+                yield Problem(f"{prefix}.{name}", "(missing)", f"a value: {target} requires it")
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
     for key, value in node.items():
         if not key.startswith("_") and key not in params:
             yield Problem(f"{prefix}.{key}", value, f"an argument of {target}: " + ", ".join(allowed))
 
 
-def validate(cfg: DictConfig) -> RunConfig:
-    """Check the whole composed config; raise one ConfigError that lists every problem."""
+def validate(cfg: DictConfig, *, presets: tuple[str, ...], given: tuple[str, ...] = ()) -> RunConfig:
+    """Check the whole composed config; raise one ConfigError that lists every problem.
+    `presets`: the augmentation presets that exist; `given`: nodes whose objects the caller
+    passes in (saturate.fit: "model", "data"), not checked here."""
     problems: list[Problem] = []
     run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    for group in ("device", "precision", "loader", "augmentation", "optim", "trainer", "checkpoint", "batch_search", "monitor"):
+    for group in GROUPS:
         fields = [f.name for f in dataclasses.fields(getattr(run, group))]
         for key in cfg[group]:  # `+group.key=...` gets past Hydra; a typo should not
             if key not in fields:
                 problems.append(Problem(f"{group}.{key}", cfg[group][key], "one of the keys " + ", ".join(fields)))
-        for key, value, allowed in getattr(run, group).problems():
+        args = {"augmentation": (presets,), "checkpoint": (run.task.kind,)}.get(group, ())
+        for key, value, allowed in getattr(run, group).problems(*args):
             problems.append(Problem(f"{group}.{key}", value, allowed))
 
-    data = dict(run.data)
-    schema = DATA_SCHEMAS.get(data.get("name"))
-    if schema is None:
-        problems.append(Problem("data.name", data.get("name"), "one of " + ", ".join(DATA_SCHEMAS)))
-    else:
-        run.data = _typed_node(schema, data, "data", problems)
-        problems += [Problem(f"data.{k}", v, a) for k, v, a in run.data.problems()]
+    if "data" not in given:
+        problems += _check_target(run.data, "data", given=())
+    if isinstance(run.task.loss, dict):
+        problems += _check_target(run.task.loss, "task.loss", given=())
+    for name, entries in (("logger", run.logger), ("callbacks", run.callbacks)):
+        for i, entry in enumerate(entries):
+            if isinstance(entry, dict):
+                problems += _check_target(entry, f"{name}[{i}]", given=())
+            elif name == "callbacks" or entry not in LOGGERS:
+                what = "one of " + ", ".join(LOGGERS) + " or " if name == "logger" else ""
+                problems.append(Problem(f"{name}[{i}]", entry, what + "a `_target_` node"))
 
     if run.loader.resident and run.augmentation.placement == "cpu":
         problems.append(
@@ -414,7 +365,8 @@ def validate(cfg: DictConfig) -> RunConfig:
                 "augmentation.placement", "cpu", "gpu or none with loader.resident=true (a resident loader has no workers to augment in)"
             )
         )
-    problems += _check_target(dict(run.model), "model", given=("in_channels", "num_classes"))
+    if "model" not in given:
+        problems += _check_target(run.model, "model", given=DATA_ARGUMENTS)
     problems += _check_target(dict(run.optim.optimizer), "optim.optimizer", given=("params",))
 
     if problems:

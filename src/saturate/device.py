@@ -40,3 +40,17 @@ def setup_device(cfg: DeviceConfig, local_rank: int = 0) -> torch.device:
         torch.cuda.set_per_process_memory_fraction(cfg.memory_fraction, index)
     log.info("device: cuda:%d (%s), tf32=%s, cudnn.benchmark=%s", index, torch.cuda.get_device_name(index), cfg.tf32, cfg.cudnn_benchmark)
     return torch.device("cuda", index)
+
+
+class OutOfMemory(UserError):
+    """Out of memory even with the smallest batch (or micro-batch) there is."""
+
+
+def is_oom(error: BaseException) -> bool:
+    """CUDA's out-of-memory error, in its current form or the older RuntimeError one."""
+    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError) and "out of memory" in str(error))
+
+
+def free_device_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

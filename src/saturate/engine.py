@@ -1,7 +1,9 @@
 """The training loop, and only the loop.
 
 It receives built objects (the model, the step, the schedule, batches, evaluator,
-checkpointer, tracker, timer, stop signal) and never asks which options built them. It
+checkpointer, tracker, callbacks, timer, stop signal) and never asks which options built
+them. Callbacks see what happened (logged metrics, evaluations, checkpoints); they never
+steer the loop. It
 touches the host only at log steps (the loss is summed on the device and read there),
 apart from the non-finite guard's one scalar per step when that is on.
 """
@@ -30,10 +32,10 @@ class TrainState:
 
 
 class Engine:
-    def __init__(self, *, model: nn.Module, step: TrainStep, scheduler, train_batches, evaluator, checkpointer, tracker, timer,
-                 stop, monitor, profiler, memory, dist, max_epochs: int, max_steps: int, start_time: float):  # fmt: skip
+    def __init__(self, *, model: nn.Module, step: TrainStep, scheduler, train_batches, evaluator, checkpointer, tracker, callbacks,
+                 timer, stop, monitor, profiler, memory, dist, max_epochs: int, max_steps: int, start_time: float):  # fmt: skip
         self.model, self.step, self.scheduler, self.guard = model, step, scheduler, step.guard
-        self.train_batches, self.evaluator, self.checkpointer = train_batches, evaluator, checkpointer
+        self.train_batches, self.evaluator, self.checkpointer, self.callbacks = train_batches, evaluator, checkpointer, callbacks
         self.tracker, self.timer, self.stop, self.memory = tracker, timer, stop, memory
         self.monitor, self.profiler, self.dist = monitor, profiler, dist
         self.max_epochs, self.max_steps, self.start_time = max_epochs, max_steps, start_time
@@ -62,7 +64,7 @@ class Engine:
                 if self.tracker.due(state.step):
                     self.log_train(state, steps_per_epoch)
                 if self.checkpointer.due_step(state.step):
-                    self.checkpointer.save(state, self.tracker.latest)
+                    self.save(state, self.tracker.latest)
                 if self.halting(state.step):
                     self.halt(state, steps_per_epoch)
                 if state.step == self.max_steps:
@@ -73,9 +75,11 @@ class Engine:
             last = state.epoch >= self.max_epochs or state.step == self.max_steps
             self.log_train(state, steps_per_epoch)  # closes the timing window before evaluation
             if self.evaluator.due(state.epoch, last):
-                self.tracker.log(self.evaluator.run(), state.step)
+                evaluated = self.evaluator.run()
+                self.tracker.log(evaluated, state.step)
+                self.callbacks.on_eval_end(evaluated, state.step)
             if self.checkpointer.due(state.epoch, last):
-                self.checkpointer.save(state, self.tracker.latest)
+                self.save(state, self.tracker.latest)
             self.tracker.progress(state.step, state.epoch)
             if last:
                 return dict(self.tracker.latest)
@@ -103,7 +107,14 @@ class Engine:
         self.loss_sum.zero_()
         self.loss_count = 0
         self.tracker.log(metrics, state.step)
+        self.callbacks.on_log(metrics, state.step)
         self.tracker.progress(state.step, state.epoch)
+
+    def save(self, state: TrainState, metrics: dict[str, float]) -> float:
+        seconds = self.checkpointer.save(state, metrics)
+        if self.dist.is_main:
+            self.callbacks.on_checkpoint(str(self.checkpointer.last_path), state.step)
+        return seconds
 
     def halting(self, step: int) -> bool:
         """Whether to stop at this step boundary. Across ranks they must stop together, so the
@@ -119,10 +130,10 @@ class Engine:
         self.log_train(state, steps_per_epoch)
         if self.dist.any(self.guard.failed):
             if self.guard.skip:  # every bad step was skipped: the weights are the last good state
-                self.checkpointer.save(state, {})
+                self.save(state, {})
             self.dist.barrier()  # no rank leaves before rank 0 has saved
             raise self.guard.error(state.step, str(self.checkpointer.last_path))
-        seconds = self.checkpointer.save(state, {})
+        seconds = self.save(state, {})
         self.dist.barrier()  # torchrun kills the others as soon as one rank exits
         signum = self.stop.requested or signal.SIGTERM  # a rank that heard nothing follows the others
         name = signal.Signals(signum).name

@@ -1,34 +1,41 @@
-"""Validation: loss and accuracy over the whole validation set, never augmented."""
+"""Validation: the task's loss and metrics over the whole validation set, never augmented.
+
+Metrics are torchmetrics objects: their states accumulate on the device (no host read per
+batch) and `compute()` sums them across DDP ranks, each rank having seen its own unpadded
+shard. The loss is averaged per sample."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from saturate.precision import Precision
+from saturate.task import Task
 
 
 class Evaluator:
-    def __init__(self, model: nn.Module, batches, precision: Precision, *, interval: int, dist):
-        self.model, self.batches, self.precision, self.interval, self.dist = model, batches, precision, interval, dist
+    def __init__(self, model: nn.Module, batches, precision: Precision, task: Task, *, interval: int):
+        self.model, self.batches, self.precision, self.task, self.interval = model, batches, precision, task, interval
 
     def due(self, epoch: int, last: bool) -> bool:
-        """After every `interval`-th epoch, and always after the last."""
-        return last or epoch % self.interval == 0
+        """After every `interval`-th epoch, and always after the last (never without a
+        validation set)."""
+        return self.batches is not None and (last or epoch % self.interval == 0)
 
     @torch.no_grad()
     def run(self) -> dict[str, float]:
+        from torchmetrics import MeanMetric
+
         was_training = self.model.training
         self.model.eval()
-        totals = torch.zeros(3, dtype=torch.float64, device=next(self.model.parameters()).device)  # loss sum, hits, count
+        device = next(self.model.parameters()).device
+        metrics = self.task.metrics(device)
+        loss = MeanMetric().to(device)
         for batch in self.batches.epoch(0):  # this rank's shard of the validation set, unpadded
             x, y = self.batches.to_device(batch)
             with self.precision.autocast():
-                logits = self.model(x)
-            totals[0] += F.cross_entropy(logits.float(), y, reduction="sum")
-            totals[1] += (logits.argmax(1) == y).sum()
-            totals[2] += len(y)
+                outputs = self.model(x)
+            loss.update(self.task.loss(outputs, y), weight=len(y))  # what the step's loss is given, as it is given
+            metrics.update(*self.task.prepare(outputs, y))
         self.model.train(was_training)
-        loss, hits, count = self.dist.sum_tensor(totals.cpu()).tolist()
-        return {"val/loss": loss / count, "val/acc": hits / count}
+        return {"val/loss": float(loss.compute()), **{k: float(v) for k, v in metrics.compute().items()}}

@@ -8,6 +8,7 @@ when the loader is built, never in the loop.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -16,14 +17,14 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from saturate.augment import SampleAugment
-from saturate.config import LoaderConfig
-from saturate.data.base import ImageTensors
-from saturate.errors import DataError
+from saturate.augment import BatchAugment, Preview, SampleAugment, Schedule
+from saturate.config import AugmentationConfig, LoaderConfig, TrainerConfig
+from saturate.data.base import DataSpec, InMemory, materialize
+from saturate.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
 
-HostBatch = tuple[torch.Tensor, torch.Tensor]  # uint8 images (B, C, H, W), int64 labels (B,)
+HostBatch = tuple[torch.Tensor, torch.Tensor]  # inputs (B, ...): uint8 images (B, C, H, W) or anything else; targets (B, ...)
 
 
 def cpus_per_process() -> int:
@@ -41,16 +42,35 @@ def auto_workers(per_sample_work: bool, cap: int = 8) -> int:
     return max(1, min(cap, cpus_per_process() - 1))
 
 
+class PlainPipeline:
+    """Host batch -> device batch, values unchanged: inputs that are not uint8 images reach
+    the model as the dataset gave them (float64 becomes float32, the model's dtype); the
+    targets take the task's dtype (class indices int64, real values float32)."""
+
+    def __init__(self, device: torch.device, *, non_blocking: bool, target_dtype: torch.dtype):
+        self.device, self.non_blocking, self.target_dtype = device, non_blocking, target_dtype
+
+    def begin_epoch(self, epoch: int, start: int) -> None:
+        pass
+
+    def __call__(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batch
+        x = x.to(self.device, dtype=torch.float32 if x.dtype == torch.float64 else None, non_blocking=self.non_blocking)
+        return x, y.to(self.device, dtype=self.target_dtype, non_blocking=self.non_blocking)
+
+
 class DevicePipeline:
-    """Host uint8 batch -> normalised float batch on the device: copy, augment there (when
-    augmentation runs on the device), normalise, lay out as channels_last if asked.
+    """Host uint8 image batch -> normalised float batch on the device: copy, augment there
+    (when augmentation runs on the device), normalise, lay out as channels_last if asked.
 
     `preview(x, epoch)`, if given, sees the batch the model gets before normalisation
     (uint8, or floats in [0, 1] after device augmentation) and decides when to record it.
     """
 
-    def __init__(self, device: torch.device, mean, std, *, non_blocking: bool, channels_last: bool, augment=None, preview=None):
+    def __init__(self, device: torch.device, mean, std, *, non_blocking: bool, channels_last: bool, augment=None, preview=None,
+                 target_dtype: torch.dtype = torch.int64):  # fmt: skip
         self.device, self.non_blocking, self.augment, self.preview = device, non_blocking, augment, preview
+        self.target_dtype = target_dtype
         std = torch.tensor(std, device=device).view(1, -1, 1, 1)
         self.scale, self.shift = 1 / std, -torch.tensor(mean, device=device).view(1, -1, 1, 1) / std  # (x - mean) / std
         self.scale_u8 = self.scale / 255  # the same, straight from uint8 when nothing runs in between
@@ -63,7 +83,7 @@ class DevicePipeline:
     def __call__(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch
         x = x.to(self.device, non_blocking=self.non_blocking)
-        y = y.to(self.device, non_blocking=self.non_blocking)
+        y = y.to(self.device, dtype=self.target_dtype, non_blocking=self.non_blocking)
         if self.augment is None:
             if self.preview is not None:
                 self.preview(x, self.epoch)
@@ -163,7 +183,7 @@ class StreamLoader:
             persistent_workers=cfg.persistent_workers and num_workers > 0,
             prefetch_factor=cfg.prefetch_factor if num_workers > 0 else None,
             generator=self.generator,
-            collate_fn=already_collated if getattr(dataset, "__getitems__", None) else None,
+            collate_fn=already_collated if isinstance(dataset, InMemory) else None,
             timeout=cfg.timeout_s if num_workers > 0 else 0,
         )
         self.batches_per_epoch = batches_per_epoch(self.sampler.num_samples, cfg.batch_size, self.drop_last, limit_batches)
@@ -203,7 +223,7 @@ def memory_budget(device: torch.device) -> int:
 
 
 class ResidentLoader:
-    """The whole data set stored once on the training device as uint8; a batch is an index
+    """The whole data set stored once on the training device (images as uint8); a batch is an index
     slice of the epoch's permutation, gathered there: no workers, no per-batch copy
     (airbench-style). The permutation is the one ResumableSampler draws, so resident and
     streaming loaders see the same batches for the same seed.
@@ -212,10 +232,10 @@ class ResidentLoader:
     it stays in host memory and each gathered batch is staged through pinned memory for an
     asynchronous copy (a warning says so)."""
 
-    def __init__(self, data: ImageTensors, cfg: LoaderConfig, to_device: DevicePipeline, *, train: bool, seed: int,
+    def __init__(self, data: InMemory, cfg: LoaderConfig, to_device: DevicePipeline | PlainPipeline, *, train: bool, seed: int,
                  limit_batches: int = -1, rank: int = 0, world_size: int = 1):  # fmt: skip
         device = to_device.device
-        nbytes = data.images.nbytes + data.labels.nbytes
+        nbytes = data.inputs.nbytes + data.targets.nbytes
         budget = int(cfg.resident_memory_fraction * memory_budget(device))
         home = device
         if nbytes > budget:
@@ -223,7 +243,7 @@ class ResidentLoader:
             log.warning("loader.resident: the data (%.0f MB) exceeds loader.resident_memory_fraction=%g of free %s memory "
                         "(%.0f MB); keeping it in host memory and staging batches through pinned memory",
                         nbytes / 2**20, cfg.resident_memory_fraction, device.type, budget / 2**20)  # fmt: skip
-        self.images, self.labels, self.dataset = data.images.to(home), data.labels.to(home), data
+        self.images, self.labels, self.dataset = data.inputs.to(home), data.targets.to(home), data
         self.home, self.to_device = home, to_device
         self.stage = home != device  # host-resident for a CUDA device: pin each gathered batch
         self.train = train
@@ -254,3 +274,51 @@ class ResidentLoader:
             index = order[b * self.batch_size : (b + 1) * self.batch_size]
             x, y = self.images.index_select(0, index), self.labels.index_select(0, index)
             yield (x.pin_memory(), y.pin_memory()) if self.stage else (x, y)
+
+
+def build_pipeline(cfg: LoaderConfig, spec: DataSpec, target_dtype: torch.dtype, device: torch.device, trainer: TrainerConfig,
+                   augment=None, preview=None) -> DevicePipeline | PlainPipeline:  # fmt: skip
+    """uint8 images: normalised (and augmented) on the device; anything else: unchanged."""
+    if not spec.image:
+        return PlainPipeline(device, non_blocking=cfg.non_blocking, target_dtype=target_dtype)
+    return DevicePipeline(device, spec.mean, spec.std, non_blocking=cfg.non_blocking, channels_last=trainer.channels_last,
+                          augment=augment, preview=preview, target_dtype=target_dtype)  # fmt: skip
+
+
+def device_augment(aug: AugmentationConfig, seed: int) -> BatchAugment | None:
+    """The batched (device) placement of the augmentation policy, or None."""
+    return BatchAugment(Schedule.from_config(aug), seed=seed) if aug.placement == "gpu" else None
+
+
+def build_loaders(cfg: LoaderConfig, aug: AugmentationConfig, train_set: Dataset, val_set: Dataset | None, spec: DataSpec, *,
+                  target_dtype: torch.dtype, device: torch.device, trainer: TrainerConfig, show_images=None, rank: int = 0,
+                  world_size: int = 1) -> tuple[StreamLoader | ResidentLoader, StreamLoader | ResidentLoader | None]:  # fmt: skip
+    """Training and validation batches (no validation batches without a validation set).
+    Augmentation is placed here, once: per sample in the training dataset (cpu), or on the
+    device in the training pipeline (gpu). `show_images(tag, images, step)` records what
+    the augmentation does (TensorBoard)."""
+    if cfg.batch_size * world_size > len(train_set):
+        ranks = f" across {world_size} ranks" if world_size > 1 else ""
+        raise UserError(f"loader.batch_size={cfg.batch_size}: larger than the training set ({len(train_set)} samples{ranks})")
+    schedule = Schedule.from_config(aug) if aug.placement != "none" else None
+    if aug.placement == "cpu":
+        train_set = SampleAugment(train_set, schedule, seed=trainer.seed)
+    workers = auto_workers(per_sample_work=aug.placement == "cpu" or not spec.in_memory) if cfg.num_workers == "auto" else cfg.num_workers
+    pin = device.type == "cuda" if cfg.pin_memory == "auto" else cfg.pin_memory
+
+    pipeline = functools.partial(build_pipeline, cfg, spec, target_dtype, device, trainer)
+    preview = Preview(show_images, schedule, aug.preview_images) if aug.preview_images and spec.image and show_images else None
+    train_pipeline = pipeline(augment=device_augment(aug, trainer.seed + 1_000_003 * rank), preview=preview)  # ranks draw differently
+    if cfg.resident:
+        ranks = dict(seed=trainer.seed, rank=rank, world_size=world_size)
+        train = ResidentLoader(materialize(train_set), cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **ranks)
+        val = val_set and ResidentLoader(materialize(val_set), cfg, pipeline(), train=False, limit_batches=trainer.limit_val_batches,
+                                         **ranks)  # fmt: skip
+    else:
+        common = dict(seed=trainer.seed, num_workers=workers, pin_memory=pin, rank=rank, world_size=world_size)
+        train = StreamLoader(train_set, cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **common)
+        val = val_set and StreamLoader(val_set, cfg, pipeline(), train=False, limit_batches=trainer.limit_val_batches, **common)
+    stages = " -> ".join(f"{p.name} from epoch {e}" for e, p in schedule.stages) if schedule else ""
+    kind = f"resident on {train.home}" if cfg.resident else f"{workers} workers, pin_memory={pin}"
+    log.info("loader: batch %d, %s; augmentation: %s %s", cfg.batch_size, kind, aug.placement, stages)
+    return train, val

@@ -33,6 +33,7 @@ class RunFacts:
     channels_last: bool
     memory_headroom: bool  # peak memory under half of the device's
     emulated_precision: bool  # bf16/fp16 on a CPU without native kernels for them
+    image: bool = True  # uint8 image inputs: the image-only options (augmentation placement, channels_last) apply
 
 
 @dataclass
@@ -72,7 +73,7 @@ def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
         fixes.append(("precision=amp", "bf16/fp16 tensor cores do several times the fp32 work per second"))
     if not f.compile:
         fixes.append(("trainer.compile=true", "fused kernels: fewer launches and memory round trips"))
-    if f.device == "cuda" and not f.channels_last:
+    if f.device == "cuda" and not f.channels_last and f.image:
         fixes.append(("trainer.channels_last=true", "convolutions run faster in NHWC on tensor cores"))
     if f.memory_headroom:
         fixes.append(

@@ -1,6 +1,9 @@
-"""`train(cfg)`: build the parts of a run in order, hand them to the engine, write the results.
+"""`train(cfg)` and `fit(model, data, ...)`: build the parts of a run in order, hand them to
+the engine, write the results.
 
 Each `_setup_*` step receives only its own config node and the objects it depends on.
+`fit` passes objects (a model, datasets, a loss) where `train` builds them from nodes; the
+rest is the same run.
 """
 
 from __future__ import annotations
@@ -8,42 +11,50 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import functools
+import inspect
 import logging
 import os
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
+from hydra.errors import InstantiationException
+from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from torch.utils.data import default_collate
+from torch.utils.data import Dataset, default_collate
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from saturate.augment import BatchAugment, Preview, SampleAugment, Schedule
+from saturate.augment import PRESETS
 from saturate.batch_size import Cache, Trial, measure_with, restoring, search, table
+from saturate.callbacks import Callbacks
 from saturate.checkpoint import Checkpointer
-from saturate.config import AugmentationConfig, LoaderConfig, RunConfig, TrainerConfig, validate
-from saturate.data import DataInfo, ImageTensors, build_datasets
+from saturate.config import DATA_ARGUMENTS, RunConfig, TrainerConfig, validate
+from saturate.data import DataSpec, InMemory, build_datasets, describe
+from saturate.data.base import as_tensor
 from saturate.device import setup_device
 from saturate.distributed import Dist, wrap
-from saturate.engine import Engine
+from saturate.engine import Engine, TrainState
 from saturate.environment import cpu_name, fingerprint
-from saturate.errors import UserError
+from saturate.errors import ConfigError, Problem, UserError
 from saturate.evaluate import Evaluator
 from saturate.faults import NonFiniteGuard, Preempted, StopSignal, TrainingDiverged
-from saturate.loader import DevicePipeline, ResidentLoader, StreamLoader, auto_workers, cpus_per_process, loader_failure
+from saturate.loader import ResidentLoader, StreamLoader, build_loaders, build_pipeline, cpus_per_process, device_augment, loader_failure
 from saturate.monitor import ResourceMonitor, device_memory_mb, peak_memory
 from saturate.optim import setup_optimizer
 from saturate.precision import Precision, emulated, setup_precision
 from saturate.profiling import NoProfiler, StepProfiler
+from saturate.registration import register
 from saturate.report import RunFacts, Verdict, diagnose, render
 from saturate.step import TrainStep
+from saturate.task import Task, build_task
 from saturate.timing import StepTimer
 from saturate.tracking import Tracker, write_json
 
@@ -51,8 +62,9 @@ log = logging.getLogger("saturate")
 
 
 class Metrics(dict):
-    """The final metrics. `float()` of it is the run's figure of merit (`checkpoint.monitor`),
-    which is what sweepers that optimise one number (Optuna) read from train.py's return."""
+    """The final metrics. `float()` of it is the run's figure of merit (`checkpoint.monitor`:
+    val/acc for classification, val/loss for regression, unless set), which is what
+    sweepers that optimise one number (Optuna) read from train.py's return."""
 
     objective: str = "val/acc"
 
@@ -60,16 +72,62 @@ class Metrics(dict):
         return float(self[self.objective])
 
 
-def train(cfg: DictConfig) -> Metrics:
+@dataclass
+class Given:
+    """Objects `fit` passes in, where `train` builds them from the config's nodes."""
+
+    model: nn.Module | None = None
+    datasets: tuple[Dataset, Dataset | None] | None = None
+    loss: Callable | None = None
+    callbacks: Sequence[Any] = ()
+    loggers: Sequence[Any] = ()
+
+    def nodes(self) -> tuple[str, ...]:
+        """The config nodes these objects stand in for (not validated, not built)."""
+        return tuple(name for name, obj in (("model", self.model), ("data", self.datasets)) if obj is not None)
+
+
+def train(cfg: DictConfig, given: Given | None = None) -> Metrics:
     """Train with the composed config `cfg`; return the final metrics (also in metrics.json).
     A run that fails still leaves a metrics.json saying so and why (for sweep reports)."""
     try:
-        return _train(cfg)
+        return _train(cfg, given or Given())
     except (Preempted, TrainingDiverged):
         raise  # they record their own status
     except Exception as e:
         _record_failure(cfg, e)
         raise
+
+
+def config_dir() -> Path:
+    """saturate's conf/ (beside src/ in the checkout saturate is installed from)."""
+    found = Path(__file__).resolve().parents[2] / "conf"
+    if not (found / "config.yaml").is_file():
+        raise UserError(f"saturate.fit: no conf/config.yaml at {found}; install saturate from its checkout (pip install -e .)")
+    return found
+
+
+def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None, *, task: str = "classification",
+        loss: Callable | None = None, overrides: Sequence[str] = (), run_dir: str | Path | None = None,
+        callbacks: Sequence[Any] = (), loggers: Sequence[Any] = ()) -> Metrics:  # fmt: skip
+    """Train `model` on `train_data` (validated on `val_data`, if given) with saturate's engine
+    and config groups: `overrides` as on the command line (`["precision=amp", "loader.batch_size=64",
+    "trainer.max_epochs=5"]`). Datasets are map-style, samples `(input, target)`; `task` is
+    "classification" or "regression"; `loss(outputs, targets)` replaces the task's own.
+    `callbacks` and `loggers` are objects as in saturate.callbacks. Writes the same run dir as
+    train.py (default: outputs/runs/<date>/<time>) and returns the final metrics."""
+    from hydra import compose, initialize_config_dir
+
+    register()
+    overrides = list(overrides)
+    if run_dir is not None:
+        overrides.append(f"run_dir={Path(run_dir).absolute()}")
+    elif not any(o.startswith("run_dir=") for o in overrides):  # as train.py names its runs
+        overrides.append(f"run_dir={Path('outputs/runs').absolute() / datetime.now().strftime('%Y-%m-%d/%H-%M-%S-%f')}")
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        cfg = compose("config", overrides=[f"task={task}", *overrides])
+    given = Given(model=model, datasets=(train_data, val_data), loss=loss, callbacks=callbacks, loggers=loggers)
+    return train(cfg, given)
 
 
 def _record_failure(cfg: DictConfig, error: Exception) -> None:
@@ -82,52 +140,78 @@ def _record_failure(cfg: DictConfig, error: Exception) -> None:
     write_json(run_dir / "metrics.json", {"status": "failed", "error": f"{type(error).__name__}: {first}"})
 
 
-def _train(cfg: DictConfig) -> Metrics:
+def _build(node: Any, what: str) -> Any:
+    """instantiate() a user's `_target_` node; their mistake (a UserError) keeps its message."""
+    try:
+        return instantiate(node)
+    except InstantiationException as e:
+        cause = e.__cause__ or e
+        if isinstance(cause, UserError):
+            raise cause.with_traceback(None) from None
+        raise UserError(f"{what}: cannot build {node['_target_']}: {cause}") from None
+
+
+def _described(node: Any, obj: Any) -> Any:
+    """What the saved config says of a node: the node itself, or the object passed in."""
+    return node if obj is None else {"object": f"{type(obj).__module__}.{type(obj).__qualname__}"}
+
+
+def _train(cfg: DictConfig, given: Given) -> Metrics:
     start_time = time.perf_counter()
-    run = validate(cfg)
+    run = validate(cfg, presets=tuple(PRESETS), given=given.nodes())
     d = Dist()
     log.setLevel(run.trainer.log_level if d.is_main else "WARNING")  # one voice: rank 0's
     run_dir = Path(run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    tracker = Tracker(run_dir, log_interval=run.trainer.log_interval, progress=run.trainer.progress, enabled=d.is_main)
+    loggers = [_build(x, "logger") if isinstance(x, dict) else x for x in run.logger] + list(given.loggers)
+    tracker = Tracker(run_dir, log_interval=run.trainer.log_interval, progress=run.trainer.progress, enabled=d.is_main, loggers=loggers)
+    callbacks = Callbacks([_build(c, "callbacks") for c in run.callbacks] + list(given.callbacks), enabled=d.is_main)
     device = setup_device(run.device, local_rank=d.local_rank)
     with _seeded(run.trainer), StopSignal() as stop:
-        parts = _setup_training(run, d, device, tracker)
+        parts = _setup_training(run, d, device, tracker, given)
+        watched = run.checkpoint.resolved(parts.task.kind, parts.spec.has_val)
+        tracker.shown = watched.monitor if watched.monitor.startswith("val/") and watched.monitor != "val/loss" else parts.task.names[0]
         resolved = OmegaConf.to_container(cfg, resolve=True)
+        resolved["model"], resolved["data"] = _described(resolved["model"], given.model), _described(resolved["data"], given.datasets)
         env = fingerprint(device, precision=parts.precision.name, compile=run.trainer.compile,
                           channels_last=run.trainer.channels_last, world_size=d.world_size)  # fmt: skip
         checkpointer = Checkpointer(
             run_dir / "checkpoints",
-            run.checkpoint,
+            watched,
             interval=run.trainer.checkpoint_interval,
             parts={"model": parts.models.raw, "optimizer": parts.optimizer, "scheduler": parts.scheduler, "scaler": parts.precision.scaler},
             config=resolved,
             fingerprint=env,
             enabled=d.is_main,
         )
-        state = checkpointer.resume(run.trainer.resume)
-        engine = _setup_engine(run, parts, checkpointer, tracker, stop, d, device, start_time)
+        state = TrainState(**checkpointer.resume(run.trainer.resume))
+        engine = _setup_engine(run, parts, checkpointer, tracker, callbacks, stop, d, device, start_time)
         _start_tracking(run, parts, tracker, state.step, resolved, env, d)
+        callbacks.on_run_start({"run_dir": str(run_dir), "total_steps": parts.total_steps, "start_step": state.step,
+                                "data": parts.spec.name, "model": type(parts.models.raw).__name__, "task": parts.task.kind})  # fmt: skip
 
-        outcome = {"data": parts.info.name, "synthetic": parts.info.synthetic, "precision": parts.precision.name, "fingerprint": env}
+        outcome = {"data": parts.spec.name, "synthetic": parts.spec.synthetic, "precision": parts.precision.name, "task": parts.task.kind,
+                   "monitor": watched.monitor, "fingerprint": env}  # fmt: skip
+        if parts.trials is not None:  # loader.batch_size=auto: what was tried, and how long it took
+            outcome["batch_search"] = {"seconds": parts.search_s, "trials": [dataclasses.asdict(t) for t in parts.trials]}
         failure = None
         try:
             with logging_redirect_tqdm(), torch.autograd.set_detect_anomaly(run.trainer.detect_anomaly), engine.monitor:
                 last = engine.fit(state)
             gpu = engine.monitor.gpu_summary()
             steady = d.mean(engine.timer.run_window().metrics(), sum_keys=("perf/samples_per_s",))
-            metrics = {**last, **steady, **parts.info.notes, **(gpu or {}), "time/wall_s": time.perf_counter() - start_time}
+            metrics = {**last, **steady, **parts.spec.notes, **(gpu or {}), "time/wall_s": time.perf_counter() - start_time}
             if d.world_size > 1:  # every rank must end with the same weights
                 metrics["distributed/params_identical"] = float(d.params_identical(parts.models.raw))
             if d.is_main:
-                verdict = _report(run, metrics, steps=engine.timer.run_window().steps, device=device, train_batches=parts.train_batches,
-                                  precision=parts.precision, tracker=tracker, gpu=gpu)  # fmt: skip
-                tracker.hparams(_hparams(run, parts.precision, parts.info), metrics, step=state.step)
+                verdict = _report(run, metrics, steps=engine.timer.run_window().steps, device=device, parts=parts, tracker=tracker, gpu=gpu)
+                tracker.hparams(_hparams(run, parts), metrics, step=state.step)
         except (Preempted, TrainingDiverged) as stopped:
             if d.is_main:
                 status = "preempted" if isinstance(stopped, Preempted) else "diverged"
                 write_json(run_dir / "metrics.json", {**tracker.latest, **outcome, "status": status})
+                callbacks.on_run_end({**tracker.latest, **outcome, "status": status})
             raise
         except RuntimeError as e:  # a DataLoader worker that hung or died
             failure = loader_failure(e, run.loader.timeout_s)
@@ -141,12 +225,15 @@ def _train(cfg: DictConfig) -> Metrics:
 
     if d.is_main:
         used = {"batch_size": run.loader.batch_size, "num_workers": parts.train_batches.num_workers, "world_size": d.world_size}
-        write_json(run_dir / "metrics.json", {**metrics, **outcome, **used, "status": "completed", "verdict": verdict.kind})
-    log.info("done in %.1fs: val/acc %.4f, val/loss %.4f, %.0f samples/s, data wait %.0f%%, peak memory %.0f MB -> %s",
-             metrics["time/wall_s"], metrics["val/acc"], metrics["val/loss"], metrics["perf/samples_per_s"],
+        final = {**metrics, **outcome, **used, "status": "completed", "verdict": verdict.kind}
+        write_json(run_dir / "metrics.json", final)
+        callbacks.on_run_end(final)
+    shown = [k for k in (watched.monitor, *parts.task.names[:1], "val/loss", "train/loss") if k in metrics]
+    log.info("done in %.1fs: %s, %.0f samples/s, data wait %.0f%%, peak memory %.0f MB -> %s", metrics["time/wall_s"],
+             ", ".join(f"{k} {metrics[k]:.4f}" for k in dict.fromkeys(shown)), metrics["perf/samples_per_s"],
              100 * metrics["perf/data_wait_frac"], metrics["memory/peak_mb"], run_dir)  # fmt: skip
     result = Metrics(metrics)
-    result.objective = run.checkpoint.monitor
+    result.objective = watched.monitor
     return result
 
 
@@ -159,31 +246,51 @@ class Models:
 
 @dataclass
 class Parts:
-    """What a run trains: data, precision, model, batches, optimizer and schedule."""
+    """What a run trains: data, task, precision, model, batches, optimizer and schedule."""
 
-    info: DataInfo
+    spec: DataSpec
+    task: Task
     precision: Precision
     models: Models
     train_batches: StreamLoader | ResidentLoader
-    val_batches: StreamLoader | ResidentLoader
+    val_batches: StreamLoader | ResidentLoader | None
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     total_steps: int
     global_batch: int
     trials: list[Trial] | None  # batch-size search, when loader.batch_size=auto searched
+    search_s: float = 0.0  # how long it took (0 when the cache had the answer)
 
 
-def _setup_training(run: RunConfig, d: Dist, device: torch.device, tracker: Tracker) -> Parts:
-    """datasets -> precision -> model -> (batch-size search) -> loaders -> optimizer and schedule."""
-    train_set, val_set, info = build_datasets(run.data)
+def _data_name(run: RunConfig, given: Given) -> str:
+    if given.datasets is not None:
+        return type(given.datasets[0]).__name__
+    if HydraConfig.initialized() and HydraConfig.get().runtime.choices.get("data"):
+        return HydraConfig.get().runtime.choices["data"]
+    return run.data["_target_"].rsplit(".", 1)[-1].removeprefix("load_").removeprefix("make_")
+
+
+def _setup_training(run: RunConfig, d: Dist, device: torch.device, tracker: Tracker, given: Given) -> Parts:
+    """datasets -> task -> precision -> model -> (batch-size search) -> loaders -> optimizer and schedule."""
+    train_set, val_set = given.datasets if given.datasets is not None else build_datasets(run.data)
+    spec = describe(train_set, val_set, name=_data_name(run, given), classes=run.task.kind == "classification")
+    log.info("data: %s: %s; %d train / %s val samples", spec.name, spec.describe(), len(train_set),
+             len(val_set) if val_set is not None else "no")  # fmt: skip
+    _check_fits_data(run, spec)
+    task = _setup_task(run, spec, given)
     precision = setup_precision(run.precision, device)
-    example = run.loader.batch_size if run.loader.batch_size != "auto" else run.batch_search.min
-    models = _setup_model(run.model, info, device, run.trainer, precision, d, batch_size=example)
-    trials = None
+    batch = run.loader.batch_size if run.loader.batch_size != "auto" else run.batch_search.min
+    example = _host_batch(train_set, range(min(len(train_set), batch)))  # real samples, at the size the run (or search) starts with
+    example = build_pipeline(run.loader, spec, task.target_dtype, device, run.trainer)(example)
+    models = _setup_model(run.model, spec, task, device, run.trainer, precision, d, example, given.model)
+    trials, started = None, time.perf_counter()
     if run.loader.batch_size == "auto":
-        chosen, trials = _auto_batch_size(run, models, precision, train_set, info, device, d)
+        chosen, trials = _auto_batch_size(run, models, precision, task, train_set, spec, device, d)
         run.loader = dataclasses.replace(run.loader, batch_size=chosen)
-    train_batches, val_batches = _setup_loaders(run.loader, run.augmentation, train_set, val_set, info, device, run.trainer, tracker, d)
+    train_batches, val_batches = build_loaders(
+        run.loader, run.augmentation, train_set, val_set, spec, target_dtype=task.target_dtype, device=device, trainer=run.trainer,
+        show_images=tracker.images, rank=d.rank, world_size=d.world_size,
+    )  # fmt: skip
     total_steps = len(train_batches) * run.trainer.max_epochs
     if run.trainer.max_steps > 0:
         total_steps = min(total_steps, run.trainer.max_steps)
@@ -191,11 +298,51 @@ def _setup_training(run: RunConfig, d: Dist, device: torch.device, tracker: Trac
     optimizer, scheduler = setup_optimizer(
         run.optim, models.raw, steps_per_epoch=len(train_batches), total_steps=total_steps, global_batch=global_batch
     )
-    return Parts(info, precision, models, train_batches, val_batches, optimizer, scheduler, total_steps, global_batch, trials)
+    search_s = time.perf_counter() - started if trials is not None else 0.0
+    return Parts(spec, task, precision, models, train_batches, val_batches, optimizer, scheduler, total_steps, global_batch, trials,
+                 search_s)  # fmt: skip
 
 
-def _setup_engine(run: RunConfig, parts: Parts, checkpointer: Checkpointer, tracker: Tracker, stop: StopSignal, d: Dist,
-                  device: torch.device, start_time: float) -> Engine:  # fmt: skip
+def _check_fits_data(run: RunConfig, spec: DataSpec) -> None:
+    """Options that only make sense for uint8 images, and monitors the data cannot give."""
+    problems = []
+    if not spec.image:
+        what = f"uint8 image inputs (C, H, W); the data gives {spec.describe()}"
+        if run.augmentation.placement != "none":
+            problems.append(Problem("augmentation.placement", run.augmentation.placement, f"none: augmentation works on {what}"))
+        if run.trainer.channels_last:
+            problems.append(Problem("trainer.channels_last", True, f"false: channels_last is a layout of {what}"))
+    monitor = run.checkpoint.monitor
+    if monitor.startswith("val/") and not spec.has_val:
+        problems.append(Problem("checkpoint.monitor", monitor, "train/loss or auto: there is no validation set"))
+    if monitor == "val/top5" and spec.classes and spec.num_classes <= 5:
+        problems.append(Problem("checkpoint.monitor", monitor, f"val/acc or val/loss: val/top5 is logged with more than 5 classes, "
+                                                               f"the data has {spec.num_classes}"))  # fmt: skip
+    if problems:
+        raise ConfigError(problems)
+
+
+def _setup_task(run: RunConfig, spec: DataSpec, given: Given) -> Task:
+    loss = given.loss if given.loss is not None else run.task.loss
+    if isinstance(loss, dict):
+        loss = _build(loss, "task.loss")
+    if loss is not None and not isinstance(loss, str) and not callable(loss):
+        raise UserError(f"task.loss: {type(loss).__name__} is not callable; expected a loss called as loss(outputs, targets)")
+    return build_task(run.task.kind, loss=loss, label_smoothing=run.task.label_smoothing, huber_delta=run.task.huber_delta,
+                      num_classes=spec.num_classes, num_outputs=spec.num_outputs)  # fmt: skip
+
+
+def _host_batch(dataset: Dataset, indices) -> tuple[torch.Tensor, torch.Tensor]:
+    """A host batch of the samples at `indices`, as the DataLoader would collate it."""
+    indices = list(indices)
+    if isinstance(dataset, InMemory):
+        return dataset.__getitems__(indices)
+    x, y = default_collate([(as_tensor(dataset[i][0]), as_tensor(dataset[i][1])) for i in indices])
+    return x, y
+
+
+def _setup_engine(run: RunConfig, parts: Parts, checkpointer: Checkpointer, tracker: Tracker, callbacks: Callbacks, stop: StopSignal,
+                  d: Dist, device: torch.device, start_time: float) -> Engine:  # fmt: skip
     """The loop and what it drives: the step (with the non-finite guard), evaluator, timer,
     monitor and profiler."""
     guard = NonFiniteGuard(
@@ -205,7 +352,7 @@ def _setup_engine(run: RunConfig, parts: Parts, checkpointer: Checkpointer, trac
         device=device,
         agree=d.agree,
     )
-    step = TrainStep(parts.models.train, parts.optimizer, parts.precision, guard, grad_clip=run.trainer.grad_clip,
+    step = TrainStep(parts.models.train, parts.optimizer, parts.precision, guard, loss=parts.task.loss, grad_clip=run.trainer.grad_clip,
                      micro_batches=run.trainer.accumulate, dist=d)  # fmt: skip
     profiler = NoProfiler()
     if run.trainer.profile:
@@ -213,8 +360,8 @@ def _setup_engine(run: RunConfig, parts: Parts, checkpointer: Checkpointer, trac
     d.check_every = run.trainer.log_interval if d.world_size > 1 else 1  # stop flags agreed at log steps across ranks
     return Engine(
         model=parts.models.train, step=step, scheduler=parts.scheduler, train_batches=parts.train_batches,
-        evaluator=Evaluator(parts.models.eval, parts.val_batches, parts.precision, interval=run.trainer.eval_interval, dist=d),
-        checkpointer=checkpointer, tracker=tracker, timer=StepTimer(device), stop=stop,
+        evaluator=Evaluator(parts.models.eval, parts.val_batches, parts.precision, parts.task, interval=run.trainer.eval_interval),
+        checkpointer=checkpointer, tracker=tracker, callbacks=callbacks, timer=StepTimer(device), stop=stop,
         monitor=ResourceMonitor(run.monitor.interval_s, device, enabled=run.monitor.enabled), profiler=profiler,
         memory=peak_memory(device), dist=d, max_epochs=run.trainer.max_epochs, max_steps=run.trainer.max_steps, start_time=start_time,
     )  # fmt: skip
@@ -229,20 +376,22 @@ def _start_tracking(run: RunConfig, parts: Parts, tracker: Tracker, step: int, r
         for t in parts.trials:
             tracker.log({"batch_search/samples_per_s": t.samples_per_s or 0.0}, step=t.size)
     ranks = f", {d.world_size} ranks: global batch {parts.global_batch}" if d.world_size > 1 else ""
-    data = parts.info.name + (" (SYNTHETIC)" if parts.info.synthetic else "")
+    data = parts.spec.name + (" (SYNTHETIC)" if parts.spec.synthetic else "")
     log.info("training %s on %s: %d steps (%d per epoch), batch %d per device%s", type(parts.models.raw).__name__, data,
              parts.total_steps, len(parts.train_batches), run.loader.batch_size, ranks)  # fmt: skip
 
 
-def _report(run: RunConfig, metrics: dict, *, steps: int, device, train_batches, precision: Precision, tracker: Tracker, gpu) -> Verdict:
+def _report(run: RunConfig, metrics: dict, *, steps: int, device, parts: Parts, tracker: Tracker, gpu) -> Verdict:
     """The bottleneck report: to the console, report.md and TensorBoard."""
+    train_batches, precision = parts.train_batches, parts.precision
     facts = RunFacts(
         device=device.type,
         batch_size=run.loader.batch_size,
         num_workers=train_batches.num_workers,
         cpus=cpus_per_process(),
         resident=run.loader.resident,
-        in_memory=isinstance(getattr(train_batches.dataset, "base", train_batches.dataset), ImageTensors),  # base: under SampleAugment
+        in_memory=parts.spec.in_memory,
+        image=parts.spec.image,
         placement=run.augmentation.placement,
         persistent_workers=run.loader.persistent_workers,
         pin_memory=run.loader.pin_memory is True or (run.loader.pin_memory == "auto" and device.type == "cuda"),
@@ -279,64 +428,16 @@ def _seeded(cfg: TrainerConfig):
         torch.backends.cudnn.benchmark = before[1]
 
 
-def _setup_loaders(
-    cfg: LoaderConfig,
-    aug: AugmentationConfig,
-    train_set,
-    val_set,
-    info: DataInfo,
-    device: torch.device,
-    trainer: TrainerConfig,
-    tracker: Tracker,
-    d: Dist,
-):
-    """Training and validation batches. Augmentation is placed here, once: per sample in the
-    training dataset (cpu), or on the device in the training pipeline (gpu)."""
-    if cfg.batch_size * d.world_size > len(train_set):
-        ranks = f" across {d.world_size} ranks" if d.world_size > 1 else ""
-        raise UserError(f"loader.batch_size={cfg.batch_size}: larger than the training set ({len(train_set)} samples{ranks})")
-    schedule = Schedule.from_config(aug) if aug.placement != "none" else None
-    if aug.placement == "cpu":
-        train_set = SampleAugment(train_set, schedule, seed=trainer.seed)
-    workers = auto_workers(per_sample_work=aug.placement == "cpu") if cfg.num_workers == "auto" else cfg.num_workers
-    pin = device.type == "cuda" if cfg.pin_memory == "auto" else cfg.pin_memory
-
-    pipeline = functools.partial(_pipeline, cfg, info, device, trainer)
-    train_pipeline = pipeline(
-        augment=_device_augment(aug, trainer.seed + 1_000_003 * d.rank),  # ranks draw differently
-        preview=Preview(tracker.images, schedule, aug.preview_images) if aug.preview_images else None,
-    )
-    if cfg.resident:
-        train_set, val_set = (d.materialize() if hasattr(d, "materialize") else d for d in (train_set, val_set))
-        ranks = dict(seed=trainer.seed, rank=d.rank, world_size=d.world_size)
-        train = ResidentLoader(train_set, cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **ranks)
-        val = ResidentLoader(val_set, cfg, pipeline(), train=False, limit_batches=trainer.limit_val_batches, **ranks)
-    else:
-        common = dict(seed=trainer.seed, num_workers=workers, pin_memory=pin, rank=d.rank, world_size=d.world_size)
-        train = StreamLoader(train_set, cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **common)
-        val = StreamLoader(val_set, cfg, pipeline(), train=False, limit_batches=trainer.limit_val_batches, **common)
-    stages = " -> ".join(f"{p.name} from epoch {e}" for e, p in schedule.stages) if schedule else ""
-    kind = f"resident on {train.home}" if cfg.resident else f"{workers} workers, pin_memory={pin}"
-    log.info("loader: batch %d, %s; augmentation: %s %s", cfg.batch_size, kind, aug.placement, stages)
-    return train, val
-
-
-def _pipeline(cfg: LoaderConfig, info: DataInfo, device: torch.device, trainer: TrainerConfig, **kwargs) -> DevicePipeline:
-    return DevicePipeline(device, info.mean, info.std, non_blocking=cfg.non_blocking, channels_last=trainer.channels_last, **kwargs)
-
-
-def _device_augment(aug: AugmentationConfig, seed: int) -> BatchAugment | None:
-    return BatchAugment(Schedule.from_config(aug), seed=seed) if aug.placement == "gpu" else None
-
-
-def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, train_set, info: DataInfo, device: torch.device, d: Dist):
+def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, task: Task, train_set, spec: DataSpec, device: torch.device,
+                     d: Dist):  # fmt: skip
     """loader.batch_size=auto: the cached choice for this key, or a search (saturate.batch_size).
     Under DDP each rank searches on its own device with the plain model (no collectives in
     the trials) and the smallest choice wins, so it fits everywhere."""
     cfg = run.batch_search
     key = {
-        "model": run.model,
-        "input": [info.channels, info.height, info.width],
+        "model": _described(run.model, models.raw if not isinstance(run.model, dict) else None),
+        "input": [*spec.input_shape, str(spec.input_dtype)],
+        "task": task.kind,
         "precision": precision.name,
         "compile": run.trainer.compile,
         "channels_last": run.trainer.channels_last,
@@ -353,15 +454,14 @@ def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, train
 
     start = time.perf_counter()
     order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(run.trainer.seed))
-
-    def fetch(size: int):  # a host batch of `size` real training samples
-        index = order[:size].tolist()
-        return train_set.__getitems__(index) if hasattr(train_set, "__getitems__") else default_collate([train_set[i] for i in index])
-
     optimizer = instantiate(run.optim.optimizer)(models.raw.parameters())  # the run's kind, thrown away afterwards
-    pipeline = _pipeline(run.loader, info, device, run.trainer, augment=_device_augment(run.augmentation, run.trainer.seed))
+    augment = device_augment(run.augmentation, run.trainer.seed)
+    pipeline = build_pipeline(run.loader, spec, task.target_dtype, device, run.trainer, augment=augment)
     model = models.train if d.world_size == 1 else models.eval
-    measure = measure_with(model, optimizer, precision, pipeline, fetch, steps=cfg.steps, device=device)
+    guard = NonFiniteGuard(skip=False, check_grads=False, max_consecutive=1, device=device)  # reads nothing per step
+    step = TrainStep(model, optimizer, precision, guard, loss=task.loss, grad_clip=0.0, recover_oom=False)
+    fetch = lambda size: _host_batch(train_set, order[:size].tolist())  # a host batch of `size` real training samples
+    measure = measure_with(step, optimizer, pipeline, fetch, steps=cfg.steps, device=device)
     chosen, trials = restoring(models.raw, lambda: search(measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety))
     chosen = d.minimum(chosen)
     if d.is_main:
@@ -371,15 +471,63 @@ def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, train
     return chosen, trials
 
 
-def _setup_model(node: dict, info: DataInfo, device: torch.device, trainer: TrainerConfig, precision: Precision, d: Dist,
-                 batch_size: int) -> Models:  # fmt: skip
+def model_arguments(target: Callable, node: dict, spec: DataSpec) -> dict[str, Any]:
+    """The data-derived arguments `target`'s signature names (and the node does not set):
+    in_channels (the input's first dimension: C of (C, H, W)), in_features (its last: F of
+    (T, F) or (F,)), input_shape, num_classes (classification), num_outputs (classes, or
+    values per target)."""
     try:
-        raw = instantiate(node, in_channels=info.channels, num_classes=info.num_classes)
-    except Exception as e:  # a bad value in the model node, e.g. model.norm=foo
-        cause = e.__cause__ or e
-        raise UserError(f"model: cannot build {node['_target_']}: {cause}") from None
+        names = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return {}
+    shape = spec.input_shape or (1,)
+    values = {"in_channels": shape[0], "in_features": shape[-1], "input_shape": tuple(spec.input_shape), "num_outputs": spec.num_outputs}
+    if spec.classes:
+        values["num_classes"] = spec.num_classes
+    return {k: v for k, v in values.items() if k in names and k not in node and k in DATA_ARGUMENTS}
+
+
+def _check_outputs(model: nn.Module, x: torch.Tensor, spec: DataSpec, task: Task, precision: Precision) -> None:
+    """One forward pass on two real samples (eval mode, no gradients: nothing moves), so a
+    model that does not fit the data fails now, with the shapes, not in the first step."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), precision.autocast():
+            out = model(x)
+    except RuntimeError as e:  # torch's shape and dtype mismatches; anything else is a bug in the model, with its traceback
+        raise UserError(
+            f"model: {type(model).__name__} cannot take the data's inputs ({spec.describe()}; a batch of "
+            f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}): {type(e).__name__}: {str(e).splitlines()[0]}",
+        ) from None
+    finally:
+        model.train(was_training)
+    n = len(x)
+    if not isinstance(out, torch.Tensor):
+        raise UserError(f"model: {type(model).__name__} returns a {type(out).__name__}; saturate needs one tensor of outputs")
+    want = (n, task.num_classes) if task.kind == "classification" else None
+    if want is not None and tuple(out.shape) != want:
+        raise UserError(f"model: {type(model).__name__} returns outputs of shape {tuple(out.shape)} for a batch of {n}; task=classification"
+                        f" with {task.num_classes} classes needs {want} (the model's num_classes/num_outputs argument)")  # fmt: skip
+    if want is None and out.numel() != n * task.num_outputs:
+        raise UserError(f"model: {type(model).__name__} returns outputs of shape {tuple(out.shape)} for a batch of {n}; task=regression "
+                        f"with targets of shape {spec.target_shape} needs {task.num_outputs} value(s) per sample")  # fmt: skip
+
+
+def _setup_model(node: dict, spec: DataSpec, task: Task, device: torch.device, trainer: TrainerConfig, precision: Precision, d: Dist,
+                 example: tuple[torch.Tensor, torch.Tensor], given: nn.Module | None) -> Models:  # fmt: skip
+    """The model, built from its node with the data-derived arguments it names (or the one
+    passed in), checked on two samples, on the device, maybe SyncBN, DDP and compiled.
+    `example`: a device batch of real samples."""
+    if given is not None:
+        raw = given
+    else:
+        raw = _build({**node, **model_arguments(get_method(node["_target_"]), node, spec)}, "model")
+    if not isinstance(raw, nn.Module):
+        raise UserError(f"model: {type(raw).__name__} is not a torch.nn.Module")
     memory_format = torch.channels_last if trainer.channels_last else torch.preserve_format
     raw = raw.to(device=device, memory_format=memory_format)
+    _check_outputs(raw, example[0][:2], spec, task, precision)
     n_params = sum(p.numel() for p in raw.parameters())
     log.info("model: %s, %.2fM parameters%s", type(raw).__name__, n_params / 1e6, ", channels_last" if trainer.channels_last else "")
     if trainer.sync_batchnorm:
@@ -392,12 +540,11 @@ def _setup_model(node: dict, info: DataInfo, device: torch.device, trainer: Trai
     wrapped = wrap(raw, d, device)
     if not trainer.compile:
         return Models(wrapped, raw, raw)
-    example = torch.randn(batch_size, info.channels, info.height, info.width, device=device).contiguous(memory_format=memory_format)
-    compiled = _compile(wrapped, raw, example, precision)
+    compiled = _compile(wrapped, raw, example, precision, task)
     return Models(compiled, compiled if d.world_size == 1 else raw, raw)
 
 
-def _compile(model: nn.Module, raw: nn.Module, example: torch.Tensor, precision: Precision) -> nn.Module:
+def _compile(model: nn.Module, raw: nn.Module, example: tuple[torch.Tensor, torch.Tensor], precision: Precision, task: Task) -> nn.Module:
     """torch.compile, warmed up on one forward/backward so that a failure shows now (and the
     run goes on in eager mode with one warning) and the compile time is reported apart."""
     saved = copy.deepcopy(raw.state_dict())  # the warm-up must not move BatchNorm statistics
@@ -405,8 +552,8 @@ def _compile(model: nn.Module, raw: nn.Module, example: torch.Tensor, precision:
     start = time.perf_counter()
     try:
         with precision.autocast():
-            out = compiled(example)
-        out.float().sum().backward()
+            loss = task.loss(compiled(example[0]), example[1])
+        loss.backward()
         log.info("torch.compile: compiled in %.1fs", time.perf_counter() - start)
     except Exception as e:
         log.warning("torch.compile failed (%s: %s); training in eager mode", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
@@ -433,14 +580,15 @@ def _swept(run: RunConfig) -> dict:
     return columns
 
 
-def _hparams(run: RunConfig, precision: Precision, info: DataInfo) -> dict:
+def _hparams(run: RunConfig, parts: Parts) -> dict:
     """The columns of this run in TensorBoard's HParams tab: the overrides it was given
     (every job of a sweep has the same keys), then its main settings."""
     return {
         **_swept(run),
-        "model": run.model["_target_"].rsplit(".", 1)[-1],
-        "data": info.name,
-        "precision": precision.name,
+        "model": type(parts.models.raw).__name__,
+        "data": parts.spec.name,
+        "task": parts.task.kind,
+        "precision": parts.precision.name,
         "loader.batch_size": run.loader.batch_size,
         "loader.num_workers": run.loader.num_workers,
         "augmentation": run.augmentation.placement,

@@ -12,19 +12,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from saturate.device import OutOfMemory, free_device_memory, is_oom
 from saturate.distributed import no_sync
-from saturate.errors import UserError
 
 log = logging.getLogger(__name__)
-
-
-class OutOfMemory(UserError):
-    """Out of memory even with one sample per micro-batch."""
 
 
 _DDP_OOM = (
@@ -38,20 +34,11 @@ def _alone(ok: bool) -> bool:
     return ok
 
 
-def is_oom(error: BaseException) -> bool:
-    """CUDA's out-of-memory error, in its current form or the older RuntimeError one."""
-    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError) and "out of memory" in str(error))
-
-
-def free_device_memory() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 class TrainStep:
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision, guard, *, grad_clip: float,
-                 micro_batches: int = 1, recover_oom: bool = True, dist=None):  # fmt: skip
-        self.model, self.optimizer, self.precision, self.guard = model, optimizer, precision, guard
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision, guard, *,
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], grad_clip: float, micro_batches: int = 1,
+                 recover_oom: bool = True, dist=None):  # fmt: skip
+        self.model, self.optimizer, self.precision, self.guard, self.loss = model, optimizer, precision, guard, loss
         self.distributed = dist is not None and dist.world_size > 1
         self.agree = dist.agree if self.distributed else _alone  # True only if every rank's answer is True
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -113,7 +100,7 @@ class TrainStep:
 
     def _forward(self, xs: torch.Tensor, ys: torch.Tensor, batch: int) -> torch.Tensor:
         with self.precision.autocast():
-            return F.cross_entropy(self.model(xs), ys) * (len(ys) / batch)  # x1.0 (exact) for one piece
+            return self.loss(self.model(xs), ys) * (len(ys) / batch)  # x1.0 (exact) for one piece
 
     def _backward(self, loss: torch.Tensor) -> None:
         self.precision.scaler.scale(loss).backward()

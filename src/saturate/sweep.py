@@ -19,9 +19,24 @@ FIGURES = [
     ("perf/data_wait_frac", "data wait", "{:.1%}"),
     ("memory/peak_mb", "peak MB", "{:,.0f}"),
     ("gpu/util_mean", "GPU util", "{:.0f}%"),
-    ("val/acc", "val/acc", "{:.4f}"),
     ("time/wall_s", "wall s", "{:.1f}"),
 ]
+# the task's validation metrics, in this order where a job logged them
+TASK_METRICS = [("val/acc", "{:.4f}"), ("val/top5", "{:.4f}"), ("val/mae", "{:.4f}"), ("val/rmse", "{:.4f}"), ("val/r2", "{:.4f}"),
+                ("val/loss", "{:.4f}")]  # fmt: skip
+
+
+def figures(jobs: list[Job]) -> list[tuple[str, str, str]]:
+    """The columns: throughput, data wait, memory, GPU utilisation (when sampled), the task's
+    validation metrics that some job logged (its checkpoint.monitor first), wall time."""
+    logged = {k for j in jobs for k in j.metrics}
+    monitors = [j.metrics["monitor"] for j in jobs if j.metrics.get("monitor", "").startswith("val/")]
+    order = list(dict.fromkeys([*monitors, *(k for k, _ in TASK_METRICS if k != "val/loss")]))
+    task = [(k, k, dict(TASK_METRICS)[k]) for k in order if k in logged and k in dict(TASK_METRICS)]
+    if not task and "val/loss" in logged:
+        task = [("val/loss", "val/loss", "{:.4f}")]
+    base = [f for f in FIGURES if f[0] != "gpu/util_mean" or "gpu/util_mean" in logged]
+    return base[:-1] + task + base[-1:]
 
 
 @dataclass
@@ -69,15 +84,14 @@ def common_overrides(jobs: list[Job]) -> dict[str, str]:
 def rows(jobs: list[Job]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) sorted by throughput, the best marked; failed jobs last."""
     keys = swept_keys(jobs)
-    gpu = any("gpu/util_mean" in j.metrics for j in jobs)
-    figures = [f for f in FIGURES if gpu or f[0] != "gpu/util_mean"]
-    header = ["job", *keys, *(heading for _, heading, _ in figures), "status"]
+    columns = figures(jobs)
+    header = ["job", *keys, *(heading for _, heading, _ in columns), "status"]
     ordered = sorted(jobs, key=lambda j: j.throughput, reverse=True)
     best = ordered[0] if ordered and ordered[0].status == "completed" else None
     table = []
     for job in ordered:
         cells = [str(job.number), *(job.overrides.get(k, "") for k in keys)]
-        for key, _, fmt in figures:
+        for key, _, fmt in columns:
             value = job.metrics.get(key)
             cells.append(fmt.format(value) if isinstance(value, (int, float)) else "-")
         status = job.status if job.status != "failed" else f"failed: {job.metrics.get('error', '')}"
@@ -93,13 +107,14 @@ def markdown(header: list[str], table: list[list[str]]) -> str:
 
 def write_csv(path: Path, jobs: list[Job]) -> None:
     keys = swept_keys(jobs)
+    columns = figures(jobs)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["job", *keys, *(k for k, _, _ in FIGURES), "batch_size", "num_workers", "status", "error"])
+        writer.writerow(["job", *keys, *(k for k, _, _ in columns), "batch_size", "num_workers", "status", "error"])
         for j in sorted(jobs, key=lambda j: j.number):
-            figures = [j.metrics.get(k, "") for k, _, _ in FIGURES]
+            values = [j.metrics.get(k, "") for k, _, _ in columns]
             used = [j.metrics.get("batch_size", ""), j.metrics.get("num_workers", "")]
-            writer.writerow([j.number, *(j.overrides.get(k, "") for k in keys), *figures, *used, j.status, j.metrics.get("error", "")])
+            writer.writerow([j.number, *(j.overrides.get(k, "") for k in keys), *values, *used, j.status, j.metrics.get("error", "")])
 
 
 def plot(jobs: list[Job], out: Path) -> list[Path]:

@@ -1,7 +1,8 @@
-"""Where metrics go: TensorBoard scalars and text, the progress bar, metrics.json.
+"""Where metrics go: the loggers (TensorBoard by default, metrics.csv, a user's own), the
+progress bar, metrics.json.
 
 Tags are the contract names (`train/loss`, `val/acc`, `perf/samples_per_s`, ...), the same in
-TensorBoard and in metrics.json. Only rank 0 writes; other ranks get a tracker that drops
+every logger and in metrics.json. Only rank 0 writes; other ranks get a tracker that drops
 everything, so callers never ask which rank they are on.
 """
 
@@ -16,6 +17,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from saturate.callbacks import builtin_logger
+
 log = logging.getLogger(__name__)
 
 
@@ -27,68 +30,65 @@ def _plain(value: Any) -> Any:
 
 
 class Tracker:
-    def __init__(self, run_dir: Path, *, log_interval: int, progress: bool, enabled: bool = True):
+    def __init__(self, run_dir: Path, *, log_interval: int, progress: bool, enabled: bool = True, loggers: list[Any] = ("tensorboard",),
+                 shown: str = "val/acc"):  # fmt: skip
         self.run_dir, self.log_interval, self.enabled = run_dir, log_interval, enabled
-        self.writer = None  # opened by start(), which knows whether the run resumes
+        self.spec = list(loggers)  # names of built-in loggers, or logger objects
+        self.loggers: list[Any] = []  # opened by start(), which knows whether the run resumes
+        self.shown = shown  # the validation metric the progress bar shows
         # disable=None: tqdm turns itself off when stderr is not a terminal (logs, CI)
         self.bar = tqdm(unit="step", dynamic_ncols=True, disable=None if enabled and progress else True)
         self.latest: dict[str, float] = {}
 
     def start(self, total_steps: int, done: int = 0) -> None:
-        """Open the event file; a run resumed at step `done` first drops any events that an
-        earlier attempt wrote after that step (TensorBoard's purge_step)."""
+        """Open the loggers; a run resumed at step `done` first drops whatever an earlier
+        attempt logged after that step."""
         if self.enabled:
-            from torch.utils.tensorboard import SummaryWriter  # imported here: slow, and rank 0 only
-
-            self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=done + 1 if done else None)
+            self.loggers = [builtin_logger(x, self.run_dir, done) if isinstance(x, str) else x for x in self.spec]
         self.bar.reset(total=total_steps)
         self.bar.update(done)
+
+    def _each(self, method: str, *args) -> None:
+        for logger in self.loggers:
+            fn = getattr(logger, method, None)
+            if callable(fn):
+                fn(*args)
 
     def due(self, step: int) -> bool:
         return step % self.log_interval == 0
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.latest.update(metrics)
-        if self.writer is None:
-            return
-        for tag, value in metrics.items():
-            self.writer.add_scalar(tag, value, step)
+        self._each("log_metrics", metrics, step)
 
     def progress(self, step: int, epoch: int) -> None:
         """Advance the bar to `step` and show the latest loss and throughput."""
         self.bar.update(step - self.bar.n)
         shown = {"epoch": epoch}
-        for tag, fmt in (("train/loss", "{:.4f}"), ("val/acc", "{:.4f}"), ("perf/samples_per_s", "{:.0f}")):
+        for tag, fmt in (("train/loss", "{:.4f}"), (self.shown, "{:.4f}"), ("perf/samples_per_s", "{:.0f}")):
             if tag in self.latest:
                 shown[tag.split("/")[1]] = fmt.format(self.latest[tag])
         self.bar.set_postfix(shown, refresh=False)
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
-        if self.writer is not None:
-            self.writer.add_text(tag, text, step)
+        self._each("log_text", tag, text, step)
 
     def images(self, tag: str, images, step: int) -> None:
         """A grid of images (N, C, H, W) in [0, 1]."""
-        if self.writer is not None:
-            self.writer.add_images(tag, images.detach().float().cpu(), step)
+        if self.loggers:
+            self._each("log_images", tag, images.detach().float().cpu(), step)
 
     def hparams(self, params: dict[str, Any], metrics: dict[str, float], step: int) -> None:
         """One HParams entry for this run: `params` as columns, `metrics` (logged as scalars
         under the same tags at the final step) as the compared values."""
-        if self.writer is None:
-            return
-        from torch.utils.tensorboard.summary import hparams
-
         finite = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-        experiment, session_start, session_end = hparams({k: _plain(v) for k, v in params.items()}, finite)
-        for summary in (experiment, session_start, session_end):
-            self.writer.file_writer.add_summary(summary)
+        self._each("log_hparams", {k: _plain(v) for k, v in params.items()}, finite)
         self.log(finite, step)
 
     def close(self) -> None:
         self.bar.close()
-        if self.writer is not None:
-            self.writer.close()
+        self._each("close")
+        self.loggers = []
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -1,45 +1,222 @@
+"""The data contract, and what saturate learns from one look at the data.
+
+A data source is any map-style `Dataset` whose samples are `(input, target)`: tensors or
+numpy arrays (or Python numbers) of any shape and dtype. `describe()` looks at the first
+sample and learns what the run needs: the input's shape and dtype, whether inputs are uint8
+images (C, H, W) that take the image fast paths, the kind of target (class indices or real
+values) and the number of classes. A dataset may say more through optional attributes:
+
+- `classes` (a list of names) or `num_classes`: the number of classes, without a scan;
+- `targets` / `labels` (a tensor, array or list): all the targets, for that count;
+- `synthetic = True`: shown wherever results are reported;
+- `notes = {"data/...": number}`: counts worth reporting (e.g. skipped files);
+- `mean` / `std` (per channel, in [0, 1] units): image normalisation, without a sample.
+"""
+
 from __future__ import annotations
 
+import logging
+import random
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from saturate.errors import ConfigError, DataError, Problem
+
+log = logging.getLogger(__name__)
+
+STATS_SAMPLES = 512  # images read for normalisation statistics when the dataset gives none
+
+
+def fraction(key: str, value) -> None:
+    """A built-in data option's check: `data.<key>` is a number in (0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ConfigError([Problem(f"data.{key}", value, "a number in (0, 1)")])
+
+
+def at_least(key: str, value, low: int) -> None:
+    """A built-in data option's check: `data.<key>` is an integer >= low."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError([Problem(f"data.{key}", value, f"an integer >= {low}")])
+
+
+def as_tensor(value) -> torch.Tensor:
+    """A sample's input or target as a tensor (numpy arrays and Python numbers included)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, (bool, int, float, np.generic)):
+        return torch.tensor(value)
+    raise DataError(f"data: a sample holds a {type(value).__name__}; expected a tensor, a numpy array or a number")
+
 
 @dataclass
-class DataInfo:
+class DataSpec:
+    """What the run knows about its data, learnt from one sample (and the targets)."""
+
     name: str
-    channels: int
-    height: int
-    width: int
-    num_classes: int
-    mean: tuple[float, ...]  # per channel, of the training images scaled to [0, 1]
-    std: tuple[float, ...]
-    synthetic: bool = False  # shown wherever results are reported
-    notes: dict = field(default_factory=dict)  # counts worth reporting (e.g. skipped files)
+    input_shape: tuple[int, ...]  # one sample's, e.g. (C, H, W) or (T, F)
+    input_dtype: torch.dtype
+    target_shape: tuple[int, ...]  # () for a class index or a single value
+    classes: bool  # targets are integer class indices
+    num_classes: int | None  # when `classes`
+    mean: tuple[float, ...] | None = None  # images: per channel, [0, 1] units
+    std: tuple[float, ...] | None = None
+    synthetic: bool = False
+    in_memory: bool = False  # one in-memory tensor (no per-sample decoding)
+    has_val: bool = True
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def image(self) -> bool:
+        """uint8 (C, H, W): copied as uint8, normalised (and augmented) on the device."""
+        return self.input_dtype == torch.uint8 and len(self.input_shape) == 3
+
+    @property
+    def num_outputs(self) -> int:
+        """Values the model predicts per sample: classes, or the target's size."""
+        return self.num_classes if self.classes else int(np.prod(self.target_shape, dtype=np.int64))
+
+    def describe(self) -> str:
+        shape = "x".join(map(str, self.input_shape)) or "scalar"
+        kind = f"{self.num_classes} classes" if self.classes else f"real targets of shape {tuple(self.target_shape)}"
+        return f"{shape} {str(self.input_dtype).removeprefix('torch.')} inputs{' (images)' if self.image else ''}, {kind}"
 
 
-def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and std of uint8 images (N, C, H, W), in [0, 1] units."""
-    x = images.to(torch.float64).div_(255).transpose(0, 1).flatten(1)
-    return tuple(x.mean(1).tolist()), tuple(x.std(1).clamp_min(1e-3).tolist())
+def channel_stats(images: torch.Tensor, chunk: int = 64) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 images (N, C, H, W), in [0, 1] units, summed in
+    chunks: memory stays constant in the number of images."""
+    c = images.shape[1]
+    total, squares, count = torch.zeros(c, dtype=torch.float64), torch.zeros(c, dtype=torch.float64), 0
+    for start in range(0, len(images), chunk):
+        x = images[start : start + chunk].to(torch.float64).div_(255).transpose(0, 1).flatten(1)
+        total += x.sum(1)
+        squares += x.square().sum(1)
+        count += x.shape[1]
+    mean = total / count
+    var = (squares / count - mean.square()).clamp_min(0) * count / max(1, count - 1)
+    return tuple(mean.tolist()), tuple(var.sqrt().clamp_min(1e-3).tolist())
 
 
-class ImageTensors(Dataset):
-    """Images held in memory as one uint8 tensor (N, C, H, W), with int64 labels (N,)."""
+class InMemory(Dataset):
+    """A data set held as two tensors: inputs (N, ...) and targets (N, ...). Batches are
+    gathered in one `index_select` (see `__getitems__`); the resident loader keeps them on
+    the device."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
-        assert images.dtype == torch.uint8 and images.ndim == 4 and len(images) == len(labels)
-        self.images, self.labels = images, labels
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
+        if len(inputs) != len(targets):
+            raise DataError(f"data: {len(inputs)} inputs but {len(targets)} targets")
+        self.inputs, self.targets = inputs, targets
+
+    @property
+    def images(self) -> torch.Tensor:  # the image datasets' names for the same tensors
+        return self.inputs
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self.targets
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.targets)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.images[index], self.labels[index]
+        return self.inputs[index], self.targets[index]
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """A whole batch in one gather; the DataLoader calls this instead of __getitem__ per
         sample (and then collates nothing: see saturate.loader.StreamLoader)."""
         index = torch.tensor(indices)
-        return self.images.index_select(0, index), self.labels.index_select(0, index)
+        return self.inputs.index_select(0, index), self.targets.index_select(0, index)
+
+
+ImageTensors = InMemory  # uint8 images (N, C, H, W) with int64 labels (N,): the built-in image sets
+
+
+def materialize(dataset: Dataset) -> InMemory:
+    """Every sample of `dataset` read once into one pair of tensors (the resident loader)."""
+    if isinstance(dataset, InMemory):
+        return dataset
+    if hasattr(dataset, "materialize"):
+        return dataset.materialize()
+    first = dataset[0]
+    x0, y0 = as_tensor(first[0]), as_tensor(first[1])
+    inputs = torch.empty((len(dataset), *x0.shape), dtype=x0.dtype)
+    targets = torch.empty((len(dataset), *y0.shape), dtype=y0.dtype)
+    for i in range(len(dataset)):
+        x, y = dataset[i]
+        inputs[i], targets[i] = as_tensor(x), as_tensor(y)
+    return InMemory(inputs, targets)
+
+
+def _sample(dataset: Dataset, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    try:
+        n = len(dataset)
+    except TypeError:
+        raise DataError(f"data: the {what} set has no len(); saturate needs a map-style Dataset (__len__ and __getitem__)") from None
+    if n == 0:
+        raise DataError(f"data: the {what} set is empty")
+    sample = dataset[0]
+    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+        raise DataError(f"data: a {what} sample is a {type(sample).__name__}; expected a pair (input, target)")
+    return as_tensor(sample[0]), as_tensor(sample[1])
+
+
+def _all_targets(dataset: Dataset) -> torch.Tensor:
+    """Every target of the set: from its `targets`/`labels` attribute, or read one by one."""
+    for name in ("targets", "labels"):
+        found = getattr(dataset, name, None)
+        if isinstance(found, (torch.Tensor, np.ndarray, list, tuple)) and len(found) == len(dataset):
+            return torch.as_tensor(np.asarray(found)) if not isinstance(found, torch.Tensor) else found
+    log.info("data: reading every target once to count the classes (give the dataset a `classes` or `targets` attribute to skip this)")
+    return torch.stack([as_tensor(dataset[i][1]) for i in range(len(dataset))])
+
+
+def _num_classes(dataset: Dataset) -> int:
+    if isinstance(getattr(dataset, "num_classes", None), int):
+        return dataset.num_classes
+    if isinstance(getattr(dataset, "classes", None), (list, tuple)):
+        return len(dataset.classes)
+    targets = _all_targets(dataset)
+    if targets.numel() and targets.min() < 0:
+        raise DataError(f"data: a class index is {int(targets.min())}; class indices start at 0")
+    return int(targets.max()) + 1
+
+
+def _image_stats(dataset: Dataset) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    if getattr(dataset, "mean", None) is not None and getattr(dataset, "std", None) is not None:
+        return tuple(dataset.mean), tuple(dataset.std)
+    if isinstance(dataset, InMemory):
+        return channel_stats(dataset.inputs)
+    index = random.Random(0).sample(range(len(dataset)), min(len(dataset), STATS_SAMPLES))
+    return channel_stats(torch.stack([as_tensor(dataset[i][0]) for i in index]))
+
+
+def describe(train: Dataset, val: Dataset | None, *, name: str, classes: bool) -> DataSpec:
+    """Learn what the run needs from the training set's first sample (and its targets, to
+    count classes when `classes`); check that the validation set's samples look the same."""
+    x, y = _sample(train, "training")
+    if val is not None:
+        vx, vy = _sample(val, "validation")
+        if vx.shape != x.shape or vx.dtype != x.dtype:
+            raise DataError(f"data: validation inputs are {vx.dtype} {tuple(vx.shape)}, training inputs {x.dtype} {tuple(x.shape)}; "
+                            "they must match")  # fmt: skip
+    integer = not (y.is_floating_point() or y.is_complex())
+    if classes and (not integer or y.ndim != 0):
+        dtype = str(y.dtype).removeprefix("torch.")
+        raise DataError(f"task=classification: the targets are {dtype} of shape {tuple(y.shape)}; classification needs one "
+                        "integer class index per sample. For real-valued targets use task=regression")  # fmt: skip
+    spec = DataSpec(
+        name=name, input_shape=tuple(x.shape), input_dtype=x.dtype, target_shape=tuple(y.shape), classes=classes,
+        num_classes=_num_classes(train) if classes else None, synthetic=bool(getattr(train, "synthetic", False)),
+        in_memory=isinstance(train, InMemory), has_val=val is not None, notes=dict(getattr(train, "notes", {}) or {}),
+    )  # fmt: skip
+    if classes and spec.num_classes < 2:
+        raise DataError(f"data: {spec.num_classes} class(es) in the training targets; classification needs at least 2")
+    if spec.image:
+        spec.mean, spec.std = _image_stats(train)
+        if len(spec.mean) != x.shape[0]:
+            raise DataError(f"data: {len(spec.mean)} normalisation values (mean/std) for {x.shape[0]} image channels")
+    return spec

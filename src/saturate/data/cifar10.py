@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from saturate.data.base import DataInfo, ImageTensors, channel_stats
+from saturate.data.base import InMemory
 from saturate.errors import DataError
 
 FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
@@ -29,20 +29,19 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"data.root: {path} is not a CIFAR-10 python batch ({type(e).__name__}: {e})") from None
 
 
-def load_cifar10(cfg) -> tuple[ImageTensors, ImageTensors, DataInfo]:
+def load_cifar10(*, root: str) -> tuple[InMemory, InMemory]:
     """CIFAR-10 from the standard python-pickle batches under `data.root` (never downloaded):
     the 50,000 training images for training, the 10,000 test images for validation."""
-    root = Path(cfg.root).expanduser()
+    root = Path(root).expanduser()
     folder = find_batches(root)
     if folder is None:
         raise DataError(
-            f"data.root={cfg.root!r}: no CIFAR-10 python batches there (looked for {', '.join(FILES)} in {root} and "
+            f"data.root={str(root)!r}: no CIFAR-10 python batches there (looked for {', '.join(FILES)} in {root} and "
             f"{root / 'cifar-10-batches-py'}). Download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html, "
             f"extract it, and pass data.root=<the extracted folder>; saturate downloads nothing."
         )
     parts = [_read(folder / name) for name in FILES[:5]]
-    train = ImageTensors(torch.from_numpy(np.concatenate([x for x, _ in parts])), torch.from_numpy(np.concatenate([y for _, y in parts])))
+    train = InMemory(torch.from_numpy(np.concatenate([x for x, _ in parts])), torch.from_numpy(np.concatenate([y for _, y in parts])))
     x, y = _read(folder / "test_batch")
-    val = ImageTensors(torch.from_numpy(x), torch.from_numpy(y))
-    mean, std = channel_stats(train.images)
-    return train, val, DataInfo("cifar10", 3, 32, 32, 10, mean, std)
+    train.num_classes = 10
+    return train, InMemory(torch.from_numpy(x), torch.from_numpy(y))

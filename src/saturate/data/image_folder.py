@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from saturate.data.base import DataInfo, ImageTensors, channel_stats
-from saturate.errors import DataError
+from saturate.data.base import InMemory, fraction
+from saturate.errors import ConfigError, DataError, Problem
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,10 @@ class ImageFiles(Dataset):
         except OSError as e:  # decoded at start-up: changed on disk since
             raise DataError(f"cannot read {self.files[index]} ({type(e).__name__}: {e}); it decoded at start-up") from None
 
-    def materialize(self) -> ImageTensors:
+    def materialize(self) -> InMemory:
         """Decode every file now, into one uint8 tensor in memory (for the resident loader)."""
         images = torch.stack([self[i][0] for i in range(len(self))])
-        return ImageTensors(images, self.labels)
+        return InMemory(images, self.labels)
 
 
 def _scan(folder: Path, classes: list[str], strict: bool) -> tuple[list[Path], list[int], list[str]]:
@@ -77,47 +77,49 @@ def _scan(folder: Path, classes: list[str], strict: bool) -> tuple[list[Path], l
     return files, labels, skipped
 
 
-def load_image_folder(cfg) -> tuple[ImageFiles, ImageFiles, DataInfo]:
+def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction: float, split_seed: int,
+                      strict: bool) -> tuple[ImageFiles, ImageFiles]:  # fmt: skip
     """Class sub-folders under `data.root` (root/<class>/*.png|jpg|...). If root has train/
     and val/ sub-folders, those are the split; otherwise a stratified `val_fraction` split.
     Every file is decoded once at start-up (in threads) to find broken ones before training:
     unreadable, truncated or non-image files are skipped, each named in a warning and
     counted (metrics `data/skipped_files`), or with data.strict=true the first one is an
     error naming the file."""
-    root = Path(cfg.root).expanduser()
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
+        raise ConfigError([Problem("data.image_size", image_size, "an integer >= 1")])
+    if channels not in (1, 3):
+        raise ConfigError([Problem("data.channels", channels, "one of 1, 3")])
+    fraction("val_fraction", val_fraction)
+    given, root = root, Path(root).expanduser()
     if not root.is_dir():
-        raise DataError(f"data.root={cfg.root!r}: no such folder; expected class sub-folders (root/<class>/<image files>)")
+        raise DataError(f"data.root={given!r}: no such folder; expected class sub-folders (root/<class>/<image files>)")
     split = (root / "train").is_dir() and (root / "val").is_dir()
     base = root / "train" if split else root
     classes = sorted(p.name for p in base.iterdir() if p.is_dir())
     if len(classes) < 2:
-        raise DataError(f"data.root={cfg.root!r}: found {len(classes)} class sub-folder(s) in {base}; need at least 2")
+        raise DataError(f"data.root={given!r}: found {len(classes)} class sub-folder(s) in {base}; need at least 2")
 
-    files, labels, skipped = _scan(base, classes, cfg.strict)
+    files, labels, skipped = _scan(base, classes, strict)
     if split:
-        val_files, val_labels, val_skipped = _scan(root / "val", classes, cfg.strict)
+        val_files, val_labels, val_skipped = _scan(root / "val", classes, strict)
         skipped += val_skipped
     else:
         order = list(range(len(files)))
-        random.Random(cfg.split_seed).shuffle(order)
+        random.Random(split_seed).shuffle(order)
         val_idx = set()
         for label in range(len(classes)):  # stratified: the same share of every class
             members = [i for i in order if labels[i] == label]
-            val_idx.update(members[: round(len(members) * cfg.val_fraction)])
+            val_idx.update(members[: round(len(members) * val_fraction)])
         val_files, val_labels = [files[i] for i in sorted(val_idx)], [labels[i] for i in sorted(val_idx)]
         files, labels = (
             [files[i] for i in range(len(files)) if i not in val_idx],
             [labels[i] for i in range(len(labels)) if i not in val_idx],
         )
     if not files or not val_files:
-        raise DataError(f"data.root={cfg.root!r}: no readable images for {'training' if not files else 'validation'}")
+        raise DataError(f"data.root={given!r}: no readable images for {'training' if not files else 'validation'}")
 
-    train = ImageFiles(files, labels, cfg.image_size, cfg.channels)
-    val = ImageFiles(val_files, val_labels, cfg.image_size, cfg.channels)
-    sample = random.Random(0).sample(range(len(train)), min(len(train), 512))  # normalisation statistics
-    mean, std = channel_stats(torch.stack([train[i][0] for i in sample]))
-    info = DataInfo(
-        "image_folder", cfg.channels, cfg.image_size, cfg.image_size, len(classes), mean, std, notes={"data/skipped_files": len(skipped)}
-    )
+    train = ImageFiles(files, labels, image_size, channels)
+    val = ImageFiles(val_files, val_labels, image_size, channels)
+    train.classes, train.notes = classes, {"data/skipped_files": len(skipped)}
     log.info("image_folder: %d classes, %d train / %d val images, %d skipped", len(classes), len(train), len(val), len(skipped))
-    return train, val, info
+    return train, val

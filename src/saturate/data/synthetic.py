@@ -2,21 +2,25 @@ from __future__ import annotations
 
 import torch
 
-from saturate.data.base import DataInfo, ImageTensors, channel_stats
+from saturate.data.base import InMemory, at_least
 
 
-def make_synthetic(cfg) -> tuple[ImageTensors, ImageTensors, DataInfo]:
+def make_synthetic(*, num_train: int, num_val: int, channels: int, height: int, width: int, num_classes: int,
+                   seed: int) -> tuple[InMemory, InMemory]:  # fmt: skip
     """SYNTHETIC data for throughput work: uniform noise images, each class shifted by its
     own fixed pattern so that a model can learn something. Labelled synthetic everywhere."""
-    g = torch.Generator().manual_seed(cfg.seed)
-    shape = (cfg.channels, cfg.height, cfg.width)
-    patterns = torch.randint(-40, 41, (cfg.num_classes, *shape), generator=g)
+    for key, value in (("num_train", num_train), ("num_val", num_val), ("channels", channels), ("height", height), ("width", width)):
+        at_least(key, value, 1)
+    at_least("num_classes", num_classes, 2)
+    g = torch.Generator().manual_seed(seed)
+    shape = (channels, height, width)
+    patterns = torch.randint(-40, 41, (num_classes, *shape), generator=g)
 
-    def split(n: int) -> ImageTensors:
-        labels = torch.randint(0, cfg.num_classes, (n,), generator=g)
+    def split(n: int) -> InMemory:
+        labels = torch.randint(0, num_classes, (n,), generator=g)
         noise = torch.randint(0, 256, (n, *shape), generator=g)
-        return ImageTensors((noise + patterns[labels]).clamp_(0, 255).to(torch.uint8), labels)
+        return InMemory((noise + patterns[labels]).clamp_(0, 255).to(torch.uint8), labels)
 
-    train, val = split(cfg.num_train), split(cfg.num_val)
-    mean, std = channel_stats(train.images)
-    return train, val, DataInfo("synthetic", *shape, cfg.num_classes, mean, std, synthetic=True)
+    train, val = split(num_train), split(num_val)
+    train.synthetic, train.num_classes = True, num_classes
+    return train, val

@@ -1,0 +1,38 @@
+"""What Hydra must know before it composes saturate's config: the schema (`base_config`,
+heading conf/config.yaml's defaults list) and the resolvers the run directory's name uses.
+
+Registered by an explicit call, never as a side effect of an import: train.py (through
+saturate.cli), `saturate.fit` and anything else that composes conf/ call `register()`
+first. Calling it again does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from saturate.config import RunConfig
+from saturate.distributed import rank_zero, shared_value
+
+
+def _run_stamp() -> str:
+    """The run directory's name below outputs/runs: date/time to the microsecond, so two runs
+    started in the same second still get directories of their own. Under torchrun, rank 0's
+    (every rank resolves it before the run starts): one directory per run."""
+    return shared_value(lambda: datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f"))
+
+
+def _rank_suffix() -> str:
+    """ "" on rank 0, ".rank<r>" on the others (their log files in the shared run dir)."""
+    return "" if rank_zero() else f".rank{os.environ.get('RANK')}"
+
+
+def register() -> None:
+    """Store the schema in Hydra's ConfigStore and register saturate's resolvers."""
+    ConfigStore.instance().store(name="base_config", node=RunConfig)
+    OmegaConf.register_new_resolver("saturate_stamp", _run_stamp, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("saturate_rank_suffix", _rank_suffix, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("saturate_hydra_subdir", lambda: ".hydra" if rank_zero() else None, use_cache=True, replace=True)
