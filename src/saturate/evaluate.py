@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torchmetrics import MeanMetric
 
 from saturate.precision import Precision
 from saturate.task import Task
@@ -24,8 +25,6 @@ class Evaluator:
 
     @torch.no_grad()
     def run(self) -> dict[str, float]:
-        from torchmetrics import MeanMetric
-
         was_training = self.model.training
         self.model.eval()
         device = next(self.model.parameters()).device

@@ -23,6 +23,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+# Imported with saturate, not at the first evaluation: imported mid-run (after the training
+# threads started), torchmetrics' own imports (scipy's OpenBLAS among them) left the steps
+# after it 15-20 % slower on a 2-core CPU (measured: docs/benchmarks.md).
+from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, R2Score
+from torchmetrics.classification import MulticlassAccuracy
+
 KINDS = ("classification", "regression")
 REGRESSION_LOSSES = ("mse", "l1", "huber")
 # metric -> whether larger is better; `val/loss` and `train/loss` are lower-is-better everywhere
@@ -60,9 +66,6 @@ class Task:
     def metrics(self, device: torch.device):
         """A fresh torchmetrics collection on `device` for one evaluation. Its states
         accumulate on the device and are summed across DDP ranks by `compute()`."""
-        from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, R2Score
-        from torchmetrics.classification import MulticlassAccuracy
-
         if self.kind == "classification":
             k = self.num_classes
             metrics = {"val/acc": MulticlassAccuracy(k, average="micro")}
