@@ -5,6 +5,7 @@ is lost."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -56,8 +57,57 @@ def incompatible_checkpoint(tmp: Path) -> list[str]:
     return [f"trainer.resume={tmp / 'small'}", "model.width=16"]
 
 
+def lab_tiff_folder(tmp: Path) -> list[str]:
+    from PIL import Image
+
+    write_digits(tmp / "lab", size=8)
+    lab = tmp / "lab" / "3" / "lab.tif"
+    Image.new("LAB", (8, 8)).save(lab)  # PIL cannot convert LAB to greyscale
+    return ["data=image_folder", f"data.root={tmp / 'lab'}", "data.channels=1", "data.strict=true"]
+
+
+def empty_class_folder(tmp: Path) -> list[str]:
+    write_digits(tmp / "gap", size=8)
+    (tmp / "gap" / "zz_empty").mkdir()
+    return ["data=image_folder", f"data.root={tmp / 'gap'}"]
+
+
+def cache_under_a_file(tmp: Path) -> list[str]:
+    (tmp / "afile").write_text("not a folder")
+    return ["loader.batch_size=auto", f"batch_search.cache={tmp / 'afile' / 'cache.json'}"]
+
+
+def run_dir_under_a_file(tmp: Path) -> list[str]:
+    (tmp / "afile").write_text("not a folder")
+    return [f"run_dir={tmp / 'afile' / 'run'}"]
+
+
 # (name, overrides or a function of tmp_path giving them, what the message must say)
 BAD_INPUTS = [
+    ("negative seed", ["trainer.seed=-1"], "trainer.seed=-1: expected an integer in [0, 4294967295]"),
+    ("seed above 2**32 - 1", ["trainer.seed=4294967296"], "trainer.seed=4294967296: expected an integer in [0, 4294967295]"),
+    ("negative split seed", ["data.split_seed=-1"], "data.split_seed=-1: expected an integer in [0, 4294967295]"),
+    ("unresolvable interpolation", ["trainer.max_epochs=${oops}"], "trainer.max_epochs='${oops}': expected a value that resolves"),
+    ("a removed group node", ["~trainer"], "trainer='(removed)': expected the trainer node: it cannot be removed"),
+    ("an optimizer that is a module", ["optim.optimizer._target_=torch.nn.Identity"], "builds a Identity, not a torch.optim.Optimizer"),
+    ("a model that is a dict", ["model._target_=builtins.dict", "~model.width", "~model.norm"], "model: dict is not a torch.nn.Module"),
+    ("rotation 400 on the device", ["augmentation=gpu", "augmentation.rotation=400"], "augmentation.rotation=400.0: expected a number"),
+    ("rotation 400 in the workers", ["augmentation=cpu", "augmentation.rotation=400"], "augmentation.rotation=400.0: expected a number"),
+    ("rotation NaN", ["augmentation=gpu", "augmentation.rotation=nan"], "augmentation.rotation=nan: expected a finite number"),
+    ("monitor interval NaN", ["monitor.interval_s=nan"], "monitor.interval_s=nan: expected a finite number"),
+    ("gradient clip NaN", ["trainer.grad_clip=nan"], "trainer.grad_clip=nan: expected a finite number"),
+    ("loader timeout NaN", ["loader.timeout_s=nan"], "loader.timeout_s=nan: expected a finite number"),
+    ("learning rate NaN", ["optim.optimizer.lr=nan"], "optim.optimizer.lr=nan: expected a finite number"),
+    ("a new top-level key", ["+new.key=1"], "new={'key': 1}: expected one of the top-level keys"),
+    ("accumulate more than the batch", ["trainer.accumulate=64"], "trainer.accumulate=64: expected at most loader.batch_size (32)"),
+    ("a synthetic set too large for memory", ["data=synthetic", "data.num_train=2000000000"], "GiB in memory, more than the"),
+    ("a last batch of one with BatchNorm", ["loader.drop_last=false", "loader.batch_size=359", "trainer.limit_train_batches=-1"],
+     "loader.drop_last=False: expected true: the last training batch would hold 1 sample"),
+    ("an image PIL cannot convert", lab_tiff_folder, "lab.tif is not a readable image"),
+    ("an empty class folder", empty_class_folder, "zz_empty holds no files"),
+    ("an empty data.root", ["data=image_folder", "data.root="], "data.root='': expected a folder of class sub-folders"),
+    ("a cache path under a file", cache_under_a_file, "batch_search.cache: cannot write to"),
+    ("a run dir under a file", run_dir_under_a_file, "run_dir: cannot write to"),
     ("negative workers", ["loader.num_workers=-1"], "loader.num_workers=-1: expected an integer >= 0 or 'auto'"),
     ("zero batch size", ["loader.batch_size=0"], "loader.batch_size=0: expected an integer >= 1"),
     ("batch larger than the data", ["loader.batch_size=5000"], "loader.batch_size=5000: larger than the training set (1437 samples)"),
@@ -99,6 +149,47 @@ def test_bad_input_is_one_short_message(make_cfg, tmp_path, name, given, says):
     message = str(err.value)
     assert says in message
     assert len(message) < 600 and "Traceback" not in message
+
+
+def test_an_unreadable_class_folder_is_an_error_naming_it(make_cfg, tmp_path, monkeypatch):
+    """As root (CI) permissions do not stop reads, so the refusal is injected where os.walk
+    meets it."""
+    import saturate.data.image_folder as image_folder
+
+    write_digits(tmp_path / "locked", size=8)
+    real_walk = os.walk
+
+    def walk(top, onerror=None, **kw):
+        if str(top).endswith("/5"):
+            onerror(PermissionError(errno.EACCES, "Permission denied", str(top)))
+        yield from real_walk(top, onerror=onerror, **kw)
+
+    monkeypatch.setattr(image_folder.os, "walk", walk)
+    with pytest.raises(CompactHydraException, match=r"cannot read the folder .*locked/5 \(Permission denied\); its images would be lost"):
+        saturate.train(make_cfg("data=image_folder", f"data.root={tmp_path / 'locked'}"))
+
+
+def test_a_damaged_batch_size_cache_is_rebuilt_not_fatal(make_cfg, tmp_path):
+    cache = tmp_path / "cache.json"
+    cache.write_text("{ not json")
+    metrics = saturate.train(make_cfg("loader.batch_size=auto", f"batch_search.cache={cache}", "batch_search.max=64"))
+    assert metrics["progress/step"] == 3 and json.loads(cache.read_text())  # searched, and the cache is whole again
+
+
+def test_a_failed_run_records_every_problem(make_cfg):
+    cfg = make_cfg("loader.num_workers=-1", "trainer.eval_interval=0")
+    with pytest.raises(CompactHydraException):
+        saturate.train(cfg)
+    error = json.loads((Path(cfg.run_dir) / "metrics.json").read_text())["error"]
+    assert "loader.num_workers=-1: expected an integer >= 0 or 'auto'" in error and "trainer.eval_interval=0" in error
+
+
+def test_a_run_dir_hydra_cannot_create_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("not a folder")
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *TINY, f"hydra.run.dir={tmp_path / 'afile' / 'run'}"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"error: cannot write {tmp_path / 'afile'}" in result.stderr
 
 
 def test_there_are_at_least_twenty():

@@ -57,7 +57,9 @@ def test_bad_values_exit_with_every_problem_and_no_traceback(tmp_path):
         "device.memory_fraction=2.0: expected a number in (0, 1]",
     )
     (run_dir,) = run_dirs(tmp_path)  # a failed run still says so, for sweep reports
-    assert read_metrics(run_dir)["status"] == "failed" and read_metrics(run_dir)["error"].startswith("ConfigError: invalid config")
+    error = read_metrics(run_dir)["error"]  # every problem, on one line, as the sweep report shows it
+    assert read_metrics(run_dir)["status"] == "failed" and error.startswith("ConfigError: device.memory_fraction=2.0: expected")
+    assert "loader.num_workers=-1" in error and "trainer.eval_interval=0" in error
 
 
 def test_unknown_option_lists_the_available_ones(tmp_path):

@@ -161,6 +161,8 @@ def test_a_worker_that_hangs_or_dies_is_a_clear_error_and_leaves_no_process(tmp_
     assert time.monotonic() - start < 60
     expected = "no batch within loader.timeout_s=3 s" if how == "hang" else "a worker process died"
     assert str(err.value).startswith(f"loader: {expected}")
+    saved = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"]  # the last completed step
+    assert f"The last completed step ({saved}) is saved" in str(err.value)
     gc.collect()
     deadline = time.monotonic() + 15
     while psutil.Process().children(recursive=True) and time.monotonic() < deadline:

@@ -151,7 +151,11 @@ class Cache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            entries = json.loads(self.path.read_text()) if self.path.is_file() else {}
+            try:
+                entries = json.loads(self.path.read_text()) if self.path.is_file() else {}
+            except (OSError, json.JSONDecodeError) as e:  # a damaged cache loses its entries, not the run
+                log.warning("batch_search.cache: %s is damaged (%s); starting it afresh", self.path, e)
+                entries = {}
             entries[json.dumps(key, sort_keys=True)] = {"batch_size": size, "trials": [asdict(t) for t in trials], "key": key}
             tmp = self.path.with_name(f".{self.path.name}.tmp")
             tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))

@@ -10,7 +10,9 @@ k best are also kept as `top-<epoch>-<step>.pt`.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import pickle
 import random
 import time
 from pathlib import Path
@@ -45,40 +47,56 @@ def atomic_save(obj: Any, path: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # make the rename itself durable
+        finally:
+            os.close(dir_fd)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         cause = _os_error(e)
         if cause is None:
             raise
-        # a full disk, a quota, a vanished mount: the user's to fix
+        # a full disk, a quota, a vanished mount: the user's to fix; the message names this file
         raise CheckpointError(f"cannot write checkpoint {path}: {cause.strerror or cause}; the previous one is intact") from None
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every generator's state as tensors and plain values (loadable with weights_only=True)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = [kind, torch.from_numpy(keys.copy()), pos, has_gauss, gauss]
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def load(path: Path) -> dict[str, Any]:
+    """A checkpoint, read with `torch.load(weights_only=True)`: tensors, numbers, strings and
+    containers only. A file that would need anything else (arbitrary unpickling, which can
+    run code) is refused, never loaded."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(f"trainer.resume: no checkpoint at {path}") from None
+    except pickle.UnpicklingError as e:
+        if "global" not in str(e).lower():  # not a refused object: a damaged or foreign file
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            cause = next((lines[i + 1] for i, line in enumerate(lines[:-1]) if "Unpickler error" in line), lines[-1] if lines else "")
+            raise CheckpointError(f"trainer.resume: cannot read {path} as a checkpoint (damaged or not a checkpoint: {cause})") from None
+        first = next((line.strip() for line in str(e).splitlines() if "global" in line.lower()), "")
+        raise UnsafeCheckpoint(f"trainer.resume: refusing {path}: it holds objects that only arbitrary unpickling could load, which can "
+                              f"run code; saturate loads tensors and plain values only ({first})") from None  # fmt: skip
     except Exception as e:
         raise CheckpointError(f"trainer.resume: cannot read {path} as a checkpoint ({type(e).__name__}: {e})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "step" not in ckpt:
@@ -86,19 +104,65 @@ def load(path: Path) -> dict[str, Any]:
     return ckpt
 
 
+class UnsafeCheckpoint(CheckpointError):
+    """A checkpoint file holding objects that only arbitrary unpickling could load."""
+
+
+OWN_NAMES = ("last.pt", "best.pt", "top-*.pt")  # the only files resume looks at in a folder
+
+
 def newest(directory: Path) -> Path | None:
-    """The complete checkpoint with the most steps in `directory` (None if there is none).
-    Files that do not load are passed over with a warning."""
+    """saturate's own checkpoint (last.pt, best.pt, top-*.pt) with the most steps in
+    `directory` (None if there is none); any other file there is never opened. Files that do
+    not load are passed over with a warning."""
     best: tuple[int, Path] | None = None
-    for path in sorted(directory.glob("*.pt")):
+    for path in sorted({p for pattern in OWN_NAMES for p in directory.glob(pattern)}):
         try:
             step = load(path)["step"]
+        except UnsafeCheckpoint:
+            raise  # someone put it there: say so, do not quietly resume from another file
         except CheckpointError as e:
             log.warning("passing over %s: %s", path, e)
             continue
         if best is None or step > best[0] or (step == best[0] and path.name == "last.pt"):
             best = (step, path)
     return best[1] if best else None
+
+
+def non_finite(state_dict: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the floating-point tensors holding NaN or inf (one host read)."""
+    names = [k for k, t in state_dict.items() if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not names:
+        return []
+    finite = torch.stack([torch.isfinite(state_dict[k]).all() for k in names]).tolist()
+    return [k for k, ok in zip(names, finite, strict=True) if not ok]
+
+
+def _gist(error: BaseException) -> str:
+    """An exception's message on one line (load_state_dict puts the facts after line 1)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    text = " ".join(lines) or type(error).__name__
+    return text if len(text) <= 400 else text[:400] + " ..."
+
+
+def _apply_hyperparameters(optimizer, scheduler, configured: list[dict], base_lrs: list[float]) -> list[str]:
+    """After the saved optimizer and schedule are loaded: put back the hyperparameters this
+    run's config asks for (a changed lr, momentum, weight decay, ...) and recompute the
+    learning rate from the new base at the saved step. Returns what changed, in words."""
+    changed = []
+    for i, (group, wanted) in enumerate(zip(optimizer.param_groups, configured, strict=True)):
+        for key, value in wanted.items():
+            if group.get(key) != value:
+                changed.append(f"group {i} {key} {group.get(key)!r} -> {value!r}")
+                group[key] = value
+    if list(scheduler.base_lrs) != base_lrs:
+        pairs = enumerate(zip(scheduler.base_lrs, base_lrs, strict=True))
+        changed += [f"group {i} lr {old!r} -> {new!r}" for i, (old, new) in pairs if old != new]
+        scheduler.base_lrs = base_lrs
+        for group, base, factor in zip(optimizer.param_groups, base_lrs, scheduler.lr_lambdas, strict=True):
+            group["initial_lr"], group["lr"] = base, base * factor(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    return changed
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -113,6 +177,8 @@ class Checkpointer:
         self.directory, self.cfg, self.interval, self.parts = directory, cfg, interval, parts
         self.config, self.fingerprint, self.enabled = config, fingerprint, enabled
         self.best: float | None = None
+        self.saved_step: int | None = None  # of the last checkpoint written (finite weights)
+        self.resumed_metrics: dict[str, float] = {}  # the metrics saved with the checkpoint resumed from
         self.top: list[tuple[float, str]] = []  # (metric, file name) of the kept top-k files
         self.last_path = directory / "last.pt"
         if enabled:
@@ -128,9 +194,16 @@ class Checkpointer:
     def _better(self, value: float, than: float | None) -> bool:
         return than is None or (value > than if self.cfg.mode == "max" else value < than)
 
-    def state_dict(self, state: Any) -> dict[str, Any]:
+    def last_good(self) -> str:
+        """Where the last checkpoint with finite weights is, in words."""
+        if self.saved_step is None:
+            return f"not saved yet (no checkpoint of this run has finite weights in {self.directory})"
+        return f"{self.last_path} (step {self.saved_step})"
+
+    def state_dict(self, state: Any, metrics: dict[str, float] | None = None) -> dict[str, Any]:
         """`state`: where the run is (its epoch, step and batch_in_epoch attributes)."""
         return {
+            "metrics": {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
             **{name: part.state_dict() for name, part in self.parts.items()},
             "epoch": state.epoch,
             "step": state.step,
@@ -138,6 +211,7 @@ class Checkpointer:
             "best": self.best,
             "top": self.top,
             "rng": rng_state(),
+            "optimizer_class": type(self.parts["optimizer"]).__name__ if "optimizer" in self.parts else None,
             "config": self.config,
             "fingerprint": self.fingerprint,
         }
@@ -148,13 +222,21 @@ class Checkpointer:
         if not self.enabled:
             return 0.0
         start = time.perf_counter()
+        checkpoint = self.state_dict(state, metrics)
+        bad = non_finite(checkpoint["model"])
+        if bad:  # never write a state that cannot be trained on: the previous file stays the last good one
+            log.error("step %d: not saving a checkpoint: %d tensor(s) of the model hold NaN or inf (%s); the last good state is %s",
+                      state.step, len(bad), ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else ""), self.last_good())  # fmt: skip
+            return 0.0
         value = metrics.get(self.cfg.monitor)
+        value = value if value is not None and math.isfinite(value) else None  # a NaN is never "better"
         improved = value is not None and self._better(value, self.best)
         if improved:
             self.best = value
+            checkpoint["best"] = value
         ranked = value is not None and self.cfg.top_k > 1 and (len(self.top) < self.cfg.top_k or self._better(value, self.top[-1][0]))
-        checkpoint = self.state_dict(state)
         atomic_save(checkpoint, self.last_path)
+        self.saved_step = state.step
         if improved:
             atomic_save(checkpoint, self.directory / "best.pt")
         if ranked:
@@ -196,20 +278,31 @@ class Checkpointer:
                 raise CheckpointError(f"trainer.resume={spec!r}: no checkpoint in {path}")
             path = found
         ckpt = load(path)
-        self._warn_changes(ckpt.get("config", {}))
+        optimizer, scheduler = self.parts["optimizer"], self.parts["scheduler"]
+        saved_kind, kind = ckpt.get("optimizer_class"), type(optimizer).__name__
+        if saved_kind is not None and saved_kind != kind:
+            raise CheckpointError(f"trainer.resume: {path} was trained with {saved_kind}, this run's optimizer is {kind}: its state "
+                                  f"(momentum, step counts) cannot carry over; resume with the same optim")  # fmt: skip
+        # the optimizer and schedule as this run's config builds them, to apply on top of the saved state
+        configured = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")} for g in optimizer.param_groups]
+        base_lrs = list(scheduler.base_lrs)
         for name, part in self.parts.items():
             try:
                 part.load_state_dict(ckpt[name])
             except (RuntimeError, ValueError, KeyError) as e:
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise CheckpointError(f"trainer.resume: {path} does not fit this run's {name}: {first}") from None
+                raise CheckpointError(f"trainer.resume: {path} does not fit this run's {name}: {_gist(e)}") from None
+        applied = _apply_hyperparameters(optimizer, scheduler, configured, base_lrs)
+        self._warn_changes(ckpt.get("config", {}), ckpt["step"], applied)
         set_rng_state(ckpt["rng"])
         self.best, self.top = ckpt.get("best"), [tuple(t) for t in ckpt.get("top", [])]
+        self.saved_step, self.resumed_metrics = ckpt["step"], ckpt.get("metrics", {})
         state = {key: ckpt[key] for key in fresh}
         log.info("resumed from %s: epoch %d, step %d, batch %d of the epoch", path, state["epoch"], state["step"], state["batch_in_epoch"])
         return state
 
-    def _warn_changes(self, saved: dict) -> None:
+    def _warn_changes(self, saved: dict, step: int, applied: list[str]) -> None:
+        """Every setting that differs from the checkpoint's takes effect from `step` on (the
+        run is built from this config); say which, and what became of the optimizer."""
         ignore = ("run_dir", "trainer.resume", "trainer.progress", "trainer.log_level")
         before, now = _flat(saved), _flat(self.config)
         changed = [
@@ -218,4 +311,6 @@ class Checkpointer:
             if before.get(k) != now.get(k) and not k.startswith(ignore)
         ]
         if changed:
-            log.warning("resuming with changed settings (the run will not equal an uninterrupted one): %s", "; ".join(changed))
+            optimizer = f"; optimizer and schedule rebuilt from the new values ({', '.join(applied)})" if applied else ""
+            log.warning("resuming with changed settings, applied from step %d (the run will not equal an uninterrupted one): %s%s",
+                        step, "; ".join(changed), optimizer)  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -41,6 +42,10 @@ def run(main: Callable[[], object]) -> None:
         main()
     except CompactHydraException as e:  # UserError, composition and override errors
         sys.exit(f"error: {describe(e, sys.argv[1:])}")
+    except OSError as e:  # Hydra creating the run dir on a read-only or full disk, before saturate runs
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EEXIST):
+            raise
+        sys.exit(f"error: cannot write {e.filename} ({e.strerror}); run from a writable folder or set hydra.run.dir=<writable folder>")
 
 
 def task(cfg: DictConfig) -> Metrics:

@@ -19,12 +19,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.utils import get_method
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from saturate.errors import ConfigError, Problem
 from saturate.task import DIRECTIONS, KINDS, REGRESSION_LOSSES, main_metric, metric_names
@@ -126,8 +128,8 @@ class AugmentationConfig:
         for key in ("hflip", "erasing"):
             if getattr(self, key) is not None:
                 yield from _unit_interval(key, getattr(self, key))
-        if self.rotation is not None:
-            yield from _at_least("rotation", self.rotation, 0.0, " (degrees)")
+        if self.rotation is not None and not 0 <= self.rotation <= 180:  # the same limit for both placements
+            yield "rotation", self.rotation, "a number of degrees in [0, 180]"
         for key, high in (("brightness", 1.0), ("contrast", 1.0), ("translate", 0.5)):
             value = getattr(self, key)
             if value is not None and not 0 <= value <= high:
@@ -185,6 +187,8 @@ class TrainerConfig:
 
     def problems(self) -> Issues:
         yield from _at_least("max_epochs", self.max_epochs, 1)
+        if not 0 <= self.seed <= MAX_SEED:
+            yield "seed", self.seed, f"an integer in [0, {MAX_SEED}] (what every generator accepts)"
         if self.max_steps != -1:
             yield from _at_least("max_steps", self.max_steps, 1, " or -1")
         for key in ("eval_interval", "checkpoint_interval", "log_interval"):
@@ -296,6 +300,7 @@ class RunConfig:
     run_dir: str = MISSING  # Hydra's output dir for this job
 
 
+MAX_SEED = 2**32 - 1
 LOGGERS = ("tensorboard", "csv")
 # the data-derived arguments a model's constructor may name (saturate.run: model_arguments)
 DATA_ARGUMENTS = ("in_channels", "in_features", "num_classes", "num_outputs", "input_shape")
@@ -332,14 +337,47 @@ def _check_target(node: Any, prefix: str, given: tuple[str, ...]) -> Iterator[Pr
             yield Problem(f"{prefix}.{key}", value, f"an argument of {target}: " + ", ".join(allowed))
 
 
+def _floats(node: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """Every float in a plain config tree, with its dotted key."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _floats(value, f"{prefix}{key}.")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _floats(value, f"{prefix[:-1]}[{i}].")
+    elif isinstance(node, float):
+        yield prefix[:-1], node
+
+
+def _given_text(cfg: DictConfig, key: str) -> Any:
+    """What the config holds at `key`, unresolved (an interpolation's text)."""
+    try:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+        return OmegaConf.to_container(node, resolve=False).get(leaf, "(removed)") if node is not None else "(removed)"
+    except Exception:
+        return "?"
+
+
 def validate(cfg: DictConfig, *, presets: tuple[str, ...], given: tuple[str, ...] = ()) -> RunConfig:
     """Check the whole composed config; raise one ConfigError that lists every problem.
     `presets`: the augmentation presets that exist; `given`: nodes whose objects the caller
     passes in (saturate.fit: "model", "data"), not checked here."""
     problems: list[Problem] = []
-    run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    try:
+        run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:  # an interpolation that does not resolve, a node removed with ~
+        key = getattr(e, "full_key", None) or "config"
+        raise ConfigError([Problem(key, _given_text(cfg, key), f"a value that resolves ({str(e).splitlines()[0]})")]) from None
+    known = [f.name for f in dataclasses.fields(RunConfig)]
+    problems += [Problem(key, cfg[key], "one of the top-level keys " + ", ".join(known)) for key in cfg if key not in known]
+    floats = _floats(OmegaConf.to_container(cfg, resolve=True))
+    problems += [Problem(key, value, "a finite number") for key, value in floats if not math.isfinite(value)]
     for group in GROUPS:
         fields = [f.name for f in dataclasses.fields(getattr(run, group))]
+        if group not in cfg:  # ~group on the command line
+            problems.append(Problem(group, "(removed)", f"the {group} node: it cannot be removed; override its keys instead"))
+            continue
         for key in cfg[group]:  # `+group.key=...` gets past Hydra; a typo should not
             if key not in fields:
                 problems.append(Problem(f"{group}.{key}", cfg[group][key], "one of the keys " + ", ".join(fields)))
@@ -367,6 +405,9 @@ def validate(cfg: DictConfig, *, presets: tuple[str, ...], given: tuple[str, ...
         )
     if "model" not in given:
         problems += _check_target(run.model, "model", given=DATA_ARGUMENTS)
+    if isinstance(run.loader.batch_size, int) and 1 <= run.loader.batch_size < run.trainer.accumulate:
+        problems.append(Problem("trainer.accumulate", run.trainer.accumulate,
+                                f"at most loader.batch_size ({run.loader.batch_size}): each micro-batch needs a sample"))  # fmt: skip
     problems += _check_target(dict(run.optim.optimizer), "optim.optimizer", given=("params",))
 
     if problems:

@@ -42,9 +42,15 @@ class Engine:
         self.loss_sum = torch.zeros((), device=next(model.parameters()).device)  # summed on the device, read at log steps
         self.loss_count = 0
 
+    def finished(self, state: TrainState) -> bool:
+        """Whether `state` is already at max_epochs or max_steps (a finished run resumed)."""
+        return state.epoch >= self.max_epochs or 0 < self.max_steps <= state.step
+
     def fit(self, state: TrainState) -> dict[str, float]:
         """Train from `state` to max_epochs (or max_steps); return the last metrics."""
         steps_per_epoch = len(self.train_batches)
+        if self.finished(state):
+            return dict(self.tracker.latest)
         while True:
             self.model.train()
             batches = self.train_batches.epoch(state.epoch, start=state.batch_in_epoch)
@@ -67,15 +73,17 @@ class Engine:
                     self.save(state, self.tracker.latest)
                 if self.halting(state.step):
                     self.halt(state, steps_per_epoch)
-                if state.step == self.max_steps:
+                if 0 < self.max_steps <= state.step:
                     break
 
             if state.batch_in_epoch >= steps_per_epoch:
                 state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-            last = state.epoch >= self.max_epochs or state.step == self.max_steps
+            last = self.finished(state)
             self.log_train(state, steps_per_epoch)  # closes the timing window before evaluation
             if self.evaluator.due(state.epoch, last):
-                evaluated = self.evaluator.run()
+                evaluated = self.evaluator.run(interrupted=self.interrupted)
+                if evaluated is None:
+                    self.halt(state, steps_per_epoch)  # saves, then raises Preempted
                 self.tracker.log(evaluated, state.step)
                 self.callbacks.on_eval_end(evaluated, state.step)
             if self.checkpointer.due(state.epoch, last):
@@ -116,6 +124,12 @@ class Engine:
             self.callbacks.on_checkpoint(str(self.checkpointer.last_path), state.step)
         return seconds
 
+    def interrupted(self) -> bool:
+        """A preemption signal during evaluation, in one process. (Across ranks the flag is
+        agreed at log steps; ranks evaluate different numbers of batches, so a collective
+        between them cannot be placed inside evaluation.)"""
+        return self.stop.requested is not None and self.dist.world_size == 1
+
     def halting(self, step: int) -> bool:
         """Whether to stop at this step boundary. Across ranks they must stop together, so the
         flags are agreed (a small collective) every `dist.check_every` steps, the log interval;
@@ -132,7 +146,7 @@ class Engine:
             if self.guard.skip:  # every bad step was skipped: the weights are the last good state
                 self.save(state, {})
             self.dist.barrier()  # no rank leaves before rank 0 has saved
-            raise self.guard.error(state.step, str(self.checkpointer.last_path))
+            raise self.guard.error(state.step, self.checkpointer.last_good())
         seconds = self.save(state, {})
         self.dist.barrier()  # torchrun kills the others as soon as one rank exits
         signum = self.stop.requested or signal.SIGTERM  # a rank that heard nothing follows the others

@@ -24,13 +24,18 @@ class Evaluator:
         return self.batches is not None and (last or epoch % self.interval == 0)
 
     @torch.no_grad()
-    def run(self) -> dict[str, float]:
+    def run(self, interrupted=lambda: False) -> dict[str, float] | None:
+        """The metrics, or None when `interrupted()` turned true between two batches (a
+        preemption signal during a long evaluation: the caller saves and stops)."""
         was_training = self.model.training
         self.model.eval()
         device = next(self.model.parameters()).device
         metrics = self.task.metrics(device)
         loss = MeanMetric().to(device)
         for batch in self.batches.epoch(0):  # this rank's shard of the validation set, unpadded
+            if interrupted():
+                self.model.train(was_training)
+                return None
             x, y = self.batches.to_device(batch)
             with self.precision.autocast():
                 outputs = self.model(x)

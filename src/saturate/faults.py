@@ -109,7 +109,7 @@ class NonFiniteGuard:
     def error(self, step: int, checkpoint: str) -> TrainingDiverged:
         if self.skip:
             what = f"{self.consecutive} non-finite steps in a row (from step {self.first_bad_step} to {step})"
-            saved = f"the last good state (all of them skipped) is saved in {checkpoint}"
+            saved = f"every one was skipped; the last good state is {checkpoint}"
         else:
             what = f"non-finite steps before step {step} (trainer.skip_nonfinite=false: they were applied)"
             saved = f"the last checkpoint saved before them is {checkpoint}"

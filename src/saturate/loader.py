@@ -12,6 +12,8 @@ import functools
 import itertools
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -188,6 +190,7 @@ class StreamLoader:
         )
         self.batches_per_epoch = batches_per_epoch(self.sampler.num_samples, cfg.batch_size, self.drop_last, limit_batches)
         self.batch_size, self.num_workers, self.dataset = cfg.batch_size, num_workers, dataset
+        self.timeout_s = cfg.timeout_s
 
     def __len__(self) -> int:
         return self.batches_per_epoch
@@ -197,7 +200,62 @@ class StreamLoader:
         self.sampler.start = start
         self.to_device.begin_epoch(epoch, start)
         self.generator.manual_seed(self.seed * 1_000_003 + epoch)
-        return itertools.islice(self.loader, max(0, self.batches_per_epoch - start))
+        if self.num_workers == 0:
+            return itertools.islice(self.loader, max(0, self.batches_per_epoch - start))
+        return self._supervised(iter(self.loader), max(0, self.batches_per_epoch - start))
+
+    def _supervised(self, workers_iter, count: int) -> Iterator[HostBatch]:
+        """Batches from the workers, each fetch bounded by the watchdog; when a fetch fails
+        (stalled, timed out, a worker died), the workers are killed before the error goes
+        on: a frozen (SIGSTOPped) worker ignores the SIGTERM DataLoader's shutdown sends,
+        and joining it would hang the run that is trying to stop."""
+        try:
+            yield from watched(itertools.islice(workers_iter, count), self.timeout_s)
+        except RuntimeError:
+            from torch.utils.data._utils.signal_handling import _remove_worker_pids
+
+            # as DataLoader's own shutdown does: unregister the workers, so that their deaths
+            # do not raise again (torch's SIGCHLD check) while this error unwinds
+            if getattr(workers_iter, "_worker_pids_set", False):
+                _remove_worker_pids(id(workers_iter))
+                workers_iter._worker_pids_set = False
+            for worker in getattr(workers_iter, "_workers", []):
+                if worker.is_alive():
+                    os.kill(worker.pid, signal.SIGKILL)
+            raise
+
+
+class LoaderStalled(RuntimeError):
+    """No batch within loader.timeout_s, wherever the main process was waiting."""
+
+
+def _stalled(signum, frame):
+    raise LoaderStalled("DataLoader timed out: no batch arrived (the watchdog on the whole fetch)")
+
+
+def watched(batches: Iterator[HostBatch], timeout_s: float) -> Iterator[HostBatch]:
+    """`batches`, each fetch bounded by `timeout_s` as a whole. DataLoader's own timeout
+    covers only its wait on the worker queue, not the hand-over of the batch's shared memory
+    that follows, where a frozen worker (SIGSTOP, a hung NFS read) blocks the main process
+    forever; a real-time timer (SIGALRM) interrupts the wait wherever it is. Two system calls
+    per batch; none when timeout_s is 0 or outside the main thread (no signals there)."""
+    if timeout_s <= 0 or threading.current_thread() is not threading.main_thread():
+        yield from batches
+        return
+    previous = signal.signal(signal.SIGALRM, _stalled)
+    try:
+        while True:
+            signal.setitimer(signal.ITIMER_REAL, timeout_s)
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            yield batch
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def loader_failure(error: RuntimeError, timeout_s: float) -> DataError | None:

@@ -56,6 +56,8 @@ def setup_optimizer(
         optimizer = instantiate(node)(param_groups(model, weight_decay))
     except (TypeError, ValueError) as e:  # a bad value, e.g. optim.optimizer.lr=-1
         raise UserError(f"optim.optimizer: cannot build {node['_target_']}: {e}") from None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise UserError(f"optim.optimizer._target_={node['_target_']}: builds a {type(optimizer).__name__}, not a torch.optim.Optimizer")
     warmup = round(cfg.warmup_epochs * steps_per_epoch)
     factor = functools.partial(lr_factor, warmup=warmup, total=total_steps, schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -133,11 +133,25 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None, 
 def _record_failure(cfg: DictConfig, error: Exception) -> None:
     try:
         run_dir = Path(cfg.run_dir)
-    except Exception:  # no run dir to write to (an unresolvable config)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except Exception:  # no run dir to write to (an unresolvable config, a read-only disk)
         return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    write_json(run_dir / "metrics.json", {"status": "failed", "error": f"{type(error).__name__}: {first}"})
+    if isinstance(error, ConfigError):  # every problem, on one line (sweep reports show this)
+        why = "; ".join(str(p) for p in error.problems)
+    else:
+        why = " ".join(line.strip() for line in str(error).strip().splitlines()[:3])
+    write_json(run_dir / "metrics.json", {"status": "failed", "error": f"{type(error).__name__}: {why}"})
+
+
+def _writable(folder: Path, key: str) -> None:
+    """`folder` exists (made if need be) and takes a file, or a UserError naming `key`."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".saturate-write-test-{os.getpid()}"
+        probe.write_bytes(b"saturate")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"{key}: cannot write to {folder} ({e.strerror or e}); point it at a writable folder") from None
 
 
 def _build(node: Any, what: str) -> Any:
@@ -162,7 +176,9 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
     d = Dist()
     log.setLevel(run.trainer.log_level if d.is_main else "WARNING")  # one voice: rank 0's
     run_dir = Path(run.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    _writable(run_dir, "run_dir")  # before any work: a read-only or full disk is found now, not at the first save
+    if run.loader.batch_size == "auto" and run.batch_search.cache:
+        _writable(Path(run.batch_search.cache).parent, "batch_search.cache")
 
     loggers = [_build(x, "logger") if isinstance(x, dict) else x for x in run.logger] + list(given.loggers)
     tracker = Tracker(run_dir, log_interval=run.trainer.log_interval, progress=run.trainer.progress, enabled=d.is_main, loggers=loggers)
@@ -187,6 +203,8 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
         )
         state = TrainState(**checkpointer.resume(run.trainer.resume))
         engine = _setup_engine(run, parts, checkpointer, tracker, callbacks, stop, d, device, start_time)
+        if engine.finished(state):  # a finished run resumed: nothing to train
+            return _already_done(run, state, checkpointer, tracker, watched.monitor)
         _start_tracking(run, parts, tracker, state.step, resolved, env, d)
         callbacks.on_run_start({"run_dir": str(run_dir), "total_steps": parts.total_steps, "start_step": state.step,
                                 "data": parts.spec.name, "model": type(parts.models.raw).__name__, "task": parts.task.kind})  # fmt: skip
@@ -217,6 +235,8 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
             failure = loader_failure(e, run.loader.timeout_s)
             if failure is None:
                 raise
+            engine.save(state, {})  # at the last completed step: the run resumes from there
+            failure = type(failure)(f"{failure} The last completed step ({state.step}) is saved: {checkpointer.last_good()}")
         finally:
             engine.profiler.close()
             tracker.close()
@@ -235,6 +255,19 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
     result = Metrics(metrics)
     result.objective = watched.monitor
     return result
+
+
+def _already_done(run: RunConfig, state: TrainState, checkpointer: Checkpointer, tracker: Tracker, monitor: str) -> Metrics:
+    log.warning("trainer.resume: the checkpoint is at epoch %d, step %d, already at trainer.max_epochs=%d / trainer.max_steps=%d: "
+                "nothing to train (raise them to train on)",
+                state.epoch, state.step, run.trainer.max_epochs, run.trainer.max_steps)  # fmt: skip
+    tracker.close()
+    metrics = Metrics(checkpointer.resumed_metrics)
+    metrics.objective = monitor
+    target = Path(run.run_dir) / "metrics.json"
+    if not target.is_file() and checkpointer.enabled:  # resumed into a new run dir: say what happened there
+        write_json(target, {**metrics, "status": "completed", "note": "resumed a finished run; nothing was trained"})
+    return metrics
 
 
 @dataclass
@@ -291,6 +324,7 @@ def _setup_training(run: RunConfig, d: Dist, device: torch.device, tracker: Trac
         run.loader, run.augmentation, train_set, val_set, spec, target_dtype=task.target_dtype, device=device, trainer=run.trainer,
         show_images=tracker.images, rank=d.rank, world_size=d.world_size,
     )  # fmt: skip
+    _check_last_batch(run, models.raw, train_batches, d)
     total_steps = len(train_batches) * run.trainer.max_epochs
     if run.trainer.max_steps > 0:
         total_steps = min(total_steps, run.trainer.max_steps)
@@ -320,6 +354,17 @@ def _check_fits_data(run: RunConfig, spec: DataSpec) -> None:
                                                                f"the data has {spec.num_classes}"))  # fmt: skip
     if problems:
         raise ConfigError(problems)
+
+
+def _check_last_batch(run: RunConfig, model: nn.Module, batches, d: Dist) -> None:
+    """BatchNorm cannot train on one sample: a last training batch of one (drop_last=false)
+    would fail at the end of the first epoch, after minutes of training. Say so now."""
+    per_rank = len(batches.dataset) // d.world_size if d.world_size > 1 else len(batches.dataset)
+    one_left = not run.loader.drop_last and per_rank % run.loader.batch_size == 1 and run.trainer.limit_train_batches < 0
+    if one_left and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        why = f"the last training batch would hold 1 sample ({per_rank} samples, batch {run.loader.batch_size})"
+        allowed = f"true: {why}, which BatchNorm cannot train on; or another loader.batch_size"
+        raise ConfigError([Problem("loader.drop_last", False, allowed)])
 
 
 def _setup_task(run: RunConfig, spec: DataSpec, given: Given) -> Task:

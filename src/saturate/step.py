@@ -42,6 +42,11 @@ class TrainStep:
         self.distributed = dist is not None and dist.world_size > 1
         self.agree = dist.agree if self.distributed else _alone  # True only if every rank's answer is True
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # A skipped step must leave the buffers as they were too: the forward pass has
+        # already moved BatchNorm's running statistics (NaN in, NaN kept). They are copied
+        # before each step into tensors allocated once, and copied back when the guard skips.
+        self.buffers = [b for b in model.buffers()] if guard.skip else []
+        self.kept = [b.detach().clone() for b in self.buffers]
         self.max_norm = grad_clip if grad_clip > 0 else float("inf")  # inf: measure the norm, never clip
         self.micro_batches, self.recover_oom = micro_batches, recover_oom
         self.oom_recoveries = 0
@@ -50,12 +55,16 @@ class TrainStep:
         """Returns (loss on the device, or zero if the step was skipped as non-finite;
         whether the guard let it through; whether the weights moved, which is when the
         caller advances the LR schedule)."""
+        if self.buffers:
+            torch._foreach_copy_(self.kept, self.buffers)
         while (loss := self._forward_backward(x, y)) is None:
             self._after_oom(step, len(y))
         scaler = self.precision.scaler
         scaler.unscale_(self.optimizer)
         grad_norm = self._grad_norm()
         applied = self.guard.ok(loss, grad_norm, step)
+        if not applied and self.buffers:
+            torch._foreach_copy_(self.buffers, self.kept)
         stepped = self.precision.step(self.optimizer, applied)
         self.optimizer.zero_grad(set_to_none=True)
         return (loss if applied else torch.zeros_like(loss)), applied, stepped

@@ -20,10 +20,31 @@ def find_batches(root: Path) -> Path | None:
     return None
 
 
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickles what CIFAR-10's python batches hold (dicts, lists, strings, numbers and
+    numpy uint8 arrays) and nothing else: a pickle naming any other global (os.system, ...)
+    is refused before it can run."""
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("_codecs", "encode"),
+    }  # fmt: skip  (_codecs.encode: how protocol 2 writes bytes)
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}: CIFAR-10 batches hold only arrays, lists and numbers")
+
+
 def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="latin1")
+            batch = _BatchUnpickler(f, encoding="latin1").load()
         return np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32), np.asarray(batch["labels"], dtype=np.int64)
     except Exception as e:
         raise DataError(f"data.root: {path} is not a CIFAR-10 python batch ({type(e).__name__}: {e})") from None

@@ -5,13 +5,14 @@ import torch
 from sklearn.datasets import load_digits as sk_digits
 from sklearn.model_selection import train_test_split
 
-from saturate.data.base import InMemory, fraction
+from saturate.data.base import InMemory, fraction, seed
 
 
 def load_digits(*, val_fraction: float, split_seed: int) -> tuple[InMemory, InMemory]:
     """scikit-learn's bundled handwritten digits (no download): 1,797 grey 8x8 images with
     values 0..16, scaled to uint8 0..255, split stratified by class with a fixed seed."""
     fraction("val_fraction", val_fraction)
+    seed("split_seed", split_seed)
     x, y = sk_digits(return_X_y=True)
     images = torch.from_numpy(np.rint(x * (255 / 16)).astype(np.uint8).reshape(-1, 1, 8, 8))
     labels = torch.from_numpy(y.astype(np.int64))

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from saturate.data.base import InMemory, fraction
+from saturate.data.base import InMemory, fraction, seed
 from saturate.errors import ConfigError, DataError, Problem
 
 log = logging.getLogger(__name__)
@@ -27,12 +27,14 @@ def decode(path: Path, size: int, channels: int) -> torch.Tensor:
     return torch.from_numpy(array.reshape(size, size, channels).transpose(2, 0, 1).copy())
 
 
-def _unreadable(path: Path) -> str | None:
-    """None if the file decodes in full, else why not. A full decode, not PIL's verify():
-    verify() passes truncated JPEGs, which would then fail in a worker mid-epoch."""
+def _unreadable(path: Path, mode: str) -> str | None:
+    """None if the file decodes in full and converts to `mode`, else why not. A full decode,
+    not PIL's verify(): verify() passes truncated JPEGs, which would then fail in a worker
+    mid-epoch; the conversion, because some modes (LAB, CMYK to L) have none."""
     try:
         with Image.open(path) as img:
             img.load()
+            img.convert(mode)
         return None
     except Exception as e:
         return f"{type(e).__name__}: {e}"
@@ -60,10 +62,30 @@ class ImageFiles(Dataset):
         return InMemory(images, self.labels)
 
 
-def _scan(folder: Path, classes: list[str], strict: bool) -> tuple[list[Path], list[int], list[str]]:
-    found = [(p, label) for label, name in enumerate(classes) for p in sorted((folder / name).rglob("*")) if p.is_file()]
+def _listing(folder: Path) -> list[Path]:
+    """Every file below `folder`; a folder that cannot be read is an error naming it (rglob
+    would pass over it in silence, and its images with it)."""
+    files = []
+    for parent, dirs, names in os.walk(folder, onerror=_unlisted):
+        dirs.sort()
+        files += [Path(parent) / n for n in sorted(names)]
+    return [f for f in files if f.is_file()]
+
+
+def _unlisted(error: OSError) -> None:
+    raise DataError(f"data.root: cannot read the folder {error.filename} ({error.strerror}); its images would be lost") from None
+
+
+def _scan(folder: Path, classes: list[str], strict: bool, channels: int) -> tuple[list[Path], list[int], list[str]]:
+    found = []
+    for label, name in enumerate(classes):
+        files = _listing(folder / name)
+        if not files:
+            raise DataError(f"data.root: the class folder {folder / name} holds no files; remove it or add its images")
+        found += [(p, label) for p in files]
+    mode = "L" if channels == 1 else "RGB"
     with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:  # PIL decodes without the GIL
-        reasons = list(pool.map(_unreadable, [path for path, _ in found]))
+        reasons = list(pool.map(_unreadable, [path for path, _ in found], [mode] * len(found)))
     files, labels, skipped = [], [], []
     for (path, label), reason in zip(found, reasons, strict=True):
         if reason is None:
@@ -90,18 +112,24 @@ def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction
     if channels not in (1, 3):
         raise ConfigError([Problem("data.channels", channels, "one of 1, 3")])
     fraction("val_fraction", val_fraction)
+    seed("split_seed", split_seed)
+    if not str(root).strip():
+        raise ConfigError([Problem("data.root", root, "a folder of class sub-folders (empty: it would scan the working directory)")])
     given, root = root, Path(root).expanduser()
     if not root.is_dir():
         raise DataError(f"data.root={given!r}: no such folder; expected class sub-folders (root/<class>/<image files>)")
     split = (root / "train").is_dir() and (root / "val").is_dir()
     base = root / "train" if split else root
-    classes = sorted(p.name for p in base.iterdir() if p.is_dir())
+    try:
+        classes = sorted(p.name for p in base.iterdir() if p.is_dir())
+    except OSError as e:
+        raise DataError(f"data.root={given!r}: cannot read {base} ({e.strerror})") from None
     if len(classes) < 2:
         raise DataError(f"data.root={given!r}: found {len(classes)} class sub-folder(s) in {base}; need at least 2")
 
-    files, labels, skipped = _scan(base, classes, strict)
+    files, labels, skipped = _scan(base, classes, strict, channels)
     if split:
-        val_files, val_labels, val_skipped = _scan(root / "val", classes, strict)
+        val_files, val_labels, val_skipped = _scan(root / "val", classes, strict, channels)
         skipped += val_skipped
     else:
         order = list(range(len(files)))

@@ -1,0 +1,274 @@
+"""Never lose a run, round two: nothing read from disk runs code, a skipped step leaves every
+buffer alone, no checkpoint holds NaN or inf, resume respects the config, no hangs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+import saturate
+from saturate.errors import CheckpointError, DataError
+from saturate.faults import TrainingDiverged
+from tests.conftest import ROOT, TINY, read_metrics
+from tests.test_train import events
+
+
+class Payload:
+    """What an attacker drops in a folder: unpickling it runs a shell command."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def all_finite(path: Path) -> bool:
+    ckpt = torch.load(path, weights_only=True)
+    return all(torch.isfinite(t).all() for t in ckpt["model"].values() if t.is_floating_point())
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_others_are_never_opened(make_cfg, tmp_path):
+    marker = tmp_path / "pwned"
+    cfg = make_cfg()
+    saturate.train(cfg)
+    checkpoints = Path(cfg.run_dir) / "checkpoints"
+    torch.save({"model": {}, "step": 99, "payload": Payload(marker)}, checkpoints / "dropped.pt")  # beside last.pt
+    resumed = saturate.train(make_cfg(f"run_dir={cfg.run_dir}", "trainer.resume=auto", "trainer.max_epochs=2"))
+    assert resumed["progress/step"] == 6 and not marker.exists()  # resumed from last.pt; dropped.pt never opened
+
+    torch.save({"model": {}, "step": 99, "payload": Payload(marker)}, checkpoints / "last.pt")
+    with pytest.raises(CheckpointError, match="refusing .*last.pt: it holds objects that only arbitrary unpickling could load"):
+        saturate.train(make_cfg(f"run_dir={cfg.run_dir}", "trainer.resume=auto", "trainer.max_epochs=3"))
+    with pytest.raises(CheckpointError, match="refusing"):
+        saturate.train(make_cfg(f"trainer.resume={checkpoints / 'dropped.pt'}"))
+    assert not marker.exists()
+
+
+def test_a_cifar_batch_that_would_run_code_is_refused(make_cfg, tmp_path):
+    from tests.test_pipeline import cifar_root  # noqa: F401  (the real layout, written below by hand)
+
+    marker = tmp_path / "pwned"
+    root = tmp_path / "cifar-10-batches-py"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {"data": rng.integers(0, 256, (10, 3072), dtype=np.uint8), "labels": rng.integers(0, 10, 10).tolist()}
+        if name == "data_batch_3":
+            batch["filenames"] = Payload(marker)
+        (root / name).write_bytes(pickle.dumps(batch, protocol=2))
+    with pytest.raises(DataError, match=r"data_batch_3 is not a CIFAR-10 python batch .*refused to load posix.system"):
+        saturate.train(make_cfg("data=cifar10", f"data.root={root}", "model.width=8"))
+    assert not marker.exists()
+    good = tmp_path / "good" / "cifar-10-batches-py"
+    good.mkdir(parents=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {"data": rng.integers(0, 256, (40, 3072), dtype=np.uint8), "labels": (np.arange(40) % 10).tolist()}
+        (good / name).write_bytes(pickle.dumps(batch, protocol=2))
+    assert saturate.train(make_cfg("data=cifar10", f"data.root={good}", "model.width=8"))["progress/step"] == 3
+
+
+class Readings(Dataset):
+    """Float rows; sample 70 is inf (a sensor glitch): it lands in one training batch."""
+
+    def __len__(self):
+        return 128
+
+    def __getitem__(self, i):
+        x = np.full(4, (i % 5) / 5, dtype=np.float32)
+        if i == 70:
+            x[:] = np.inf
+        return x, float(i % 5) / 5
+
+
+class Clean(Readings):
+    def __getitem__(self, i):
+        return np.full(4, (i % 5) / 5, dtype=np.float32), float(i % 5) / 5
+
+
+def bn_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+
+
+def test_a_skipped_step_leaves_batchnorm_statistics_and_every_checkpoint_finite(tmp_path):
+    overrides = ["trainer.max_epochs=2", "trainer.log_interval=1", "trainer.progress=false", "loader.batch_size=16", "loader.num_workers=0"]
+    metrics = saturate.fit(bn_model(), Readings(), Clean(), task="regression", overrides=overrides, run_dir=tmp_path)
+    assert metrics["train/nonfinite_steps"] == 2  # the inf sample's batch, once per epoch
+    assert np.isfinite(metrics["val/loss"]) and read_metrics(tmp_path)["status"] == "completed"
+    for path in (tmp_path / "checkpoints").glob("*.pt"):
+        assert all_finite(path), path
+
+
+def test_divergence_never_writes_non_finite_weights(make_cfg):
+    cfg = make_cfg("optim.optimizer.lr=1e10", "trainer.max_nonfinite_steps=3", "trainer.limit_train_batches=-1", "trainer.max_epochs=3",
+                   "checkpoint.every_n_steps=1")  # fmt: skip
+    with pytest.raises(TrainingDiverged) as err:
+        saturate.train(cfg)
+    saved = list((Path(cfg.run_dir) / "checkpoints").glob("*.pt"))
+    assert saved and all(all_finite(p) for p in saved)
+    last = Path(cfg.run_dir) / "checkpoints" / "last.pt"
+    expected = f"{last} (step {torch.load(last, weights_only=True)['step']})" if last.exists() else "not saved yet"
+    assert f"the last good state is {expected}" in str(err.value)
+
+
+def test_a_model_holding_nan_is_never_saved(tmp_path, caplog):
+    from saturate.checkpoint import Checkpointer
+    from saturate.config import CheckpointConfig
+    from saturate.engine import TrainState
+
+    model = bn_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    parts = {"model": model, "optimizer": optimizer, "scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)}
+    cp = Checkpointer(tmp_path, CheckpointConfig(monitor="val/loss", mode="min"), interval=1, parts=parts, config={}, fingerprint={})
+    cp.save(TrainState(epoch=1, step=10), {"val/loss": 0.5})
+    model[1].running_var.fill_(float("nan"))
+    with caplog.at_level(logging.ERROR, logger="saturate"):
+        cp.save(TrainState(epoch=2, step=20), {"val/loss": 0.1})
+    assert "step 20: not saving a checkpoint: 1 tensor(s) of the model hold NaN or inf (1.running_var)" in caplog.text
+    assert f"the last good state is {tmp_path / 'last.pt'} (step 10)" in caplog.text
+    assert torch.load(tmp_path / "last.pt", weights_only=True)["step"] == 10 and all_finite(tmp_path / "best.pt")
+    model[1].running_var.fill_(1.0)
+    cp.save(TrainState(epoch=3, step=30), {"val/loss": float("nan")})  # a NaN metric is never the best
+    assert torch.load(tmp_path / "best.pt", weights_only=True)["step"] == 10
+
+
+def test_a_finished_run_resumed_trains_nothing(make_cfg, caplog):
+    first = make_cfg("trainer.limit_train_batches=-1")  # 1 epoch: 44 steps of 32
+    saturate.train(first)
+    again = make_cfg(f"run_dir={first.run_dir}", "trainer.limit_train_batches=-1", "trainer.resume=auto")
+    with caplog.at_level(logging.WARNING, logger="saturate"):
+        metrics = saturate.train(again)
+    assert "nothing to train" in caplog.text
+    assert max(e.step for e in events(first.run_dir).Scalars("train/loss")) == 44
+    assert metrics["progress/step"] == 44
+    shorter = make_cfg(f"run_dir={first.run_dir}", "trainer.limit_train_batches=-1", "trainer.max_epochs=3", "trainer.max_steps=5",
+                       "trainer.resume=auto")  # fmt: skip
+    assert saturate.train(shorter)["progress/step"] == 44  # past max_steps already: no step more
+
+
+def test_a_changed_learning_rate_on_resume_is_applied_and_said(make_cfg, caplog):
+    common = ["optim.schedule=constant", "optim.warmup_epochs=0", "trainer.log_interval=1"]
+    first = make_cfg(*common)
+    saturate.train(first)
+    resumed = make_cfg(*common, f"run_dir={first.run_dir}", "trainer.max_epochs=2", "trainer.resume=auto", "optim.optimizer.lr=0.01")
+    with caplog.at_level(logging.WARNING, logger="saturate"):
+        saturate.train(resumed)
+    lrs = {e.step: e.value for e in events(first.run_dir).Scalars("train/lr")}
+    assert lrs[3] == pytest.approx(0.1) and lrs[4] == pytest.approx(0.01) and lrs[6] == pytest.approx(0.01)
+    assert "applied from step 3" in caplog.text and "group 0 lr 0.1 -> 0.01" in caplog.text
+
+
+def test_resuming_with_another_optimizer_is_a_clear_error(make_cfg):
+    first = make_cfg()
+    saturate.train(first)
+    with pytest.raises(CheckpointError, match="was trained with SGD, this run's optimizer is AdamW"):
+        saturate.train(make_cfg(f"run_dir={first.run_dir}", "trainer.max_epochs=2", "trainer.resume=auto", "optim=adamw"))
+
+
+def test_resuming_another_model_names_what_does_not_fit(make_cfg):
+    first = make_cfg()
+    saturate.train(first)
+    with pytest.raises(CheckpointError) as err:
+        saturate.train(make_cfg(f"run_dir={first.run_dir}", "trainer.max_epochs=2", "trainer.resume=auto", "model.width=16"))
+    assert "does not fit this run's model" in str(err.value) and "size mismatch for" in str(err.value)
+
+
+class SlowValidation(Dataset):
+    """A validation set whose 40th sample brings a SIGTERM (a scheduler preempting a long
+    evaluation); counts the samples read."""
+
+    read = 0
+
+    def __len__(self):
+        return 320
+
+    def __getitem__(self, i):
+        SlowValidation.read += 1
+        if i == 40:
+            signal.raise_signal(signal.SIGTERM)
+        return np.full(4, (i % 5) / 5, dtype=np.float32), float(i % 5) / 5
+
+
+def test_sigterm_during_evaluation_saves_and_stops_between_batches(tmp_path):
+    from saturate.faults import Preempted
+
+    overrides = [*TINY, "trainer.limit_val_batches=-1"]
+    with pytest.raises(Preempted) as stopped:
+        saturate.fit(bn_model(), Clean(), SlowValidation(), task="regression", overrides=overrides, run_dir=tmp_path)
+    assert stopped.value.code == 143
+    assert SlowValidation.read < 100  # 2 of 10 batches, then stopped
+    assert read_metrics(tmp_path)["status"] == "preempted"
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 3
+
+
+FREEZES = """
+import os, signal, threading, time
+import numpy as np
+from torch import nn
+from torch.utils.data import Dataset, get_worker_info
+
+class Freezes(Dataset):
+    '''In a worker, sample 90 freezes its process (kill -STOP) 50 ms after it is read: after the
+    batch is queued, while the main process (busy with a 0.2 s step) has yet to take over its
+    shared memory from the frozen worker.'''
+    classes = [0, 1]
+
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        if i == 90 and get_worker_info() is not None:
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+        return np.full(4, i % 2, dtype=np.float32), i % 2
+
+class Slow(nn.Linear):
+    def forward(self, x):
+        if self.training:
+            time.sleep(0.2)
+        return super().forward(x)
+
+def load():
+    return Freezes(), Freezes()
+"""
+
+
+@pytest.mark.slow
+def test_a_frozen_worker_fails_the_run_within_the_timeout_and_saves(tmp_path):
+    (tmp_path / "freezes.py").write_text(FREEZES)
+    (tmp_path / "conf" / "data").mkdir(parents=True)
+    (tmp_path / "conf" / "data" / "freezes.yaml").write_text("_target_: freezes.load\n")
+    args = [sys.executable, str(ROOT / "train.py"), f"hydra.searchpath=[file://{tmp_path}/conf]", "data=freezes",
+            "model._target_=freezes.Slow", "~model.width", "~model.norm", "+model.in_features=4", "+model.out_features=2",
+            "loader.num_workers=2", "loader.timeout_s=5", "loader.batch_size=16", "trainer.max_epochs=2", "trainer.progress=false",
+            f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    start = time.monotonic()
+    proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        for child in psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []:
+            child.kill()
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+        for p in psutil.process_iter(["cmdline"]):  # the frozen worker, if the run left it behind
+            if p.info["cmdline"] and str(tmp_path / "run") in " ".join(p.info["cmdline"]) and p.pid != os.getpid():
+                p.kill()
+    assert time.monotonic() - start < 60
+    assert proc.returncode == 1, err[-2000:]
+    assert "no batch within loader.timeout_s=5 s" in err and "Traceback" not in err
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    assert last.is_file() and 0 < torch.load(last, weights_only=True)["step"] < 16
