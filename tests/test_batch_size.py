@@ -138,7 +138,7 @@ def test_errors_other_than_out_of_memory_propagate_from_the_search(make_cfg, mon
         saturate.train(make_cfg("loader.batch_size=auto", "batch_search.cache="))
 
 
-EXACT = ["model.norm=group", "trainer.max_epochs=2", "loader.batch_size=32", "trainer.deterministic=true"]
+EXACT = ["device=cpu", "model.norm=group", "trainer.max_epochs=2", "loader.batch_size=32", "trainer.deterministic=true"]
 
 
 def final_weights(cfg):

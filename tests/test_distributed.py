@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 
 TORCHRUN = shutil.which("torchrun") or "torchrun"
 # group norm: per-sample statistics, so 2 x 32 on two ranks is the same computation as 64 on one
-SAME = ["model.norm=group", "trainer.deterministic=true", "trainer.max_epochs=2", "trainer.progress=false", "trainer.log_interval=5"]
+SAME = ["device=cpu", "model.norm=group", "trainer.deterministic=true", "trainer.max_epochs=2", "trainer.progress=false",
+        "trainer.log_interval=5"]  # fmt: skip
 
 
 def torchrun(*args: str, cwd: Path, script: str | Path = ROOT / "train.py", env: dict | None = None, timeout: float = 300):

@@ -143,3 +143,27 @@ def test_profile_records_a_trace_and_the_top_operators(make_cfg, caplog):
     assert "aten::convolution_backward" in names and any(str(n).startswith("ProfilerStep#") for n in names)
     assert "Self CPU" in (folder / "top_ops.txt").read_text()
     assert any("top operators by self time" in r.getMessage() for r in caplog.records)
+
+
+def test_a_gpu_that_refuses_some_fields_never_stops_the_run(make_cfg, fake_nvml, monkeypatch):
+    """GPU 0 as a MIG instance on a vGPU: no utilisation query of its own (its parent, GPU 1,
+    answers), no power or clock readings; and a listing that fails is CPU-only sampling."""
+    module = sys.modules["pynvml"]
+
+    def refuse(*args):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    real_util = module.nvmlDeviceGetUtilizationRates
+    monkeypatch.setattr(module, "nvmlDeviceGetUtilizationRates", lambda h: refuse() if h == 0 else real_util(h))
+    monkeypatch.setattr(module, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", lambda h: 1, raising=False)
+    monkeypatch.setattr(module, "nvmlDeviceGetPowerUsage", refuse)
+    monkeypatch.setattr(module, "nvmlDeviceGetClockInfo", refuse)
+    monkeypatch.setenv("FAKE_NVML_UTIL", "80")
+    cfg = make_cfg("monitor.interval_s=0.02", "trainer.max_epochs=3")
+    metrics = saturate.train(cfg)
+    assert metrics["gpu/util"] == 40 and metrics["gpu/util_mean"] == 40  # the parent GPU 1's figure (80 / 2)
+    assert metrics["gpu/mem_used_mb"] == pytest.approx(3 * 1024) and "gpu/power_w" not in metrics and "gpu/sm_clock_mhz" not in metrics
+
+    monkeypatch.setattr(module, "nvmlDeviceGetCount", refuse)  # the driver fails when asked for the GPUs
+    metrics = saturate.train(make_cfg("monitor.interval_s=0.02"))
+    assert metrics["progress/step"] == 3 and not any(k.startswith("gpu") for k in metrics) and metrics["cpu/rss_mb"] > 0

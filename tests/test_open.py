@@ -319,7 +319,8 @@ def test_data_sources_that_break_the_contract_are_named(tmp_path):
 
 
 def test_resume_with_a_user_dataset_is_bit_exact(user_package, tmp_path):
-    exact = ["task=regression", "trainer.deterministic=true", "trainer.limit_train_batches=-1", "trainer.limit_val_batches=-1"]
+    exact = ["device=cpu", "task=regression", "trainer.deterministic=true", "trainer.limit_train_batches=-1",
+             "trainer.limit_val_batches=-1"]  # fmt: skip
     whole = user_cfg(user_package, tmp_path / "whole", *exact, "trainer.max_epochs=2")
     saturate.train(whole)
     first = user_cfg(user_package, tmp_path / "parts", *exact, "trainer.max_epochs=1")

@@ -21,7 +21,7 @@ from tests.conftest import ROOT, read_metrics, run_cli
 from tests.test_train import events
 
 # digits, 11 steps per epoch, every step's loss logged
-EXACT = ["trainer.deterministic=true", "trainer.max_epochs=3", "trainer.log_interval=1", "trainer.limit_train_batches=-1",
+EXACT = ["device=cpu", "trainer.deterministic=true", "trainer.max_epochs=3", "trainer.log_interval=1", "trainer.limit_train_batches=-1",
          "trainer.limit_val_batches=-1", "loader.batch_size=128"]  # fmt: skip
 
 

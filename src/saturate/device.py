@@ -16,8 +16,9 @@ log = logging.getLogger(__name__)
 def setup_device(cfg: DeviceConfig, local_rank: int = 0) -> torch.device:
     """Resolve `cfg.type` to a device and apply the CUDA switches; says what it chose.
 
-    Under torchrun each process takes the device `index + local_rank`. `index` counts within
-    CUDA_VISIBLE_DEVICES, which CUDA itself honours.
+    Under torchrun each process takes the device `index + local_rank` when it sees several
+    GPUs; a process that sees one (one GPU per rank: SLURM's --gpus-per-task, Kubernetes)
+    takes that one. `index` counts within CUDA_VISIBLE_DEVICES, which CUDA itself honours.
     """
     has_cuda = torch.cuda.is_available()
     if cfg.type == "cuda" and not has_cuda:
@@ -28,8 +29,8 @@ def setup_device(cfg: DeviceConfig, local_rank: int = 0) -> torch.device:
         log.info("device: cpu (%d threads)%s", torch.get_num_threads(), "" if cfg.type == "cpu" else ", no CUDA found")
         return torch.device("cpu")
 
-    index = cfg.index + local_rank
     count = torch.cuda.device_count()
+    index = cfg.index + local_rank_offset(local_rank, count)
     if index >= count:
         raise UserError(f"device.index={cfg.index}: device {index} requested but {count} CUDA device(s) are visible")
     torch.cuda.set_device(index)
@@ -40,6 +41,12 @@ def setup_device(cfg: DeviceConfig, local_rank: int = 0) -> torch.device:
         torch.cuda.set_per_process_memory_fraction(cfg.memory_fraction, index)
     log.info("device: cuda:%d (%s), tf32=%s, cudnn.benchmark=%s", index, torch.cuda.get_device_name(index), cfg.tf32, cfg.cudnn_benchmark)
     return torch.device("cuda", index)
+
+
+def local_rank_offset(local_rank: int, visible: int) -> int:
+    """Which of the visible GPUs a rank takes, counted from device.index: its local rank when
+    the node's ranks share the visible GPUs, 0 when each rank sees only its own."""
+    return local_rank if visible > 1 else 0
 
 
 class OutOfMemory(UserError):

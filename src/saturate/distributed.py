@@ -43,9 +43,14 @@ def init_process_group() -> None:
     if dist.is_initialized():
         return
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    device_id = None
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+        # the rank's GPU, by the rule of saturate.device.setup_device: its local rank among
+        # several visible GPUs, the only one when each rank sees one (SLURM --gpus-per-task)
+        local_rank, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        device_id = torch.device("cuda", local_rank if count > 1 else 0)
+        torch.cuda.set_device(device_id)
+    dist.init_process_group(backend=backend, timeout=timedelta(minutes=10), device_id=device_id)
     log.debug("process group: rank %d of %d (%s)", dist.get_rank(), dist.get_world_size(), backend)
 
 

@@ -88,16 +88,32 @@ def visible_nvml_handles(pynvml) -> list[tuple[int, object]]:
     return handles
 
 
+def _utilisation(pynvml, handle) -> float:
+    """The GPU's utilisation; for a MIG instance (which has no such query) its parent GPU's."""
+    try:
+        return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except Exception:
+        parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)  # raises for a plain GPU: no figure then
+        return float(pynvml.nvmlDeviceGetUtilizationRates(parent).gpu)
+
+
 def read_gpu(pynvml, handle) -> dict[str, float]:
-    util = pynvml.nvmlDeviceGetUtilizationRates(handle)
-    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-    return {
-        "util": float(util.gpu),
-        "mem_used_mb": memory.used / 2**20,
-        "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
-        "temp_c": float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
-        "sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+    """The figures this device can give; a field NVML refuses (MIG, some vGPUs: power, clocks)
+    is left out, never fatal."""
+    fields = {
+        "util": lambda: _utilisation(pynvml, handle),
+        "mem_used_mb": lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20,
+        "power_w": lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+        "temp_c": lambda: float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
+        "sm_clock_mhz": lambda: float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
     }
+    values = {}
+    for name, read in fields.items():
+        try:
+            values[name] = read()
+        except Exception:
+            continue
+    return values
 
 
 def open_nvml():
@@ -122,13 +138,17 @@ class ResourceMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.pynvml, self.handles = None, []
+        self._failed = 0  # samples that failed (logged once)
         if not enabled:
             return
         self.pynvml, why = open_nvml()
         if self.pynvml is None:
             log.info("monitor: no NVML (%s); GPU utilisation is not sampled, CPU use is", why)
         else:
-            self.handles = visible_nvml_handles(self.pynvml)
+            try:
+                self.handles = visible_nvml_handles(self.pynvml)
+            except Exception as e:  # a UUID NVML does not know, a driver error: sample the CPU only
+                log.warning("monitor: NVML cannot list the visible GPUs (%s: %s); GPU utilisation is not sampled", type(e).__name__, e)
             if not self.handles:
                 log.info("monitor: NVML found no visible NVIDIA GPU; GPU utilisation is not sampled, CPU use is")
         self.own = device.index if device.type == "cuda" and device.index is not None else 0
@@ -149,17 +169,29 @@ class ResourceMonitor:
             values.update({f"{prefix}/{k}": v for k, v in read_gpu(self.pynvml, handle).items()})
         return values
 
+    def _take(self) -> bool:
+        """Take one sample; a failure is logged (once) and skipped: the monitor never stops
+        training. Returns whether it worked."""
+        try:
+            self.samples.append(self.sample())
+            return True
+        except Exception as e:  # a GPU that fell off the bus, a process gone
+            if not self._failed:
+                log.warning("monitor: a sample failed (%s: %s); skipping it", type(e).__name__, e)
+            self._failed += 1
+            return False
+
     def _run(self) -> None:
+        misses = 0
         while not self._stop.wait(self.interval_s):
-            try:
-                self.samples.append(self.sample())
-            except Exception as e:  # a GPU that fell off the bus must not stop training
-                log.warning("monitor: sampling failed (%s: %s); stopping the monitor", type(e).__name__, e)
+            misses = 0 if self._take() else misses + 1
+            if misses >= 5:
+                log.warning("monitor: 5 samples in a row failed; no more sampling in this run")
                 return
 
     def start(self) -> ResourceMonitor:
         if self.enabled:
-            self.samples.append(self.sample())  # one now: even a short run has a reading
+            self._take()  # one now: even a short run has a reading
             self._thread = threading.Thread(target=self._run, name="saturate-monitor", daemon=True)
             self._thread.start()
         return self

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,8 @@ class Precision:
     device_type: str
     dtype: torch.dtype | None  # autocast dtype; None: full precision
     scaler: torch.amp.GradScaler  # enabled for fp16 only
+    _watched: set = field(default_factory=set, repr=False)  # optimizers whose steps are hooked
+    _ran: bool = field(default=False, repr=False)
 
     def autocast(self) -> AbstractContextManager:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
@@ -30,17 +32,23 @@ class Precision:
     def step(self, optimizer: torch.optim.Optimizer, apply: bool) -> bool:
         """Step the optimizer (if `apply`) through the GradScaler and update the loss scale.
         Returns whether the weights really moved: with fp16, an overflow makes the scaler
-        skip the step (and lower the scale); reading the scale is a host sync that
-        GradScaler.step has already paid for."""
+        skip the step (and lower the scale). Known from a hook on the optimizer's step, not
+        by reading the scale back: no host read beyond the scaler's own."""
         if not self.scaler.is_enabled():
             if apply:
                 optimizer.step()
             return apply
-        before = self.scaler.get_scale()
+        if optimizer not in self._watched:  # GradScaler calls optimizer.step() only when the gradients are finite
+            optimizer.register_step_post_hook(self._optimizer_stepped)
+            self._watched.add(optimizer)
+        self._ran = False
         if apply:
-            self.scaler.step(optimizer)
+            self.scaler.step(optimizer)  # its one host read: whether any gradient overflowed
         self.scaler.update()  # also after a skipped step: it resets the scaler's per-step state
-        return apply and self.scaler.get_scale() >= before
+        return self._ran
+
+    def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
+        self._ran = True
 
 
 def _cuda_bf16(device: torch.device) -> bool:

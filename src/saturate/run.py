@@ -184,7 +184,7 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
     tracker = Tracker(run_dir, log_interval=run.trainer.log_interval, progress=run.trainer.progress, enabled=d.is_main, loggers=loggers)
     callbacks = Callbacks([_build(c, "callbacks") for c in run.callbacks] + list(given.callbacks), enabled=d.is_main)
     device = setup_device(run.device, local_rank=d.local_rank)
-    with _seeded(run.trainer), StopSignal() as stop:
+    with seeded(run.trainer, device), StopSignal() as stop:
         parts = _setup_training(run, d, device, tracker, given)
         watched = run.checkpoint.resolved(parts.task.kind, parts.spec.has_val)
         tracker.shown = watched.monitor if watched.monitor.startswith("val/") and watched.monitor != "val/loss" else parts.task.names[0]
@@ -455,17 +455,27 @@ def _report(run: RunConfig, metrics: dict, *, steps: int, device, parts: Parts, 
 
 
 @contextlib.contextmanager
-def _seeded(cfg: TrainerConfig):
+def seeded(cfg: TrainerConfig, device: torch.device):
     """Seed every generator; with `deterministic`, deterministic kernels for the run (the
-    process-wide switches are put back afterwards, for callers that train twice)."""
+    process-wide switches are put back afterwards, for callers that train twice).
+
+    On CUDA some backward kernels have no deterministic version (adaptive pooling, NLLLoss,
+    scatter-add among them): torch then warns when one runs instead of stopping the run, and
+    the run is reproducible up to those ops. On the CPU every op used is deterministic and
+    resumed runs equal uninterrupted ones bit for bit."""
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+        cuda = device.type == "cuda"
+        torch.use_deterministic_algorithms(True, warn_only=cuda)
         torch.backends.cudnn.benchmark = False
+        if cuda:
+            log.warning("trainer.deterministic=true on CUDA: ops without a deterministic CUDA kernel (adaptive pooling and "
+                        "NLLLoss backward, scatter-add, ...) run anyway, each with a torch warning; bit-exact results are "
+                        "promised on the CPU only")  # fmt: skip
     try:
         yield
     finally:

@@ -1,0 +1,63 @@
+"""The CUDA paths' logic on a CPU machine: a GPU cannot exist here, so CUDA's answers are
+faked (device count, set_device) and what saturate decides from them is checked."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from saturate.config import DeviceConfig
+from saturate.device import setup_device
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """CUDA with `count` visible devices; records the device each call selects."""
+    chosen: list[int] = []
+
+    def install(count: int):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "set_device", lambda i: chosen.append(int(getattr(i, "index", i))))
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "Fake GPU")
+        return chosen
+
+    return install
+
+
+@pytest.mark.parametrize(("visible", "local_rank", "expected"), [(1, 0, 0), (1, 3, 0), (4, 3, 3), (8, 0, 0)])
+def test_each_rank_takes_its_gpu_whether_it_sees_one_or_all(fake_cuda, visible, local_rank, expected):
+    """One GPU per rank (SLURM --gpus-per-task, Kubernetes): every rank's GPU is cuda:0;
+    the node's GPUs shared by its ranks: local rank k takes cuda:k."""
+    chosen = fake_cuda(visible)
+    device = setup_device(DeviceConfig(type="cuda"), local_rank=local_rank)
+    assert device == torch.device("cuda", expected) and chosen == [expected]
+
+
+def test_an_index_past_the_visible_gpus_is_a_clear_error(fake_cuda):
+    fake_cuda(2)
+    with pytest.raises(Exception, match=r"device.index=1: device 2 requested but 2 CUDA device\(s\) are visible"):
+        setup_device(DeviceConfig(type="cuda", index=1), local_rank=1)
+
+
+def test_deterministic_on_cuda_warns_instead_of_failing(make_cfg, monkeypatch, caplog):
+    """`use_deterministic_algorithms(True)` stops a CUDA run at the first op without a
+    deterministic kernel; on CUDA saturate asks torch to warn instead, and says so."""
+    import saturate.run
+
+    calls = []
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on, warn_only=False: calls.append((on, warn_only)))
+    with (
+        caplog.at_level(logging.WARNING, logger="saturate"),
+        saturate.run.seeded(  # the seeding step, on a CUDA device
+            saturate.config.TrainerConfig(deterministic=True), torch.device("cuda", 0)
+        ),
+    ):
+        pass
+    assert calls[0] == (True, True) and "bit-exact results are promised on the CPU only" in caplog.text
+    calls.clear()
+    with saturate.run.seeded(saturate.config.TrainerConfig(deterministic=True), torch.device("cpu")):
+        pass
+    assert calls[0] == (True, False)  # strict on the CPU
