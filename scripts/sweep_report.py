@@ -5,7 +5,7 @@
 Prints a table (the swept overrides -> samples/s, data-wait share, peak memory, GPU
 utilisation when sampled, val/acc, wall time, status) sorted by throughput with the best
 marked, and writes sweep.csv, sweep.md and PNG plots (samples/s and data wait against the
-batch size, one line per worker count) into the sweep directory. Failed jobs are listed with
+batch size, one line per combination of the other swept keys) into the sweep directory. Failed jobs are listed with
 their reason; they do not stop the report.
 """
 

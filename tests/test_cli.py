@@ -105,3 +105,13 @@ def test_hydra_full_error_set_by_the_user_gives_the_traceback_back(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_on_a_machine_without_it_is_an_error_not_a_fallback(tmp_path):
     assert_clean_failure(run_cli("device=cuda", *TINY, cwd=tmp_path), "device.type='cuda'", "no CUDA device")
+
+
+def test_help_names_saturate_its_groups_and_commands_and_cfg_job_resolves(tmp_path):
+    helped = run_cli("--help", cwd=tmp_path)
+    assert helped.returncode == 0
+    assert helped.stdout.startswith("saturate: ") and "task: classification, regression" in helped.stdout
+    assert "python train.py precision=amp loader=fast" in helped.stdout and "trainer.resume=auto" in helped.stdout
+    shown = run_cli("--cfg", "job", "--resolve", cwd=tmp_path)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr
+    assert "run_dir: '<unset: the run dir, made when train.py starts>'" in shown.stdout and "max_epochs: 30" in shown.stdout

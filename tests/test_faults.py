@@ -61,7 +61,7 @@ def test_a_non_finite_step_is_skipped_counted_and_leaves_weights_and_schedule_al
     assert snapshots[1] == (False, True) and snapshots[3] == (False, True)
     assert metrics["train/nonfinite_steps"] == 1 and math.isfinite(metrics["train/loss"])
     acc = events(cfg.run_dir)
-    assert [(e.step, e.value) for e in acc.Scalars("train/nonfinite_steps")][:3] == [(1, 0), (2, 1), (3, 1)]
+    assert [(e.step, e.value) for e in acc.Scalars("train/nonfinite_steps")][:2] == [(1, 0), (2, 1)]  # logged when it changes
     lrs = [e.value for e in acc.Scalars("train/lr")]
     assert lrs[1] == lrs[0] and lrs[2] < lrs[1]  # the schedule did not advance on step 2
 

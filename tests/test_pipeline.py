@@ -174,6 +174,11 @@ def test_verdict_compute_bound_suggests_the_compute_fixes():
     assert done.suggestions == []
 
 
+def test_verdict_on_a_cpu_suggests_only_what_helps_there():
+    cpu = facts(device="cpu", placement="gpu", cpus=2)
+    assert [o for o, _ in diagnose(perf(0.01), cpu).suggestions] == ["device=cuda"]  # no compile, no larger batch from RSS
+
+
 def test_verdict_emulated_cpu_precision_suggests_fp32_first():
     # precision=amp on a CPU without bf16 kernels: the slowest part is the emulated arithmetic
     slow = facts(device="cpu", placement="gpu", precision="bf16", emulated_precision=True, cpus=2)
@@ -195,3 +200,9 @@ def test_report_renders_the_split_and_gpu_figures():
     assert "12,800 samples/s" in text and "over 90 steps" in text and "data wait 3.50 ms (35%)" in text
     assert "GPU utilisation: mean 41%" in text and "60% of samples under 50%" in text
     assert "`augmentation=gpu`" in text
+
+
+def test_no_verdict_from_a_handful_of_steps():
+    verdict = diagnose(perf(0.35), facts(), steps=3)
+    assert verdict.kind == "not judged" and "3 steady-state steps are too few" in verdict.reason and verdict.suggestions == []
+    assert diagnose(perf(0.35), facts(), steps=40).kind == "input-bound"

@@ -126,7 +126,10 @@ def test_sigterm_saves_exits_143_and_the_resumed_run_equals_the_uninterrupted_on
     stopped_at = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["step"]
     assert 11 <= stopped_at < 44
 
-    resumed = run_cli(*args, f"hydra.run.dir={run_dir}", "trainer.resume=auto", cwd=tmp_path)
+    hint = out.split("resume with: ", 1)[1].splitlines()[0]  # the command the run printed, run as printed
+    assert hint.startswith("python ") and hint.endswith("trainer.resume=auto")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # "python" is this test's interpreter
+    resumed = subprocess.run(hint, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=240, env={**os.environ, "PATH": path})
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {run_dir / 'checkpoints'}" in resumed.stdout
     full = run_cli(*args, f"hydra.run.dir={tmp_path / 'full'}", cwd=tmp_path)

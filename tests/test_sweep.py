@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -93,3 +94,19 @@ def test_optuna_preset_searches_lr_and_batch_size(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Best parameters: {'optim.optimizer.lr':" in result.stdout and "Best value: " in result.stdout
     assert len(list(sweep_dir(tmp_path).glob("*/metrics.json"))) == 2
+
+
+def test_plot_lines_follow_the_keys_that_varied():
+    """A sweep of augmentation x batch size is drawn one line per augmentation, not per
+    worker count (which did not vary)."""
+    from saturate.sweep import Job, lines
+
+    jobs = [
+        Job(n, Path(str(n)), {"augmentation": aug, "loader.batch_size": str(b)},
+            {"status": "completed", "batch_size": b, "num_workers": 2, "perf/samples_per_s": float(b)})
+        for n, (aug, b) in enumerate([("cpu", 64), ("cpu", 128), ("gpu", 64), ("gpu", 128)])
+    ]  # fmt: skip
+    assert lines(jobs, "perf/samples_per_s") == {
+        "augmentation=cpu": [(64, 64.0), (128, 128.0)],
+        "augmentation=gpu": [(64, 64.0), (128, 128.0)],
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -179,3 +180,24 @@ def test_benchmark_scripts_run_and_print_their_tables(script):
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| loop |" in result.stdout or "| loader " in result.stdout or "| placement " in result.stdout
+
+
+def test_progress_is_one_line_per_epoch_in_train_log_when_output_is_a_pipe(tmp_path):
+    from tests.conftest import run_cli
+
+    result = run_cli(
+        "trainer.max_epochs=3",
+        "trainer.limit_train_batches=3",
+        "trainer.limit_val_batches=2",
+        "loader.batch_size=32",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )  # fmt: skip  (stdout and stderr are pipes)
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "run" / "train.log").read_text()
+    lines = [line for line in log.splitlines() if "] - epoch " in line]
+    assert len(lines) == 3
+    assert "epoch 2/3, step 6: train/loss" in lines[1] and "val/acc" in lines[1] and "samples/s" in lines[1]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["best"]["metric"] == "val/acc" and metrics["best"]["value"] == max(metrics["best"]["value"], metrics["val/acc"])
+    assert metrics["best"]["epoch"] in (1, 2, 3) and metrics["overrides"][0] == "trainer.max_epochs=3" and metrics["started_at"][:2] == "20"

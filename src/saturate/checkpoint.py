@@ -177,6 +177,7 @@ class Checkpointer:
         self.directory, self.cfg, self.interval, self.parts = directory, cfg, interval, parts
         self.config, self.fingerprint, self.enabled = config, fingerprint, enabled
         self.best: float | None = None
+        self.best_at: tuple[int, int] | None = None  # (epoch, step) of the best value
         self.saved_step: int | None = None  # of the last checkpoint written (finite weights)
         self.resumed_metrics: dict[str, float] = {}  # the metrics saved with the checkpoint resumed from
         self.top: list[tuple[float, str]] = []  # (metric, file name) of the kept top-k files
@@ -232,8 +233,8 @@ class Checkpointer:
         value = value if value is not None and math.isfinite(value) else None  # a NaN is never "better"
         improved = value is not None and self._better(value, self.best)
         if improved:
-            self.best = value
-            checkpoint["best"] = value
+            self.best, self.best_at = value, (state.epoch, state.step)
+            checkpoint["best"], checkpoint["best_at"] = value, list(self.best_at)
         ranked = value is not None and self.cfg.top_k > 1 and (len(self.top) < self.cfg.top_k or self._better(value, self.top[-1][0]))
         atomic_save(checkpoint, self.last_path)
         self.saved_step = state.step
@@ -295,6 +296,7 @@ class Checkpointer:
         self._warn_changes(ckpt.get("config", {}), ckpt["step"], applied)
         set_rng_state(ckpt["rng"])
         self.best, self.top = ckpt.get("best"), [tuple(t) for t in ckpt.get("top", [])]
+        self.best_at = tuple(ckpt["best_at"]) if ckpt.get("best_at") else None
         self.saved_step, self.resumed_metrics = ckpt["step"], ckpt.get("metrics", {})
         state = {key: ckpt[key] for key in fresh}
         log.info("resumed from %s: epoch %d, step %d, batch %d of the epoch", path, state["epoch"], state["step"], state["batch_in_epoch"])

@@ -33,14 +33,17 @@ class TrainState:
 
 class Engine:
     def __init__(self, *, model: nn.Module, step: TrainStep, scheduler, train_batches, evaluator, checkpointer, tracker, callbacks,
-                 timer, stop, monitor, profiler, memory, dist, max_epochs: int, max_steps: int, start_time: float):  # fmt: skip
+                 timer, stop, monitor, profiler, memory, dist, max_epochs: int, max_steps: int, start_time: float,
+                 resume_hint: str = "trainer.resume=auto"):  # fmt: skip
         self.model, self.step, self.scheduler, self.guard = model, step, scheduler, step.guard
         self.train_batches, self.evaluator, self.checkpointer, self.callbacks = train_batches, evaluator, checkpointer, callbacks
         self.tracker, self.timer, self.stop, self.memory = tracker, timer, stop, memory
         self.monitor, self.profiler, self.dist = monitor, profiler, dist
         self.max_epochs, self.max_steps, self.start_time = max_epochs, max_steps, start_time
+        self.resume_hint = resume_hint  # the command that resumes this run, for the messages that stop it
         self.loss_sum = torch.zeros((), device=next(model.parameters()).device)  # summed on the device, read at log steps
         self.loss_count = 0
+        self._counts: dict[str, float] = {}  # the flat counters' last logged values
 
     def finished(self, state: TrainState) -> bool:
         """Whether `state` is already at max_epochs or max_steps (a finished run resumed)."""
@@ -53,6 +56,7 @@ class Engine:
             return dict(self.tracker.latest)
         while True:
             self.model.train()
+            epoch_start, evaluated = time.perf_counter(), {}
             batches = self.train_batches.epoch(state.epoch, start=state.batch_in_epoch)
             for batch in self.timer.fetch(batches):
                 with self.timer.phase("copy"):
@@ -89,6 +93,7 @@ class Engine:
             if self.checkpointer.due(state.epoch, last):
                 self.save(state, self.tracker.latest)
             self.tracker.progress(state.step, state.epoch)
+            self.epoch_line(state, evaluated, time.perf_counter() - epoch_start)
             if last:
                 return dict(self.tracker.latest)
 
@@ -104,19 +109,39 @@ class Engine:
         metrics = {
             **shared,
             "train/lr": self.scheduler.get_last_lr()[0],
-            "train/nonfinite_steps": self.guard.count,
-            "train/micro_batches": self.step.micro_batches,
             "progress/epoch": state.epoch + state.batch_in_epoch / steps_per_epoch,
             "progress/step": state.step,
             "memory/peak_mb": self.memory(),
             "time/wall_s": time.perf_counter() - self.start_time,
             **self.monitor.window(),  # gpu/*, cpu/*: averages of the samples in this window
+            **self.changed_counts(),
         }
         self.loss_sum.zero_()
         self.loss_count = 0
+        self._counts: dict[str, float] = {}  # the flat counters' last logged values
         self.tracker.log(metrics, state.step)
         self.callbacks.on_log(metrics, state.step)
         self.tracker.progress(state.step, state.epoch)
+
+    def epoch_line(self, state: TrainState, evaluated: dict[str, float], seconds: float) -> None:
+        """One line per epoch in the console and train.log, terminal or not (nohup, a
+        scheduler's log, a pipe): where the run is, its losses and metrics, its speed."""
+        if not self.dist.is_main:
+            return
+        latest = self.tracker.latest
+        figures = [f"{k} {v:.4f}" for k, v in (("train/loss", latest.get("train/loss")), *evaluated.items()) if v is not None]
+        speed = latest.get("perf/samples_per_s")
+        log.info("epoch %d/%d, step %d: %s%s, %.1f s", state.epoch, self.max_epochs, state.step, ", ".join(figures),
+                 f", {speed:,.0f} samples/s" if speed else "", seconds)  # fmt: skip
+
+    def changed_counts(self) -> dict[str, float]:
+        """Counters that are flat in a healthy run (non-finite steps, micro-batches per
+        batch): logged at the first log step and then only when they change, so they do not
+        clutter TensorBoard's train group with straight lines."""
+        counts = {"train/nonfinite_steps": self.guard.count, "train/micro_batches": self.step.micro_batches}
+        changed = {k: v for k, v in counts.items() if self._counts.get(k) != v}
+        self._counts.update(changed)
+        return changed
 
     def save(self, state: TrainState, metrics: dict[str, float]) -> float:
         seconds = self.checkpointer.save(state, metrics)
@@ -146,12 +171,12 @@ class Engine:
             if self.guard.skip:  # every bad step was skipped: the weights are the last good state
                 self.save(state, {})
             self.dist.barrier()  # no rank leaves before rank 0 has saved
-            raise self.guard.error(state.step, self.checkpointer.last_good())
+            raise self.guard.error(state.step, self.checkpointer.last_good(), self.resume_hint)
         seconds = self.save(state, {})
         self.dist.barrier()  # torchrun kills the others as soon as one rank exits
         signum = self.stop.requested or signal.SIGTERM  # a rank that heard nothing follows the others
         name = signal.Signals(signum).name
         if self.dist.is_main:
-            log.warning("%s at step %d (epoch %d, batch %d): saved %s in %.2fs; resume with trainer.resume=auto",
-                        name, state.step, state.epoch, state.batch_in_epoch, self.checkpointer.last_path, seconds)  # fmt: skip
+            log.warning("%s at step %d (epoch %d, batch %d): saved %s in %.2fs; resume with: %s", name, state.step, state.epoch,
+                        state.batch_in_epoch, self.checkpointer.last_path, seconds, self.resume_hint)  # fmt: skip
         raise Preempted(signum)

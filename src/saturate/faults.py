@@ -106,7 +106,7 @@ class NonFiniteGuard:
     def failed(self) -> bool:
         return self.consecutive >= self.max_consecutive
 
-    def error(self, step: int, checkpoint: str) -> TrainingDiverged:
+    def error(self, step: int, checkpoint: str, resume_hint: str = "") -> TrainingDiverged:
         if self.skip:
             what = f"{self.consecutive} non-finite steps in a row (from step {self.first_bad_step} to {step})"
             saved = f"every one was skipped; the last good state is {checkpoint}"
@@ -115,4 +115,5 @@ class NonFiniteGuard:
             saved = f"the last checkpoint saved before them is {checkpoint}"
         return TrainingDiverged(
             f"training stopped at step {step}: {what}; {saved}. Try a lower optim.optimizer.lr or trainer.grad_clip=1.0"
+            + (f", resuming with: {resume_hint} optim.optimizer.lr=<lower>" if resume_hint else "")
         )

@@ -378,5 +378,7 @@ def build_loaders(cfg: LoaderConfig, aug: AugmentationConfig, train_set: Dataset
         val = val_set and StreamLoader(val_set, cfg, pipeline(), train=False, limit_batches=trainer.limit_val_batches, **common)
     stages = " -> ".join(f"{p.name} from epoch {e}" for e, p in schedule.stages) if schedule else ""
     kind = f"resident on {train.home}" if cfg.resident else f"{workers} workers, pin_memory={pin}"
+    if not cfg.resident and workers == 0 and cfg.num_workers == "auto":
+        kind += " (num_workers=auto: the data is one in-memory tensor, a batch is one gather; workers would only add copies)"
     log.info("loader: batch %d, %s; augmentation: %s %s", cfg.batch_size, kind, aug.placement, stages)
     return train, val

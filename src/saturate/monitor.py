@@ -143,7 +143,9 @@ class ResourceMonitor:
             return
         self.pynvml, why = open_nvml()
         if self.pynvml is None:
-            log.info("monitor: no NVML (%s); GPU utilisation is not sampled, CPU use is", why)
+            # a warning when training on CUDA; without a GPU it is no news (the report says "not sampled")
+            say = log.warning if device.type == "cuda" else log.debug
+            say("monitor: no NVML (%s); GPU utilisation is not sampled, CPU use is", why)
         else:
             try:
                 self.handles = visible_nvml_handles(self.pynvml)

@@ -30,9 +30,25 @@ def _rank_suffix() -> str:
     return "" if rank_zero() else f".rank{os.environ.get('RANK')}"
 
 
+UNSET_RUN_DIR = "<unset: the run dir, made when train.py starts>"
+
+
+def _output_dir() -> str:
+    """Hydra's output dir for this run; a placeholder where there is none (`--cfg job
+    --resolve` prints the config without running; the compose API has no run)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        found = OmegaConf.select(HydraConfig.get(), "runtime.output_dir", default=None, throw_on_missing=False)
+        if found:
+            return found
+    return UNSET_RUN_DIR
+
+
 def register() -> None:
     """Store the schema in Hydra's ConfigStore and register saturate's resolvers."""
     ConfigStore.instance().store(name="base_config", node=RunConfig)
     OmegaConf.register_new_resolver("saturate_stamp", _run_stamp, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("saturate_output_dir", _output_dir, replace=True)
     OmegaConf.register_new_resolver("saturate_rank_suffix", _rank_suffix, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("saturate_hydra_subdir", lambda: ".hydra" if rank_zero() else None, use_cache=True, replace=True)

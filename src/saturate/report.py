@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 INPUT_BOUND = 0.20
 COMPUTE_BOUND = 0.05
+MIN_STEPS = 10  # fewer steady-state steps than this are no basis for a verdict (experiment=debug takes 3)
 
 
 @dataclass
@@ -71,18 +72,27 @@ def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
         fixes.append(("precision=fp32", f"this CPU has no native {f.precision} kernels: {f.precision} is emulated, slower than fp32"))
     if f.device == "cuda" and f.precision == "fp32":
         fixes.append(("precision=amp", "bf16/fp16 tensor cores do several times the fp32 work per second"))
+    if f.device != "cuda":
+        # compile (tens of seconds of compilation) and larger batches are GPU remedies: on this
+        # 2-core CPU they measured no gain; the arithmetic itself is the limit here
+        fixes.append(("device=cuda", "the step is the model's arithmetic on this CPU; compile and larger batches pay off on a GPU"))
+        return fixes
     if not f.compile:
         fixes.append(("trainer.compile=true", "fused kernels: fewer launches and memory round trips"))
-    if f.device == "cuda" and not f.channels_last and f.image:
+    if not f.channels_last and f.image:
         fixes.append(("trainer.channels_last=true", "convolutions run faster in NHWC on tensor cores"))
     if f.memory_headroom:
         fixes.append(
-            (f"loader.batch_size={2 * f.batch_size}", "peak memory is under half of the device's: larger steps amortise per-step overhead")
+            (f"loader.batch_size={2 * f.batch_size}", "peak memory is under half of the GPU's: larger steps amortise per-step overhead")
         )
     return fixes
 
 
-def diagnose(perf: dict[str, float], facts: RunFacts) -> Verdict:
+def diagnose(perf: dict[str, float], facts: RunFacts, steps: int | None = None) -> Verdict:
+    """The verdict from the measured data-wait share, and what to try; no verdict from fewer
+    than MIN_STEPS steady-state steps (start-up costs would decide it)."""
+    if steps is not None and steps < MIN_STEPS:
+        return Verdict("not judged", f"{steps} steady-state steps are too few to judge (at least {MIN_STEPS}): run longer for a verdict")
     wait = perf["perf/data_wait_frac"]
     figure = f"waiting for data took {wait:.1%} of step time"
     if wait >= INPUT_BOUND:
@@ -117,7 +127,7 @@ def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[st
         lines.append("- GPU utilisation: not sampled (no NVIDIA GPU or no NVML)")
     lines += ["", f"**Verdict: {verdict.kind}**: {verdict.reason}.", ""]
     if verdict.suggestions:
-        lines.append("Try next (add to your command line):")
+        lines += ["Try next (add to your command line):", ""]  # a blank line: Markdown renderers (TensorBoard's) need it for a list
         lines += [f"- `{override}`: {why}" for override, why in verdict.suggestions]
     else:
         lines.append("Nothing obvious left to try from here.")

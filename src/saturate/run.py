@@ -15,6 +15,8 @@ import inspect
 import logging
 import os
 import random
+import shlex
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -51,7 +54,7 @@ from saturate.monitor import ResourceMonitor, device_memory_mb, peak_memory
 from saturate.optim import setup_optimizer
 from saturate.precision import Precision, emulated, setup_precision
 from saturate.profiling import NoProfiler, StepProfiler
-from saturate.registration import register
+from saturate.registration import UNSET_RUN_DIR, register
 from saturate.report import RunFacts, Verdict, diagnose, render
 from saturate.step import TrainStep
 from saturate.task import Task, build_task
@@ -81,6 +84,7 @@ class Given:
     loss: Callable | None = None
     callbacks: Sequence[Any] = ()
     loggers: Sequence[Any] = ()
+    overrides: Sequence[str] = ()  # as fit was given them, for the record
 
     def nodes(self) -> tuple[str, ...]:
         """The config nodes these objects stand in for (not validated, not built)."""
@@ -126,7 +130,7 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None, 
         overrides.append(f"run_dir={Path('outputs/runs').absolute() / datetime.now().strftime('%Y-%m-%d/%H-%M-%S-%f')}")
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         cfg = compose("config", overrides=[f"task={task}", *overrides])
-    given = Given(model=model, datasets=(train_data, val_data), loss=loss, callbacks=callbacks, loggers=loggers)
+    given = Given(model=model, datasets=(train_data, val_data), loss=loss, callbacks=callbacks, loggers=loggers, overrides=overrides)
     return train(cfg, given)
 
 
@@ -141,6 +145,13 @@ def _record_failure(cfg: DictConfig, error: Exception) -> None:
     else:
         why = " ".join(line.strip() for line in str(error).strip().splitlines()[:3])
     write_json(run_dir / "metrics.json", {"status": "failed", "error": f"{type(error).__name__}: {why}"})
+
+
+def _overrides(given: Given) -> list[str]:
+    """The command line's overrides (train.py), or the ones fit was given."""
+    if HydraConfig.initialized():
+        return list(HydraConfig.get().overrides.task)
+    return list(given.overrides)
 
 
 def _writable(folder: Path, key: str) -> None:
@@ -171,10 +182,12 @@ def _described(node: Any, obj: Any) -> Any:
 
 
 def _train(cfg: DictConfig, given: Given) -> Metrics:
-    start_time = time.perf_counter()
+    start_time, started_at = time.perf_counter(), datetime.now().astimezone().isoformat(timespec="seconds")
     run = validate(cfg, presets=tuple(PRESETS), given=given.nodes())
     d = Dist()
     log.setLevel(run.trainer.log_level if d.is_main else "WARNING")  # one voice: rank 0's
+    if run.run_dir == UNSET_RUN_DIR:
+        raise UserError("run_dir: not set; outside train.py (Hydra's compose API) give run_dir=<folder>, or use saturate.fit")
     run_dir = Path(run.run_dir)
     _writable(run_dir, "run_dir")  # before any work: a read-only or full disk is found now, not at the first save
     if run.loader.batch_size == "auto" and run.batch_search.cache:
@@ -210,7 +223,7 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
                                 "data": parts.spec.name, "model": type(parts.models.raw).__name__, "task": parts.task.kind})  # fmt: skip
 
         outcome = {"data": parts.spec.name, "synthetic": parts.spec.synthetic, "precision": parts.precision.name, "task": parts.task.kind,
-                   "monitor": watched.monitor, "fingerprint": env}  # fmt: skip
+                   "monitor": watched.monitor, "started_at": started_at, "overrides": _overrides(given), "fingerprint": env}  # fmt: skip
         if parts.trials is not None:  # loader.batch_size=auto: what was tried, and how long it took
             outcome["batch_search"] = {"seconds": parts.search_s, "trials": [dataclasses.asdict(t) for t in parts.trials]}
         failure = None
@@ -245,7 +258,9 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
 
     if d.is_main:
         used = {"batch_size": run.loader.batch_size, "num_workers": parts.train_batches.num_workers, "world_size": d.world_size}
-        final = {**metrics, **outcome, **used, "status": "completed", "verdict": verdict.kind}
+        best = {"best": {"metric": watched.monitor, "value": checkpointer.best, "epoch": (checkpointer.best_at or (None, None))[0],
+                         "step": (checkpointer.best_at or (None, None))[1]}}  # fmt: skip
+        final = {**metrics, **outcome, **used, **best, "status": "completed", "verdict": verdict.kind}
         write_json(run_dir / "metrics.json", final)
         callbacks.on_run_end(final)
     shown = [k for k in (watched.monitor, *parts.task.names[:1], "val/loss", "train/loss") if k in metrics]
@@ -255,6 +270,18 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
     result = Metrics(metrics)
     result.objective = watched.monitor
     return result
+
+
+def resume_hint(run_dir: str, world_size: int) -> str:
+    """The command that continues this run in its own directory: the same command line,
+    with the run dir pinned and trainer.resume=auto (from Python: the same fit call)."""
+    if not HydraConfig.initialized():
+        return f"saturate.fit(..., run_dir={str(run_dir)!r}, overrides=[..., 'trainer.resume=auto'])"
+    kept = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(("hydra.run.dir=", "trainer.resume=", "run_dir="))]
+    script = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "train.py"
+    per_node = os.environ.get("LOCAL_WORLD_SIZE", world_size)
+    launcher = f"torchrun --nproc_per_node={per_node} {script}" if world_size > 1 else f"python {script}"
+    return " ".join([launcher, *map(shlex.quote, kept), shlex.quote(f"hydra.run.dir={run_dir}"), "trainer.resume=auto"])
 
 
 def _already_done(run: RunConfig, state: TrainState, checkpointer: Checkpointer, tracker: Tracker, monitor: str) -> Metrics:
@@ -409,6 +436,7 @@ def _setup_engine(run: RunConfig, parts: Parts, checkpointer: Checkpointer, trac
         checkpointer=checkpointer, tracker=tracker, callbacks=callbacks, timer=StepTimer(device), stop=stop,
         monitor=ResourceMonitor(run.monitor.interval_s, device, enabled=run.monitor.enabled), profiler=profiler,
         memory=peak_memory(device), dist=d, max_epochs=run.trainer.max_epochs, max_steps=run.trainer.max_steps, start_time=start_time,
+        resume_hint=resume_hint(run.run_dir, d.world_size),
     )  # fmt: skip
 
 
@@ -446,11 +474,14 @@ def _report(run: RunConfig, metrics: dict, *, steps: int, device, parts: Parts, 
         memory_headroom=metrics["memory/peak_mb"] < 0.5 * device_memory_mb(device),
         emulated_precision=emulated(precision.name, device),
     )
-    verdict = diagnose(metrics, facts)
+    verdict = diagnose(metrics, facts, steps=steps)
     text = render(metrics, verdict, steps=steps, gpu=gpu)
     (Path(run.run_dir) / "report.md").write_text(text)
-    tracker.text("report", text)
-    log.info("\n%s", text)
+    tracker.text("bottleneck_report", text)  # TensorBoard sorts text by tag: the report before the config
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:  # one line per sweep job; the report is in its dir
+        log.info("verdict: %s (%s); the report: %s", verdict.kind, verdict.reason, Path(run.run_dir) / "report.md")
+    else:
+        log.info("\n%s", text)
     return verdict
 
 
@@ -604,6 +635,7 @@ def _compile(model: nn.Module, raw: nn.Module, example: tuple[torch.Tensor, torc
     run goes on in eager mode with one warning) and the compile time is reported apart."""
     saved = copy.deepcopy(raw.state_dict())  # the warm-up must not move BatchNorm statistics
     compiled = torch.compile(model)
+    log.info("torch.compile: compiling the model (one forward and backward; tens of seconds, minutes for large models) ...")
     start = time.perf_counter()
     try:
         with precision.autocast():

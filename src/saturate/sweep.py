@@ -117,9 +117,21 @@ def write_csv(path: Path, jobs: list[Job]) -> None:
             writer.writerow([j.number, *(j.overrides.get(k, "") for k in keys), *values, *used, j.status, j.metrics.get("error", "")])
 
 
+def lines(jobs: list[Job], key: str) -> dict[str, list[tuple[float, float]]]:
+    """The completed jobs' (batch size, `key`) points, one line per combination of the
+    other swept keys, named by it (e.g. "augmentation=gpu loader.num_workers=2")."""
+    others = [k for k in swept_keys(jobs) if k != "loader.batch_size"]
+    out: dict[str, list[tuple[float, float]]] = {}
+    for j in (j for j in jobs if j.status == "completed"):
+        name = " ".join(f"{k}={j.overrides.get(k, '')}" for k in others) or "all jobs"
+        out.setdefault(name, []).append((j.metrics["batch_size"], j.metrics[key]))
+    return {name: sorted(points) for name, points in sorted(out.items())}
+
+
 def plot(jobs: list[Job], out: Path) -> list[Path]:
-    """samples/s and data-wait share against the batch size, one line per worker count (or,
-    when the batch size was not swept, one bar per job). Returns the files written."""
+    """samples/s and data-wait share against the batch size, one line per combination of the
+    other swept keys (or, when the batch size was not swept, one bar per job). Returns the
+    files written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,10 +147,9 @@ def plot(jobs: list[Job], out: Path) -> list[Path]:
         ("perf/data_wait_frac", "data wait (share of step time)", "data_wait.png"),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        if by_batch:
-            for workers in sorted({j.metrics.get("num_workers") for j in done}, key=str):
-                line = sorted((j.metrics["batch_size"], j.metrics[key]) for j in done if j.metrics.get("num_workers") == workers)
-                ax.plot([x for x, _ in line], [y for _, y in line], marker="o", label=f"{workers} workers")
+        if by_batch:  # one line per value of the other swept keys (workers, augmentation, precision, ...)
+            for group, line in lines(jobs, key).items():
+                ax.plot([x for x, _ in line], [y for _, y in line], marker="o", label=group)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("batch size (per device)")
             ax.legend()
