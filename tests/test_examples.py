@@ -18,6 +18,7 @@ EXAMPLES = [
 ]
 
 
+@pytest.mark.slow  # three end-to-end CLI runs
 @pytest.mark.parametrize(("folder", "experiment", "kind", "metric"), EXAMPLES, ids=[e[1] for e in EXAMPLES])
 def test_example_trains_from_its_config_dir(tmp_path, folder, experiment, kind, metric):
     result = run_cli(f"hydra.searchpath=[file://{ROOT / 'examples' / folder / 'conf'}]", f"experiment={experiment}", *TINY,
