@@ -202,13 +202,15 @@ class StreamLoader:
         self.generator.manual_seed(self.seed * 1_000_003 + epoch)
         if self.num_workers == 0:
             return itertools.islice(self.loader, max(0, self.batches_per_epoch - start))
-        return self._supervised(iter(self.loader), max(0, self.batches_per_epoch - start))
+        return self._supervised(max(0, self.batches_per_epoch - start))
 
-    def _supervised(self, workers_iter, count: int) -> Iterator[HostBatch]:
+    def _supervised(self, count: int) -> Iterator[HostBatch]:
         """Batches from the workers, each fetch bounded by the watchdog; when a fetch fails
         (stalled, timed out, a worker died), the workers are killed before the error goes
         on: a frozen (SIGSTOPped) worker ignores the SIGTERM DataLoader's shutdown sends,
-        and joining it would hang the run that is trying to stop."""
+        and joining it would hang the run that is trying to stop. The workers start at the
+        first fetch, inside the loop's timing, as they did without supervision."""
+        workers_iter = iter(self.loader)
         try:
             yield from watched(itertools.islice(workers_iter, count), self.timeout_s)
         except RuntimeError:
@@ -370,12 +372,13 @@ def build_loaders(cfg: LoaderConfig, aug: AugmentationConfig, train_set: Dataset
     if cfg.resident:
         ranks = dict(seed=trainer.seed, rank=rank, world_size=world_size)
         train = ResidentLoader(materialize(train_set), cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **ranks)
-        val = val_set and ResidentLoader(materialize(val_set), cfg, pipeline(), train=False, limit_batches=trainer.limit_val_batches,
-                                         **ranks)  # fmt: skip
+        val_limit = dict(train=False, limit_batches=trainer.limit_val_batches, **ranks)
+        val = None if val_set is None else ResidentLoader(materialize(val_set), cfg, pipeline(), **val_limit)
     else:
         common = dict(seed=trainer.seed, num_workers=workers, pin_memory=pin, rank=rank, world_size=world_size)
         train = StreamLoader(train_set, cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **common)
-        val = val_set and StreamLoader(val_set, cfg, pipeline(), train=False, limit_batches=trainer.limit_val_batches, **common)
+        val_limit = dict(train=False, limit_batches=trainer.limit_val_batches, **common)
+        val = None if val_set is None else StreamLoader(val_set, cfg, pipeline(), **val_limit)
     stages = " -> ".join(f"{p.name} from epoch {e}" for e, p in schedule.stages) if schedule else ""
     kind = f"resident on {train.home}" if cfg.resident else f"{workers} workers, pin_memory={pin}"
     if not cfg.resident and workers == 0 and cfg.num_workers == "auto":
