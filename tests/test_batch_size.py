@@ -191,3 +191,19 @@ def test_lr_scaling_applies_to_the_run_with_warmup(make_cfg):
     saturate.train(cfg)  # batch 32 = 4 x 8: lr 0.1 -> 0.2
     lrs = [e.value for e in events(cfg.run_dir).Scalars("train/lr")]
     assert max(lrs) == pytest.approx(0.2, rel=0.02) and lrs[0] < max(lrs)
+
+
+def test_the_cache_tells_models_passed_to_fit_apart(tmp_path, caplog):
+    """fit's model is not a config node: its class and size are in the cache key, so a
+    different model searches again and the same one reuses the choice."""
+    from saturate.data.digits import load_digits
+    from saturate.models import SmallCNN
+    from tests.conftest import TINY
+
+    data = load_digits(val_fraction=0.2, split_seed=0)
+    common = [*TINY, "loader.batch_size=auto", f"batch_search.cache={tmp_path / 'cache.json'}", "batch_search.max=64"]
+    with caplog.at_level(logging.INFO, logger="saturate"):
+        for i, width in enumerate([8, 16, 8]):
+            saturate.fit(SmallCNN(1, 10, width=width), *data, overrides=common, run_dir=tmp_path / f"run{i}")
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loader.batch_size=auto")]
+    assert ["reused" in m for m in said] == [False, False, True]

@@ -4,6 +4,7 @@ no-op unless the run computes in fp16. The training loop never asks which mode i
 from __future__ import annotations
 
 import logging
+import weakref
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ class Precision:
     device_type: str
     dtype: torch.dtype | None  # autocast dtype; None: full precision
     scaler: torch.amp.GradScaler  # enabled for fp16 only
-    _watched: set = field(default_factory=set, repr=False)  # optimizers whose steps are hooked
+    _watched: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)  # optimizers whose steps are hooked (not kept alive)
     _ran: bool = field(default=False, repr=False)
 
     def autocast(self) -> AbstractContextManager:

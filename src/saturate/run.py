@@ -521,7 +521,12 @@ def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, task:
     the trials) and the smallest choice wins, so it fits everywhere."""
     cfg = run.batch_search
     key = {
-        "model": _described(run.model, models.raw if not isinstance(run.model, dict) else None),
+        # the model node and what it built (fit's own model: its class and size)
+        "model": {
+            "node": run.model,
+            "class": _described(None, models.raw)["object"],
+            "parameters": sum(p.numel() for p in models.raw.parameters()),
+        },  # fmt: skip
         "input": [*spec.input_shape, str(spec.input_dtype)],
         "task": task.kind,
         "precision": precision.name,
