@@ -206,3 +206,18 @@ def test_no_verdict_from_a_handful_of_steps():
     verdict = diagnose(perf(0.35), facts(), steps=3)
     assert verdict.kind == "not judged" and "3 steady-state steps are too few" in verdict.reason and verdict.suggestions == []
     assert diagnose(perf(0.35), facts(), steps=40).kind == "input-bound"
+
+
+def test_workers_that_saturate_the_cpu_are_the_verdict_not_compute():
+    """The issue's sweep job: augmentation=cpu with 2 workers on a 2-core CPU device looked
+    compute-bound (315 ms against 21 ms with augmentation=gpu) because the workers took the
+    cores: with the CPU load sampled, the verdict says so."""
+    busy = facts(device="cpu", cpus=2, num_workers=2, placement="cpu", cpu_util=97.0)
+    verdict = diagnose(perf(0.02), busy, steps=100)
+    assert verdict.kind == "CPU-saturated" and "97% busy with 2 worker process(es) on 2 CPU(s)" in verdict.reason
+    assert [o for o, _ in verdict.suggestions] == ["augmentation=gpu", "loader.num_workers=0"]
+    assert diagnose(perf(0.02), facts(device="cpu", cpus=2, num_workers=2, placement="cpu", cpu_util=60.0)).kind == "compute-bound"
+    assert diagnose(perf(0.02), facts(device="cuda", cpus=8, num_workers=7, cpu_util=97.0)).kind == "compute-bound"  # the GPU is busy
+    gpu_starved = diagnose(perf(0.40), facts(device="cuda", cpus=8, num_workers=7, placement="cpu", cpu_util=97.0))
+    assert gpu_starved.kind == "CPU-saturated" and "loader.num_workers=6" in [o for o, _ in gpu_starved.suggestions]
+    assert "- CPU: 97% busy on average" in render(perf(0.02), verdict, steps=100, cpu_util=97.0)

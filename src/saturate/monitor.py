@@ -215,6 +215,11 @@ class ResourceMonitor:
             return {}
         return {key: statistics.fmean(s[key] for s in new if key in s) for key in new[-1]}
 
+    def cpu_mean(self) -> float | None:
+        """The host's mean CPU use over the run, %, or None if nothing was sampled."""
+        util = [s["cpu/util"] for s in self.samples if "cpu/util" in s]
+        return statistics.fmean(util) if util else None
+
     def gpu_summary(self) -> dict[str, float] | None:
         """The run's GPU utilisation figures for the report, or None if none was sampled."""
         util = [s["gpu/util"] for s in self.samples if "gpu/util" in s]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 INPUT_BOUND = 0.20
 COMPUTE_BOUND = 0.05
 MIN_STEPS = 10  # fewer steady-state steps than this are no basis for a verdict (experiment=debug takes 3)
+CPU_SATURATED = 90.0  # % of the host's CPUs busy: worker processes and the training compete for cores
 
 
 @dataclass
@@ -35,6 +36,7 @@ class RunFacts:
     memory_headroom: bool  # peak memory under half of the device's
     emulated_precision: bool  # bf16/fp16 on a CPU without native kernels for them
     image: bool = True  # uint8 image inputs: the image-only options (augmentation placement, channels_last) apply
+    cpu_util: float | None = None  # mean host CPU use over the run, % (psutil), when sampled
 
 
 @dataclass
@@ -66,6 +68,23 @@ def _input_fixes(f: RunFacts) -> list[tuple[str, str]]:
     return fixes
 
 
+def _saturated(f: RunFacts) -> bool:
+    """Worker processes keep the host's cores busy (the seeds' "CPU load < 90 %" check)."""
+    return f.cpu_util is not None and f.cpu_util >= CPU_SATURATED and f.num_workers > 0 and not f.resident
+
+
+def _saturated_fixes(f: RunFacts) -> list[tuple[str, str]]:
+    fixes = []
+    if f.placement == "cpu":
+        fixes.append(("augmentation=gpu", f"per-sample augmentation in {f.num_workers} processes is what keeps the cores busy; batched "
+                                          "on the device it is one kernel per op"))  # fmt: skip
+    if f.in_memory and f.placement != "cpu":
+        fixes.append(("loader=resident", "the data is in memory: no worker processes at all"))
+    fewer = max(0, min(f.num_workers - 1, f.cpus - 2))
+    fixes.append((f"loader.num_workers={fewer}", f"fewer workers leave cores to the training ({f.num_workers} on {f.cpus} CPUs now)"))
+    return fixes
+
+
 def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
     fixes = []
     if f.emulated_precision:
@@ -94,6 +113,10 @@ def diagnose(perf: dict[str, float], facts: RunFacts, steps: int | None = None) 
     if steps is not None and steps < MIN_STEPS:
         return Verdict("not judged", f"{steps} steady-state steps are too few to judge (at least {MIN_STEPS}): run longer for a verdict")
     wait = perf["perf/data_wait_frac"]
+    if _saturated(facts) and (facts.device != "cuda" or wait >= INPUT_BOUND):
+        return Verdict("CPU-saturated", f"the CPU was {facts.cpu_util:.0f}% busy with {facts.num_workers} worker process(es) on "
+                       f"{facts.cpus} CPU(s): the workers and the training compete for the cores, so the step's compute time includes "
+                       f"waiting for one (waiting for data took {wait:.1%} of step time)", _saturated_fixes(facts))  # fmt: skip
     figure = f"waiting for data took {wait:.1%} of step time"
     if wait >= INPUT_BOUND:
         return Verdict("input-bound", f"{figure} (>= {INPUT_BOUND:.0%})", _input_fixes(facts))
@@ -103,7 +126,8 @@ def diagnose(perf: dict[str, float], facts: RunFacts, steps: int | None = None) 
     return Verdict("balanced", f"{figure} (between {COMPUTE_BOUND:.0%} and {INPUT_BOUND:.0%})", both)
 
 
-def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[str, float] | None = None) -> str:
+def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[str, float] | None = None,
+           cpu_util: float | None = None) -> str:  # fmt: skip
     """The report as Markdown (console, report.md and TensorBoard text)."""
     step = perf["perf/step_ms"]
     parts = [
@@ -125,6 +149,8 @@ def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[st
         )
     else:
         lines.append("- GPU utilisation: not sampled (no NVIDIA GPU or no NVML)")
+    if cpu_util is not None:
+        lines.append(f"- CPU: {cpu_util:.0f}% busy on average (all the host's cores)")
     lines += ["", f"**Verdict: {verdict.kind}**: {verdict.reason}.", ""]
     if verdict.suggestions:
         lines += ["Try next (add to your command line):", ""]  # a blank line: Markdown renderers (TensorBoard's) need it for a list

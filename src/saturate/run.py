@@ -230,13 +230,15 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
         try:
             with logging_redirect_tqdm(), torch.autograd.set_detect_anomaly(run.trainer.detect_anomaly), engine.monitor:
                 last = engine.fit(state)
-            gpu = engine.monitor.gpu_summary()
+            gpu, cpu_util = engine.monitor.gpu_summary(), engine.monitor.cpu_mean()
             steady = d.mean(engine.timer.run_window().metrics(), sum_keys=("perf/samples_per_s",))
-            metrics = {**last, **steady, **parts.spec.notes, **(gpu or {}), "time/wall_s": time.perf_counter() - start_time}
+            cpu = {"cpu/util_mean": cpu_util} if cpu_util is not None else {}
+            metrics = {**last, **steady, **parts.spec.notes, **(gpu or {}), **cpu, "time/wall_s": time.perf_counter() - start_time}
             if d.world_size > 1:  # every rank must end with the same weights
                 metrics["distributed/params_identical"] = float(d.params_identical(parts.models.raw))
             if d.is_main:
-                verdict = _report(run, metrics, steps=engine.timer.run_window().steps, device=device, parts=parts, tracker=tracker, gpu=gpu)
+                verdict = _report(run, metrics, steps=engine.timer.run_window().steps, device=device, parts=parts, tracker=tracker, gpu=gpu,
+                                  cpu_util=cpu_util)  # fmt: skip
                 tracker.hparams(_hparams(run, parts), metrics, step=state.step)
         except (Preempted, TrainingDiverged) as stopped:
             if d.is_main:
@@ -454,7 +456,7 @@ def _start_tracking(run: RunConfig, parts: Parts, tracker: Tracker, step: int, r
              parts.total_steps, len(parts.train_batches), run.loader.batch_size, ranks)  # fmt: skip
 
 
-def _report(run: RunConfig, metrics: dict, *, steps: int, device, parts: Parts, tracker: Tracker, gpu) -> Verdict:
+def _report(run: RunConfig, metrics: dict, *, steps: int, device, parts: Parts, tracker: Tracker, gpu, cpu_util) -> Verdict:
     """The bottleneck report: to the console, report.md and TensorBoard."""
     train_batches, precision = parts.train_batches, parts.precision
     facts = RunFacts(
@@ -465,6 +467,7 @@ def _report(run: RunConfig, metrics: dict, *, steps: int, device, parts: Parts, 
         resident=run.loader.resident,
         in_memory=parts.spec.in_memory,
         image=parts.spec.image,
+        cpu_util=cpu_util,
         placement=run.augmentation.placement,
         persistent_workers=run.loader.persistent_workers,
         pin_memory=run.loader.pin_memory is True or (run.loader.pin_memory == "auto" and device.type == "cuda"),
@@ -475,7 +478,7 @@ def _report(run: RunConfig, metrics: dict, *, steps: int, device, parts: Parts, 
         emulated_precision=emulated(precision.name, device),
     )
     verdict = diagnose(metrics, facts, steps=steps)
-    text = render(metrics, verdict, steps=steps, gpu=gpu)
+    text = render(metrics, verdict, steps=steps, gpu=gpu, cpu_util=cpu_util)
     (Path(run.run_dir) / "report.md").write_text(text)
     tracker.text("bottleneck_report", text)  # TensorBoard sorts text by tag: the report before the config
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:  # one line per sweep job; the report is in its dir
