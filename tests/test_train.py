@@ -201,3 +201,14 @@ def test_progress_is_one_line_per_epoch_in_train_log_when_output_is_a_pipe(tmp_p
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["best"]["metric"] == "val/acc" and metrics["best"]["value"] == max(metrics["best"]["value"], metrics["val/acc"])
     assert metrics["best"]["epoch"] in (1, 2, 3) and metrics["overrides"][0] == "trainer.max_epochs=3" and metrics["started_at"][:2] == "20"
+
+
+def test_hparams_hold_the_values_used_and_list_the_task_metrics_first(make_cfg):
+    cfg = make_cfg("loader.num_workers=auto")
+    saturate.train(cfg)
+    acc = events(cfg.run_dir)
+    hp = session_hparams(acc)
+    assert hp["loader.num_workers"] == 0 and hp["augmentation.preset"] == "none"  # what ran, not "auto" and the unused preset
+    content = acc.PluginTagToContent("hparams")["_hparams_/experiment"]
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
+    assert [m.name.tag for m in experiment.metric_infos][:4] == ["val/acc", "val/top5", "val/loss", "train/loss"]

@@ -239,7 +239,9 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
             if d.is_main:
                 verdict = _report(run, metrics, steps=engine.timer.run_window().steps, device=device, parts=parts, tracker=tracker, gpu=gpu,
                                   cpu_util=cpu_util)  # fmt: skip
-                tracker.hparams(_hparams(run, parts), metrics, step=state.step)
+                first = [watched.monitor, *parts.task.names, "val/loss", "train/loss", "perf/samples_per_s", "perf/data_wait_frac"]
+                ordered = {**{k: metrics[k] for k in first if k in metrics}, **metrics}  # the ones HParams shows by default first
+                tracker.hparams(_hparams(run, parts), ordered, step=state.step)
         except (Preempted, TrainingDiverged) as stopped:
             if d.is_main:
                 status = "preempted" if isinstance(stopped, Preempted) else "diverged"
@@ -685,9 +687,10 @@ def _hparams(run: RunConfig, parts: Parts) -> dict:
         "task": parts.task.kind,
         "precision": parts.precision.name,
         "loader.batch_size": run.loader.batch_size,
-        "loader.num_workers": run.loader.num_workers,
+        "loader.num_workers": parts.train_batches.num_workers,  # the number used, not "auto"
         "augmentation": run.augmentation.placement,
-        "augmentation.preset": "+".join(s.preset for s in run.augmentation.schedule) or run.augmentation.preset,
+        "augmentation.preset": "none" if run.augmentation.placement == "none" else (
+            "+".join(s.preset for s in run.augmentation.schedule) or run.augmentation.preset),  # fmt: skip
         "optim": run.optim.optimizer["_target_"].rsplit(".", 1)[-1],
         "optim.lr": run.optim.optimizer.get("lr", float("nan")),
         "trainer.compile": run.trainer.compile,
