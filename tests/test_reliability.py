@@ -59,8 +59,6 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_others_are_never_opened
 
 
 def test_a_cifar_batch_that_would_run_code_is_refused(make_cfg, tmp_path):
-    from tests.test_pipeline import cifar_root  # noqa: F401  (the real layout, written below by hand)
-
     marker = tmp_path / "pwned"
     root = tmp_path / "cifar-10-batches-py"
     root.mkdir()

@@ -93,11 +93,6 @@ class Dist:
         dist.all_reduce(t)
         return {k: v if k in sum_keys else v / self.world_size for k, v in zip(keys, t.tolist(), strict=True)}
 
-    def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            dist.all_reduce(t)
-        return t
-
     def barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier()

@@ -37,9 +37,9 @@ class Evaluator:
                 self.model.train(was_training)
                 return None
             x, y = self.batches.to_device(batch)
-            with self.precision.autocast():
+            with self.precision.autocast():  # the loss too, as in the step (autocast computes it in fp32)
                 outputs = self.model(x)
-            loss.update(self.task.loss(outputs, y), weight=len(y))  # what the step's loss is given, as it is given
+                loss.update(self.task.loss(outputs, y), weight=len(y))
             metrics.update(*self.task.prepare(outputs, y))
         self.model.train(was_training)
         return {"val/loss": float(loss.compute()), **{k: float(v) for k, v in metrics.compute().items()}}

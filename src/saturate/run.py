@@ -343,10 +343,13 @@ def _setup_training(run: RunConfig, d: Dist, device: torch.device, tracker: Trac
     _check_fits_data(run, spec)
     task = _setup_task(run, spec, given)
     precision = setup_precision(run.precision, device)
-    batch = run.loader.batch_size if run.loader.batch_size != "auto" else run.batch_search.min
-    example = _host_batch(train_set, range(min(len(train_set), batch)))  # real samples, at the size the run (or search) starts with
-    example = build_pipeline(run.loader, spec, task.target_dtype, device, run.trainer)(example)
+    # real samples for the start-up check (2) and the compile warm-up (the size the run, or the search, starts with)
+    batch = (run.loader.batch_size if run.loader.batch_size != "auto" else run.batch_search.min) if run.trainer.compile else 2
+    example = build_pipeline(run.loader, spec, task.target_dtype, device, run.trainer)(
+        _host_batch(train_set, range(min(len(train_set), batch)))
+    )
     models = _setup_model(run.model, spec, task, device, run.trainer, precision, d, example, given.model)
+    del example  # not held on the device through the batch-size search
     trials, started = None, time.perf_counter()
     if run.loader.batch_size == "auto":
         chosen, trials = _auto_batch_size(run, models, precision, task, train_set, spec, device, d)
@@ -614,7 +617,7 @@ def _setup_model(node: dict, spec: DataSpec, task: Task, device: torch.device, t
                  example: tuple[torch.Tensor, torch.Tensor], given: nn.Module | None) -> Models:  # fmt: skip
     """The model, built from its node with the data-derived arguments it names (or the one
     passed in), checked on two samples, on the device, maybe SyncBN, DDP and compiled.
-    `example`: a device batch of real samples."""
+    `example`: a device batch of real samples (at least 2)."""
     if given is not None:
         raw = given
     else:
@@ -689,8 +692,9 @@ def _hparams(run: RunConfig, parts: Parts) -> dict:
         "loader.batch_size": run.loader.batch_size,
         "loader.num_workers": parts.train_batches.num_workers,  # the number used, not "auto"
         "augmentation": run.augmentation.placement,
-        "augmentation.preset": "none" if run.augmentation.placement == "none" else (
-            "+".join(s.preset for s in run.augmentation.schedule) or run.augmentation.preset),  # fmt: skip
+        "augmentation.preset": "none"
+        if run.augmentation.placement == "none"
+        else ("+".join(s.preset for s in run.augmentation.schedule) or run.augmentation.preset),  # fmt: skip
         "optim": run.optim.optimizer["_target_"].rsplit(".", 1)[-1],
         "optim.lr": run.optim.optimizer.get("lr", float("nan")),
         "trainer.compile": run.trainer.compile,

@@ -89,14 +89,7 @@ class Task:
 
 def regression_loss(name: str, huber_delta: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     fn = {"mse": F.mse_loss, "l1": F.l1_loss, "huber": lambda o, t: F.huber_loss(o, t, delta=huber_delta)}[name]
-
-    def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        if outputs.shape != targets.shape and outputs.numel() == targets.numel():
-            outputs = outputs.reshape(targets.shape)  # (B, 1) predictions against (B,) targets
-        return fn(outputs.float(), targets.float())
-
-    loss.__name__ = name
-    return loss
+    return _shaped(lambda outputs, targets: fn(outputs.float(), targets.float()))
 
 
 def _shaped(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -214,7 +214,7 @@ def describe(train: Dataset, val: Dataset | None, *, name: str, classes: bool) -
     count classes when `classes`); check that the validation set's samples look the same."""
     x, y = _sample(train, "training")
     if val is not None:
-        vx, vy = _sample(val, "validation")
+        vx, _ = _sample(val, "validation")
         if vx.shape != x.shape or vx.dtype != x.dtype:
             raise DataError(f"data: validation inputs are {vx.dtype} {tuple(vx.shape)}, training inputs {x.dtype} {tuple(x.shape)}; "
                             "they must match")  # fmt: skip
