@@ -19,9 +19,11 @@ def run_dirs(cwd):
 
 
 def test_cli_run_leaves_the_contract_run_dir(tmp_path):
-    result = run_cli(*TINY, cwd=tmp_path)
+    result = run_cli(*TINY, "precision=bf16", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(tmp_path)
+    # named by what the command line changed (whole overrides, as many as fit): TensorBoard's run list shows it
+    assert run_dir.name.endswith("_trainer.max_epochs=1,trainer.limit_train_batches=3,trainer.limit_val_batches=2"), run_dir.name
     for path in (".hydra/config.yaml", ".hydra/overrides.yaml", "metrics.json", "checkpoints/last.pt", "checkpoints/best.pt"):
         assert (run_dir / path).is_file(), path
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
@@ -29,11 +31,12 @@ def test_cli_run_leaves_the_contract_run_dir(tmp_path):
 
 
 def test_two_runs_started_together_get_their_own_dirs(tmp_path):
-    cmd = [sys.executable, str(ROOT / "train.py"), *TINY, "trainer.limit_train_batches=1"]
+    cmd = [sys.executable, str(ROOT / "train.py"), *TINY, "trainer.limit_train_batches=1", "name=my baseline/v1"]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for p in procs:
         assert p.wait(timeout=240) == 0, p.stderr.read()
-    assert len(run_dirs(tmp_path)) == 2
+    dirs = run_dirs(tmp_path)
+    assert len(dirs) == 2 and all(d.name.endswith("_my-baseline-v1") for d in dirs)  # a given name, made safe for a path
 
 
 HYDRA_NOISE = ("Traceback", "HYDRA_FULL_ERROR", "Config search path", "reference_type", "Error executing job")

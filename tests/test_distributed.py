@@ -155,7 +155,7 @@ def test_multirun_under_torchrun_runs_each_job_on_both_ranks(tmp_path):
     result = torchrun("-m", "loader.batch_size=32,64", *SAME, "trainer.max_epochs=1", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")  # one sweep dir, shared by the ranks
-    for job, batch in (("0", 32), ("1", 64)):
+    for job, batch in (("0_loader.batch_size=32", 32), ("1_loader.batch_size=64", 64)):
         metrics = json.loads((sweep / job / "metrics.json").read_text())
         assert metrics["world_size"] == 2 and metrics["batch_size"] == batch and metrics["distributed/params_identical"] == 1.0
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+from tensorboard.plugins.hparams.backend_context import _sort_and_reduce_to_hparams_limit
 
 from tests.conftest import CONF, ROOT, TINY, run_cli
 from tests.test_train import session_hparams
@@ -34,17 +36,25 @@ def test_a_sweep_of_four_jobs_leaves_four_runs_hparams_and_a_report(tmp_path):
     result = run_cli("-m", "loader.batch_size=32,64", "loader.num_workers=0,2", *QUICK, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     root = sweep_dir(tmp_path)
-    jobs = sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit())
-    assert [p.name for p in jobs] == ["0", "1", "2", "3"]
+    jobs = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name)
+    assert [p.name for p in jobs] == [  # each job named by its swept values: TensorBoard's run list shows them
+        "0_loader.batch_size=32,loader.num_workers=0", "1_loader.batch_size=32,loader.num_workers=2",
+        "2_loader.batch_size=64,loader.num_workers=0", "3_loader.batch_size=64,loader.num_workers=2",
+    ]  # fmt: skip
     seen = set()
     for job in jobs:
         assert json.loads((job / "metrics.json").read_text())["status"] == "completed"
         acc = EventAccumulator(str(job / "tb"))
         acc.Reload()
-        hp = session_hparams(acc)  # the swept overrides are the columns
+        hp = session_hparams(acc)  # the swept overrides are the columns; integers as text (TensorBoard prints 32, not 32.000)
         seen.add((hp["loader.batch_size"], hp["loader.num_workers"]))
         assert "val/acc" in acc.Tags()["scalars"]
-    assert seen == {(32, 0), (32, 2), (64, 0), (64, 2)}
+    assert seen == {("32", "0"), ("32", "2"), ("64", "0"), ("64", "2")}
+    # TensorBoard orders the columns by (not differs, name) and ticks the first: the swept keys lead
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(acc.PluginTagToContent("hparams")["_hparams_/experiment"]).experiment
+    _sort_and_reduce_to_hparams_limit(experiment)
+    assert [h.name for h in experiment.hparam_infos][:2] == ["loader.batch_size", "loader.num_workers"]
+    assert {h.name for h in experiment.hparam_infos if h.differs} == {"loader.batch_size", "loader.num_workers"}
 
     done = report(root)
     assert done.returncode == 0, done.stderr
@@ -65,9 +75,9 @@ def test_a_failing_job_does_not_lose_the_others(tmp_path):
     assert result.returncode == 1  # the sweep as a whole failed ...
     assert "loader.batch_size=5000: larger than the training set" in result.stderr and "Traceback" not in result.stderr
     root = sweep_dir(tmp_path)
-    ok = json.loads((root / "0" / "metrics.json").read_text())
+    ok = json.loads((root / "0_loader.batch_size=auto" / "metrics.json").read_text())
     assert ok["status"] == "completed" and ok["batch_size"] >= 16  # ... but the auto-sized job ran
-    failed = json.loads((root / "1" / "metrics.json").read_text())
+    failed = json.loads((root / "1_loader.batch_size=5000" / "metrics.json").read_text())
     assert failed == {"status": "failed", "error": "UserError: loader.batch_size=5000: larger than the training set (1437 samples)"}
 
     done = report(root)

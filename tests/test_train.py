@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 import saturate
@@ -55,8 +56,12 @@ def test_tiny_run_writes_the_contract_outputs(make_cfg):
     assert [e.step for e in acc.Scalars("train/loss")][:3] == [1, 2, 3]  # logged every step (log_interval=1)
     assert acc.Scalars("val/acc")[-1].value == pytest.approx(metrics["val/acc"])
     hp = session_hparams(acc)
-    assert hp["loader.batch_size"] == 32 and hp["model"] == "SmallCNN" and hp["precision"] == "fp32"
+    assert hp["loader.batch_size"] == "32" and hp["model"] == "SmallCNN" and hp["precision"] == "fp32"
     assert "config" in "".join(acc.Tags()["tensors"])  # the resolved config as text
+    (config,) = acc.Tensors("custom_scalars__config__")  # the Custom Scalars tab: loss, validation, speed, why
+    charts = {c.title: list(c.multiline.tag) for c in layout_pb2.Layout.FromString(config.tensor_proto.string_val[0]).category[0].chart}
+    assert charts["loss"] == ["^train/loss$", "^val/loss$"] and charts["validation"] == ["^val/acc$", "^val/top5$"]
+    assert list(charts) == ["loss", "validation", "samples/s", "data wait (fraction of each step)", "utilisation %"]
 
 
 @pytest.mark.parametrize(("mode", "resolved"), [("auto", "fp32"), ("amp", "bf16"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")])
@@ -208,7 +213,7 @@ def test_hparams_hold_the_values_used_and_list_the_task_metrics_first(make_cfg):
     saturate.train(cfg)
     acc = events(cfg.run_dir)
     hp = session_hparams(acc)
-    assert hp["loader.num_workers"] == 0 and hp["augmentation.preset"] == "none"  # what ran, not "auto" and the unused preset
+    assert hp["loader.num_workers"] == "0" and hp["augmentation.preset"] == "none"  # what ran, not "auto" and the unused preset
     content = acc.PluginTagToContent("hparams")["_hparams_/experiment"]
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
     assert [m.name.tag for m in experiment.metric_infos][:4] == ["val/acc", "val/top5", "val/loss", "train/loss"]

@@ -243,4 +243,4 @@ class Preview:
         images = x[: self.count].float()
         if x.dtype == torch.uint8:
             images = images / 255
-        self.show_images(f"augmentation/{policy.name if policy else 'none'}", images.clamp(0, 1), epoch)
+        self.show_images(f"train/augmented/{policy.name if policy else 'none'}", images.clamp(0, 1), epoch)

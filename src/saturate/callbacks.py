@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import csv
 import logging
+import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +96,24 @@ class TensorBoardLogger:
     def log_images(self, tag: str, images, step: int) -> None:
         self.writer.add_images(tag, images, step)
 
-    def log_hparams(self, params: dict[str, Any], metrics: dict[str, float]) -> None:
+    def log_layout(self, charts: dict[str, list[str]]) -> None:
+        """The Custom Scalars tab: one chart per entry, each plotting the exact tags listed."""
+        exact = {title: ["Multiline", [f"^{re.escape(tag)}$" for tag in tags]] for title, tags in charts.items()}
+        self.writer.add_custom_scalars({"saturate": exact})
+
+    def log_hparams(self, params: dict[str, Any], metrics: dict[str, float], varied: Collection[str] = ()) -> None:
+        """The experiment (columns in the order given, metrics too) and this run's session.
+        TensorBoard sorts the columns by (not differs, name) and ticks the first few: the
+        `varied` ones are marked as differing, so a sweep's keys come first."""
+        from tensorboard.plugins.hparams import plugin_data_pb2
         from torch.utils.tensorboard.summary import hparams
 
         experiment, session_start, session_end = hparams(params, metrics)
+        stored = experiment.value[0].metadata.plugin_data
+        data = plugin_data_pb2.HParamsPluginData.FromString(stored.content)
+        for info in data.experiment.hparam_infos:
+            info.differs = info.name in varied
+        stored.content = data.SerializeToString()
         for summary in (experiment, session_start, session_end):
             self.writer.file_writer.add_summary(summary)
 

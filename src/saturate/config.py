@@ -298,6 +298,7 @@ class RunConfig:
     logger: list[Any] = field(default_factory=lambda: ["tensorboard"])  # tensorboard, csv, or `_target_` nodes (saturate.callbacks)
     callbacks: list[Any] = field(default_factory=list)  # `_target_` nodes with any of the hooks of saturate.callbacks.Callback
     run_dir: str = MISSING  # Hydra's output dir for this job
+    name: str | None = None  # ends the run dir's name (TensorBoard's run name); default: the overrides (a sweep's swept ones)
 
 
 MAX_SEED = 2**32 - 1

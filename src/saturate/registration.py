@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from saturate.config import RunConfig
 from saturate.distributed import rank_zero, shared_value
+from saturate.naming import run_name
 
 
 def _run_stamp() -> str:
@@ -49,6 +50,9 @@ def register() -> None:
     """Store the schema in Hydra's ConfigStore and register saturate's resolvers."""
     ConfigStore.instance().store(name="base_config", node=RunConfig)
     OmegaConf.register_new_resolver("saturate_stamp", _run_stamp, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver(
+        "saturate_name", lambda *, _root_: run_name(OmegaConf.select(_root_, "name", default=None, throw_on_missing=False)), replace=True
+    )
     OmegaConf.register_new_resolver("saturate_output_dir", _output_dir, replace=True)
     OmegaConf.register_new_resolver("saturate_rank_suffix", _rank_suffix, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("saturate_hydra_subdir", lambda: ".hydra" if rank_zero() else None, use_cache=True, replace=True)

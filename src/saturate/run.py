@@ -51,6 +51,7 @@ from saturate.evaluate import Evaluator
 from saturate.faults import NonFiniteGuard, Preempted, StopSignal, TrainingDiverged
 from saturate.loader import ResidentLoader, StreamLoader, build_loaders, build_pipeline, cpus_per_process, device_augment, loader_failure
 from saturate.monitor import ResourceMonitor, device_memory_mb, peak_memory
+from saturate.naming import run_name, varied_keys
 from saturate.optim import setup_optimizer
 from saturate.precision import Precision, emulated, setup_precision
 from saturate.profiling import NoProfiler, StepProfiler
@@ -127,7 +128,9 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None, 
     if run_dir is not None:
         overrides.append(f"run_dir={Path(run_dir).absolute()}")
     elif not any(o.startswith("run_dir=") for o in overrides):  # as train.py names its runs
-        overrides.append(f"run_dir={Path('outputs/runs').absolute() / datetime.now().strftime('%Y-%m-%d/%H-%M-%S-%f')}")
+        named = next((o.partition("=")[2] for o in overrides if o.startswith("name=")), None)
+        stamp = datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f") + run_name(named, overrides)
+        overrides.append(f"run_dir={Path('outputs/runs').absolute() / stamp}")
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         cfg = compose("config", overrides=[f"task={task}", *overrides])
     given = Given(model=model, datasets=(train_data, val_data), loss=loss, callbacks=callbacks, loggers=loggers, overrides=overrides)
@@ -241,7 +244,7 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
                                   cpu_util=cpu_util)  # fmt: skip
                 first = [watched.monitor, *parts.task.names, "val/loss", "train/loss", "perf/samples_per_s", "perf/data_wait_frac"]
                 ordered = {**{k: metrics[k] for k in first if k in metrics}, **metrics}  # the ones HParams shows by default first
-                tracker.hparams(_hparams(run, parts), ordered, step=state.step)
+                tracker.hparams(_hparams(run, parts), ordered, step=state.step, varied=varied_keys())
         except (Preempted, TrainingDiverged) as stopped:
             if d.is_main:
                 status = "preempted" if isinstance(stopped, Preempted) else "diverged"
@@ -449,6 +452,9 @@ def _setup_engine(run: RunConfig, parts: Parts, checkpointer: Checkpointer, trac
 
 def _start_tracking(run: RunConfig, parts: Parts, tracker: Tracker, step: int, resolved: dict, env: dict, d: Dist) -> None:
     tracker.start(parts.total_steps, done=step)
+    # Time Series orders groups by name (cpu/ before train/); this tab opens on what matters
+    tracker.layout({"loss": ["train/loss", "val/loss"], "validation": list(parts.task.names), "samples/s": ["perf/samples_per_s"],
+                    "data wait (fraction of each step)": ["perf/data_wait_frac"], "utilisation %": ["gpu/util", "cpu/util"]})  # fmt: skip
     tracker.text("config", "```yaml\n" + OmegaConf.to_yaml(resolved) + "```")
     tracker.text("fingerprint", "```yaml\n" + OmegaConf.to_yaml(env) + "```")
     if parts.trials is not None:

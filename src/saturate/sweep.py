@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,7 +58,8 @@ class Job:
 
 def read_jobs(sweep_dir: Path) -> list[Job]:
     jobs = []
-    for path in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)):
+    numbered = {p: re.match(r"(\d+)(_|$)", p.name) for p in sweep_dir.iterdir() if p.is_dir()}  # <job>_<name> (or <job>)
+    for path in sorted((p for p, m in numbered.items() if m), key=lambda p: int(numbered[p].group(1))):
         overrides_file = path / ".hydra" / "overrides.yaml"
         overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
         pairs = dict(o.lstrip("+~").split("=", 1) for o in overrides or [] if "=" in o)
@@ -66,7 +68,7 @@ def read_jobs(sweep_dir: Path) -> list[Job]:
             metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
         except json.JSONDecodeError:
             metrics = {"status": "failed", "error": "metrics.json is not valid JSON"}
-        jobs.append(Job(int(path.name), path, pairs, metrics))
+        jobs.append(Job(int(numbered[path].group(1)), path, pairs, metrics))
     return jobs
 
 

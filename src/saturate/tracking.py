@@ -12,19 +12,21 @@ import json
 import logging
 import math
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from saturate.callbacks import builtin_logger
+from saturate.callbacks import TensorBoardLogger, builtin_logger
 
 log = logging.getLogger(__name__)
 
 
 def _plain(value: Any) -> Any:
-    """A value TensorBoard's hparams plugin accepts (bool, number or string)."""
-    if isinstance(value, (bool, int, float, str)):
+    """A value TensorBoard's hparams plugin accepts (bool, number or string). Integers go as
+    text: the HParams tab prints every number to five significant digits (128 as 128.00)."""
+    if isinstance(value, (bool, float, str)):
         return value
     return str(value)
 
@@ -73,16 +75,27 @@ class Tracker:
     def text(self, tag: str, text: str, step: int = 0) -> None:
         self._each("log_text", tag, text, step)
 
+    def layout(self, charts: dict[str, list[str]]) -> None:
+        """The overview TensorBoard's Custom Scalars tab opens with: {chart title: tags}."""
+        self._each("log_layout", charts)
+
     def images(self, tag: str, images, step: int) -> None:
         """A grid of images (N, C, H, W) in [0, 1]."""
         if self.loggers:
             self._each("log_images", tag, images.detach().float().cpu(), step)
 
-    def hparams(self, params: dict[str, Any], metrics: dict[str, float], step: int) -> None:
+    def hparams(self, params: dict[str, Any], metrics: dict[str, float], step: int, varied: Collection[str] = ()) -> None:
         """One HParams entry for this run: `params` as columns, `metrics` (logged as scalars
-        under the same tags at the final step) as the compared values."""
+        under the same tags at the final step) as the compared values; TensorBoard lists the
+        `varied` params (what a sweep varies) first and shows them by default."""
         finite = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-        self._each("log_hparams", {k: _plain(v) for k, v in params.items()}, finite)
+        plain = {k: _plain(v) for k, v in params.items()}
+        for logger in self.loggers:
+            fn = getattr(logger, "log_hparams", None)
+            if isinstance(logger, TensorBoardLogger):
+                logger.log_hparams(plain, finite, varied=varied)
+            elif callable(fn):
+                fn(plain, finite)
         self.log(finite, step)
 
     def close(self) -> None:
