@@ -10,6 +10,7 @@ distributed.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import logging
@@ -51,7 +52,16 @@ def init_process_group() -> None:
         device_id = torch.device("cuda", local_rank if count > 1 else 0)
         torch.cuda.set_device(device_id)
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=10), device_id=device_id)
+    atexit.register(_close_process_group)
     log.debug("process group: rank %d of %d (%s)", dist.get_rank(), dist.get_world_size(), backend)
+
+
+def _close_process_group() -> None:
+    """Close the process group before the interpreter exits: a rank that exits with gloo's
+    threads still running aborts ("terminate called without an active exception") when it
+    finishes before the others."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class Dist:
