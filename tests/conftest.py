@@ -19,6 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 saturate.register()  # the schema and resolvers, before anything composes conf/
 
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    """Each test's image-folder index cache (XDG_CACHE_HOME) is its own, never the user's;
+    CLI subprocesses inherit it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+
+
 # A run of a few steps: seconds on a 2-core CPU.
 TINY = [
     "trainer.max_epochs=1",

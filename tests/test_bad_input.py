@@ -57,15 +57,6 @@ def incompatible_checkpoint(tmp: Path) -> list[str]:
     return [f"trainer.resume={tmp / 'small'}", "model.width=16"]
 
 
-def lab_tiff_folder(tmp: Path) -> list[str]:
-    from PIL import Image
-
-    write_digits(tmp / "lab", size=8)
-    lab = tmp / "lab" / "3" / "lab.tif"
-    Image.new("LAB", (8, 8)).save(lab)  # PIL cannot convert LAB to greyscale
-    return ["data=image_folder", f"data.root={tmp / 'lab'}", "data.channels=1", "data.strict=true"]
-
-
 def empty_class_folder(tmp: Path) -> list[str]:
     write_digits(tmp / "gap", size=8)
     (tmp / "gap" / "zz_empty").mkdir()
@@ -103,7 +94,6 @@ BAD_INPUTS = [
     ("a synthetic set too large for memory", ["data=synthetic", "data.num_train=2000000000"], "GiB in memory, more than the"),
     ("a last batch of one with BatchNorm", ["loader.drop_last=false", "loader.batch_size=359", "trainer.limit_train_batches=-1"],
      "loader.drop_last=False: expected true: the last training batch would hold 1 sample"),
-    ("an image PIL cannot convert", lab_tiff_folder, "lab.tif is not a readable image"),
     ("an empty class folder", empty_class_folder, "zz_empty holds no files"),
     ("an empty data.root", ["data=image_folder", "data.root="], "data.root='': expected a folder of class sub-folders"),
     ("a cache path under a file", cache_under_a_file, "batch_search.cache: cannot write to"),
@@ -152,19 +142,19 @@ def test_bad_input_is_one_short_message(make_cfg, tmp_path, name, given, says):
 
 
 def test_an_unreadable_class_folder_is_an_error_naming_it(make_cfg, tmp_path, monkeypatch):
-    """As root (CI) permissions do not stop reads, so the refusal is injected where os.walk
-    meets it."""
-    import saturate.data.image_folder as image_folder
+    """As root (CI) permissions do not stop reads, so the refusal is injected where the
+    listing meets it."""
+    import saturate.data.image_index as image_index
 
     write_digits(tmp_path / "locked", size=8)
-    real_walk = os.walk
+    real_scandir = os.scandir
 
-    def walk(top, onerror=None, **kw):
-        if str(top).endswith("/5"):
-            onerror(PermissionError(errno.EACCES, "Permission denied", str(top)))
-        yield from real_walk(top, onerror=onerror, **kw)
+    def scandir(path):
+        if str(path).endswith("/5"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_scandir(path)
 
-    monkeypatch.setattr(image_folder.os, "walk", walk)
+    monkeypatch.setattr(image_index.os, "scandir", scandir)
     with pytest.raises(CompactHydraException, match=r"cannot read the folder .*locked/5 \(Permission denied\); its images would be lost"):
         saturate.train(make_cfg("data=image_folder", f"data.root={tmp_path / 'locked'}"))
 
@@ -244,3 +234,15 @@ def test_a_real_write_limit_during_a_save_is_a_clean_error(tmp_path):
         f"cannot write checkpoint {tmp_path / 'run' / 'checkpoints' / 'last.pt'}: File too large; the previous one is intact"
         in result.stderr
     )
+
+
+def test_an_image_with_no_direct_conversion_is_read_through_rgb(make_cfg, tmp_path):
+    """PIL converts LAB to RGB but not to greyscale: the check and the decoder go through RGB,
+    so the file is used, not skipped (strict: not an error)."""
+    from PIL import Image
+
+    write_digits(tmp_path / "lab", size=8)
+    Image.new("LAB", (8, 8), (50, 0, 0)).save(tmp_path / "lab" / "3" / "lab.tif")
+    metrics = saturate.train(make_cfg("data=image_folder", f"data.root={tmp_path / 'lab'}", "data.channels=1", "data.strict=true",
+                                      "data.image_size=8"))  # fmt: skip
+    assert metrics["data/skipped_files"] == 0

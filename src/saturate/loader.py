@@ -185,7 +185,7 @@ class StreamLoader:
             persistent_workers=cfg.persistent_workers and num_workers > 0,
             prefetch_factor=cfg.prefetch_factor if num_workers > 0 else None,
             generator=self.generator,
-            collate_fn=already_collated if isinstance(dataset, InMemory) else None,
+            collate_fn=already_collated if getattr(dataset, "returns_batches", False) else None,
             timeout=cfg.timeout_s if num_workers > 0 else 0,
         )
         self.batches_per_epoch = batches_per_epoch(self.sampler.num_samples, cfg.batch_size, self.drop_last, limit_batches)

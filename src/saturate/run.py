@@ -40,7 +40,7 @@ from saturate.batch_size import Cache, Trial, measure_with, restoring, search, t
 from saturate.callbacks import Callbacks
 from saturate.checkpoint import Checkpointer
 from saturate.config import DATA_ARGUMENTS, RunConfig, TrainerConfig, validate
-from saturate.data import DataSpec, InMemory, build_datasets, describe
+from saturate.data import DataSpec, build_datasets, describe
 from saturate.data.base import as_tensor
 from saturate.device import setup_device
 from saturate.distributed import Dist, wrap
@@ -417,7 +417,7 @@ def _setup_task(run: RunConfig, spec: DataSpec, given: Given) -> Task:
 def _host_batch(dataset: Dataset, indices) -> tuple[torch.Tensor, torch.Tensor]:
     """A host batch of the samples at `indices`, as the DataLoader would collate it."""
     indices = list(indices)
-    if isinstance(dataset, InMemory):
+    if getattr(dataset, "returns_batches", False):
         return dataset.__getitems__(indices)
     x, y = default_collate([(as_tensor(dataset[i][0]), as_tensor(dataset[i][1])) for i in indices])
     return x, y

@@ -101,25 +101,44 @@ class DataSpec:
         return f"{shape} {str(self.input_dtype).removeprefix('torch.')} inputs{' (images)' if self.image else ''}, {kind}"
 
 
-def channel_stats(images: torch.Tensor, chunk: int = 64) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and std of uint8 images (N, C, H, W), in [0, 1] units, summed in
-    chunks: memory stays constant in the number of images."""
-    c = images.shape[1]
-    total, squares, count = torch.zeros(c, dtype=torch.float64), torch.zeros(c, dtype=torch.float64), 0
-    for start in range(0, len(images), chunk):
-        x = images[start : start + chunk].to(torch.float64).div_(255).transpose(0, 1).flatten(1)
-        total += x.sum(1)
-        squares += x.square().sum(1)
-        count += x.shape[1]
-    mean = total / count
-    var = (squares / count - mean.square()).clamp_min(0) * count / max(1, count - 1)
+def channel_stats(images, chunk_elements: int = 1 << 22) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 images, in [0, 1] units: `images` is a tensor
+    (N, C, H, W) or an iterable of (C, H, W) tensors. Summed a bounded number of values at a
+    time (about `chunk_elements`): memory stays constant in the number and size of images."""
+    total = squares = None
+    count = 0
+    for flat in _channel_blocks(images, chunk_elements):
+        step = max(1, chunk_elements // flat.shape[0])
+        if total is None:
+            total, squares = torch.zeros(flat.shape[0], dtype=torch.float64), torch.zeros(flat.shape[0], dtype=torch.float64)
+        for start in range(0, flat.shape[1], step):
+            x = flat[:, start : start + step].to(torch.float64)
+            total += x.sum(1)
+            squares += x.square().sum(1)
+        count += flat.shape[1]
+    mean = total / count / 255
+    var = (squares / count / 255**2 - mean.square()).clamp_min(0) * count / max(1, count - 1)
     return tuple(mean.tolist()), tuple(var.sqrt().clamp_min(1e-3).tolist())
+
+
+def _channel_blocks(images, chunk_elements: int):
+    """(C, values) blocks of uint8 images: several images at a time from a tensor, one at a
+    time from an iterable."""
+    if isinstance(images, torch.Tensor):
+        n = max(1, chunk_elements // max(1, images[0].numel()))
+        for start in range(0, len(images), n):
+            yield images[start : start + n].transpose(0, 1).reshape(images.shape[1], -1)
+    else:
+        for image in images:
+            yield image.reshape(image.shape[0], -1)
 
 
 class InMemory(Dataset):
     """A data set held as two tensors: inputs (N, ...) and targets (N, ...). Batches are
     gathered in one `index_select` (see `__getitems__`); the resident loader keeps them on
     the device."""
+
+    returns_batches = True  # __getitems__ returns the collated batch (saturate.loader)
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
         if len(inputs) != len(targets):
@@ -206,7 +225,7 @@ def _image_stats(dataset: Dataset) -> tuple[tuple[float, ...], tuple[float, ...]
     if isinstance(dataset, InMemory):
         return channel_stats(dataset.inputs)
     index = random.Random(0).sample(range(len(dataset)), min(len(dataset), STATS_SAMPLES))
-    return channel_stats(torch.stack([as_tensor(dataset[i][0]) for i in index]))
+    return channel_stats(as_tensor(dataset[i][0]) for i in index)
 
 
 def describe(train: Dataset, val: Dataset | None, *, name: str, classes: bool) -> DataSpec:

@@ -3,7 +3,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -11,102 +10,98 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from saturate.data.base import InMemory, fraction, seed
+from saturate.data.base import STATS_SAMPLES, InMemory, channel_stats, fraction, seed
+from saturate.data.decode import decode_into, read
+from saturate.data.image_index import FolderIndex, IndexCache, default_cache, index_folder
 from saturate.errors import ConfigError, DataError, Problem
 
 log = logging.getLogger(__name__)
 
 
-def decode(path: Path, size: int, channels: int) -> torch.Tensor:
-    """One image file -> uint8 (C, size, size): PIL decode, convert, bilinear resize."""
-    with Image.open(path) as img:
-        img = img.convert("L" if channels == 1 else "RGB")
-        if img.size != (size, size):
-            img = img.resize((size, size), Image.BILINEAR)
-        array = np.asarray(img, dtype=np.uint8)
-    return torch.from_numpy(array.reshape(size, size, channels).transpose(2, 0, 1).copy())
-
-
-def _unreadable(path: Path, mode: str) -> str | None:
-    """None if the file decodes in full and converts to `mode`, else why not. A full decode,
-    not PIL's verify(): verify() passes truncated JPEGs, which would then fail in a worker
-    mid-epoch; the conversion, because some modes (LAB, CMYK to L) have none."""
-    try:
-        with Image.open(path) as img:
-            img.load()
-            img.convert(mode)
-        return None
-    except Exception as e:
-        return f"{type(e).__name__}: {e}"
-
-
 class ImageFiles(Dataset):
-    """Image files decoded one by one on access (in the DataLoader's workers)."""
+    """Image files decoded on access (in the DataLoader's workers): `__getitems__` decodes a
+    whole batch straight into one uint8 tensor, channels last in memory (N, C, H, W with
+    NHWC strides: what the decoders write; the device pipeline makes the layout the model
+    asks for), with no per-sample copy or collate."""
 
-    def __init__(self, files: list[Path], labels: list[int], size: int, channels: int):
-        self.files, self.labels = files, torch.tensor(labels, dtype=torch.int64)
+    returns_batches = True  # __getitems__ returns the collated batch (saturate.loader)
+
+    def __init__(self, folder: Path, index: FolderIndex, chosen: np.ndarray, size: int, channels: int):
+        self.folder, self.names, self.chosen = str(folder), index.names, chosen  # sample i is file chosen[i] of the index
+        self.labels = torch.as_tensor(index.labels[chosen])
         self.size, self.channels = size, channels
 
     def __len__(self) -> int:
-        return len(self.files)
+        return len(self.chosen)
+
+    def path(self, index: int) -> str:
+        return os.path.join(self.folder, self.names[int(self.chosen[index])])
+
+    def _decode_into(self, index: int, out: torch.Tensor) -> None:
+        path = self.path(index)
+        try:
+            decode_into(read(path), out)
+        except (OSError, ValueError, Image.DecompressionBombError) as e:
+            raise DataError(f"cannot read {path} ({type(e).__name__}: {e}); its first and last bytes looked whole at start-up: "
+                            "remove or replace it") from None  # fmt: skip
+
+    def _image(self, index: int) -> torch.Tensor:
+        out = torch.empty((self.size, self.size, self.channels), dtype=torch.uint8)
+        self._decode_into(index, out)
+        return out.permute(2, 0, 1).contiguous()
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        try:
-            return decode(self.files[index], self.size, self.channels), self.labels[index]
-        except OSError as e:  # decoded at start-up: changed on disk since
-            raise DataError(f"cannot read {self.files[index]} ({type(e).__name__}: {e}); it decoded at start-up") from None
+        return self._image(index), self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = torch.empty((len(indices), self.size, self.size, self.channels), dtype=torch.uint8)
+        for j, i in enumerate(indices):
+            self._decode_into(i, batch[j])
+        return batch.permute(0, 3, 1, 2), self.labels[torch.as_tensor(indices, dtype=torch.int64)]
 
     def materialize(self) -> InMemory:
         """Decode every file now, into one uint8 tensor in memory (for the resident loader)."""
-        images = torch.stack([self[i][0] for i in range(len(self))])
-        return InMemory(images, self.labels)
+        images, labels = self.__getitems__(list(range(len(self))))
+        return InMemory(images.contiguous(), labels)
 
 
-def _listing(folder: Path) -> list[Path]:
-    """Every file below `folder`; a folder that cannot be read is an error naming it (rglob
-    would pass over it in silence, and its images with it)."""
-    files = []
-    for parent, dirs, names in os.walk(folder, onerror=_unlisted):
-        dirs.sort()
-        files += [Path(parent) / n for n in sorted(names)]
-    return [f for f in files if f.is_file()]
+def _split(labels: np.ndarray, classes: int, val_fraction: float, split_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A stratified split in O(files): one seeded shuffle of every index, then the first
+    `val_fraction` of each class in that order is validation."""
+    order = list(range(len(labels)))
+    random.Random(split_seed).shuffle(order)
+    shuffled = np.asarray(order, dtype=np.int64)
+    grouped = shuffled[np.argsort(labels[shuffled], kind="stable")]  # by class, shuffled order kept within each
+    counts = np.bincount(labels, minlength=classes)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    is_val = np.zeros(len(labels), dtype=bool)
+    for start, count in zip(starts, counts, strict=True):
+        is_val[grouped[start : start + round(count * val_fraction)]] = True
+    return np.flatnonzero(~is_val), np.flatnonzero(is_val)
 
 
-def _unlisted(error: OSError) -> None:
-    raise DataError(f"data.root: cannot read the folder {error.filename} ({error.strerror}); its images would be lost") from None
+def _stats(dataset: ImageFiles, index: FolderIndex, cache: IndexCache) -> None:
+    """Per-channel mean/std from a fixed sample of the training images, one image at a time
+    (constant memory in the image size), cached with the folder's index."""
+    key = str(dataset.size)
+    if key not in index.stats:
+        chosen = random.Random(0).sample(range(len(dataset)), min(len(dataset), STATS_SAMPLES))
+        mean, std = channel_stats(dataset._image(i) for i in chosen)
+        index.stats[key] = [list(mean), list(std)]
+        cache.store(index)
+    dataset.mean, dataset.std = (tuple(v) for v in index.stats[key])
 
 
-def _scan(folder: Path, classes: list[str], strict: bool, channels: int) -> tuple[list[Path], list[int], list[str]]:
-    found = []
-    for label, name in enumerate(classes):
-        files = _listing(folder / name)
-        if not files:
-            raise DataError(f"data.root: the class folder {folder / name} holds no files; remove it or add its images")
-        found += [(p, label) for p in files]
-    mode = "L" if channels == 1 else "RGB"
-    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:  # PIL decodes without the GIL
-        reasons = list(pool.map(_unreadable, [path for path, _ in found], [mode] * len(found)))
-    files, labels, skipped = [], [], []
-    for (path, label), reason in zip(found, reasons, strict=True):
-        if reason is None:
-            files.append(path)
-            labels.append(label)
-        elif strict:
-            raise DataError(f"data.strict=true: {path} is not a readable image ({reason})")
-        else:
-            log.warning("skipping %s: not a readable image (%s)", path, reason)
-            skipped.append(str(path))
-    return files, labels, skipped
-
-
-def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction: float, split_seed: int,
-                      strict: bool) -> tuple[ImageFiles, ImageFiles]:  # fmt: skip
+def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction: float, split_seed: int, strict: bool,
+                      index_cache: str | None = None) -> tuple[ImageFiles, ImageFiles]:  # fmt: skip
     """Class sub-folders under `data.root` (root/<class>/*.png|jpg|...). If root has train/
     and val/ sub-folders, those are the split; otherwise a stratified `val_fraction` split.
-    Every file is decoded once at start-up (in threads) to find broken ones before training:
-    unreadable, truncated or non-image files are skipped, each named in a warning and
-    counted (metrics `data/skipped_files`), or with data.strict=true the first one is an
-    error naming the file."""
+    Every file is checked at start-up (saturate.data.image_index: its first and last bytes,
+    a full decode where they do not look whole; cached, so the next run checks only what
+    changed): unreadable, truncated or non-image files are skipped, each named in a warning
+    and counted (metrics `data/skipped_files`), or with data.strict=true the first one is an
+    error naming the file. `index_cache`: where the check results and colour statistics
+    are kept (null: ~/.cache/saturate/image_index, "": nowhere)."""
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
         raise ConfigError([Problem("data.image_size", image_size, "an integer >= 1")])
     if channels not in (1, 3):
@@ -126,28 +121,24 @@ def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction
         raise DataError(f"data.root={given!r}: cannot read {base} ({e.strerror})") from None
     if len(classes) < 2:
         raise DataError(f"data.root={given!r}: found {len(classes)} class sub-folder(s) in {base}; need at least 2")
-
-    files, labels, skipped = _scan(base, classes, strict, channels)
+    cache_dir = default_cache() if index_cache is None else (Path(index_cache).expanduser() if str(index_cache).strip() else None)
+    cache = IndexCache(cache_dir, base, channels)
+    index = index_folder(base, classes, cache, strict=strict, channels=channels)
+    readable = index.readable()
+    skipped = len(index.bad)
     if split:
-        val_files, val_labels, val_skipped = _scan(root / "val", classes, strict, channels)
-        skipped += val_skipped
+        val_index = index_folder(root / "val", classes, IndexCache(cache_dir, root / "val", channels), strict=strict, channels=channels)
+        train_chosen, val_chosen, val_base = readable, val_index.readable(), root / "val"
+        skipped += len(val_index.bad)
     else:
-        order = list(range(len(files)))
-        random.Random(split_seed).shuffle(order)
-        val_idx = set()
-        for label in range(len(classes)):  # stratified: the same share of every class
-            members = [i for i in order if labels[i] == label]
-            val_idx.update(members[: round(len(members) * val_fraction)])
-        val_files, val_labels = [files[i] for i in sorted(val_idx)], [labels[i] for i in sorted(val_idx)]
-        files, labels = (
-            [files[i] for i in range(len(files)) if i not in val_idx],
-            [labels[i] for i in range(len(labels)) if i not in val_idx],
-        )
-    if not files or not val_files:
-        raise DataError(f"data.root={given!r}: no readable images for {'training' if not files else 'validation'}")
+        train_at, val_at = _split(index.labels[readable], len(classes), val_fraction, split_seed)
+        train_chosen, val_chosen, val_base, val_index = readable[train_at], readable[val_at], base, index
+    if not len(train_chosen) or not len(val_chosen):
+        raise DataError(f"data.root={given!r}: no readable images for {'training' if not len(train_chosen) else 'validation'}")
 
-    train = ImageFiles(files, labels, image_size, channels)
-    val = ImageFiles(val_files, val_labels, image_size, channels)
-    train.classes, train.notes = classes, {"data/skipped_files": len(skipped)}
-    log.info("image_folder: %d classes, %d train / %d val images, %d skipped", len(classes), len(train), len(val), len(skipped))
+    train = ImageFiles(base, index, train_chosen, image_size, channels)
+    val = ImageFiles(val_base, val_index, val_chosen, image_size, channels)
+    train.classes, train.notes = classes, {"data/skipped_files": skipped}
+    _stats(train, index, cache)
+    log.info("image_folder: %d classes, %d train / %d val images, %d skipped", len(classes), len(train), len(val), skipped)
     return train, val
