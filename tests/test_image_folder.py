@@ -153,3 +153,18 @@ def test_path_table_holds_any_file_name():
     names = ["a/b.jpg", "ü/ß.png", "raw\udcff.jpg", ""]
     table = PathTable.of(names)
     assert [table[i] for i in range(len(table))] == names and len(table) == 4
+
+
+@pytest.mark.slow
+def test_the_benchmark_prints_start_up_memory_and_images_per_second():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    args = ["--files", "300", "--classes", "4", "--rounds", "1", "--batches", "1", "--batch", "16", "--workers", "0"]
+    script = str(ROOT / "scripts/bench_image_folder.py")
+    result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for line in ("saturate first", "saturate cached", "projected to 1,281,167 files", "images/s, 0 workers, batch 16"):
+        assert line in result.stdout, result.stdout
