@@ -168,3 +168,11 @@ def test_the_benchmark_prints_start_up_memory_and_images_per_second():
     assert result.returncode == 0, result.stderr[-2000:]
     for line in ("saturate first", "saturate cached", "projected to 1,281,167 files", "images/s, 0 workers, batch 16"):
         assert line in result.stdout, result.stdout
+
+
+def test_cached_statistics_belong_to_the_split_that_chose_the_training_images(tmp_path):
+    root = make_folder(tmp_path / "imgs", per_class=10)
+    first, _ = load(root, tmp_path / "cache", split_seed=0)
+    other, _ = load(root, tmp_path / "cache", split_seed=1)
+    fresh, _ = load(root, tmp_path / "none", split_seed=1)
+    assert other.mean == fresh.mean and other.mean != first.mean  # not the other split's figures from the cache

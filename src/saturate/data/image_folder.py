@@ -80,10 +80,11 @@ def _split(labels: np.ndarray, classes: int, val_fraction: float, split_seed: in
     return np.flatnonzero(~is_val), np.flatnonzero(is_val)
 
 
-def _stats(dataset: ImageFiles, index: FolderIndex, cache: IndexCache) -> None:
+def _stats(dataset: ImageFiles, index: FolderIndex, cache: IndexCache, split: str) -> None:
     """Per-channel mean/std from a fixed sample of the training images, one image at a time
-    (constant memory in the image size), cached with the folder's index."""
-    key = str(dataset.size)
+    (constant memory in the image size), cached with the folder's index under the image size
+    and the split that chose the training images."""
+    key = f"{dataset.size} {split}"
     if key not in index.stats:
         chosen = random.Random(0).sample(range(len(dataset)), min(len(dataset), STATS_SAMPLES))
         mean, std = channel_stats(dataset._image(i) for i in chosen)
@@ -139,6 +140,6 @@ def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction
     train = ImageFiles(base, index, train_chosen, image_size, channels)
     val = ImageFiles(val_base, val_index, val_chosen, image_size, channels)
     train.classes, train.notes = classes, {"data/skipped_files": skipped}
-    _stats(train, index, cache)
+    _stats(train, index, cache, "train/" if split else f"{val_fraction} {split_seed}")
     log.info("image_folder: %d classes, %d train / %d val images, %d skipped", len(classes), len(train), len(val), skipped)
     return train, val
