@@ -75,8 +75,9 @@ def start_up(code: str, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def loaders(root: Path, size: int, workers: int, batch: int) -> dict:
-    """name -> a DataLoader of uint8 (N, 3, size, size) batches."""
+def loaders(root: Path, size: int, workers: int, batch: int, scratch: Path) -> dict:
+    """name -> a DataLoader of uint8 (N, 3, size, size) batches. `saturate shards`: the same
+    folder converted by scripts/make_shards.py, when wids is installed."""
     from torch.utils.data import DataLoader
 
     from saturate.data.image_folder import load_image_folder
@@ -87,6 +88,16 @@ def loaders(root: Path, size: int, workers: int, batch: int) -> dict:
                                      index_cache=cache)  # fmt: skip
     common = {"batch_size": batch, "num_workers": workers, "shuffle": True, "drop_last": True, "persistent_workers": workers > 0}
     found = {"saturate": DataLoader(train, collate_fn=already_collated, **common)}
+    try:
+        from saturate.data.shards import load_shards
+
+        out = scratch / "shards"
+        script = Path(__file__).with_name("make_shards.py")
+        subprocess.run([sys.executable, str(script), str(root), str(out), "--val-fraction", "0.1"], capture_output=True, check=True)
+        shards, _ = load_shards(train=str(out / "train.json"), val=None, image_size=size, channels=3)
+        found["saturate shards"] = DataLoader(shards, collate_fn=already_collated, **common)
+    except Exception as e:  # noqa: BLE001 (wids or webdataset not installed)
+        print(f"shards row left out: {type(e).__name__}: {str(e)[:80]}")
     try:
         import torch
         from torchvision.datasets import ImageFolder
@@ -157,14 +168,14 @@ def main() -> None:
         for name, r in best.items():
             print(f"  {name:18s} {r['seconds'] * IMAGENET / files:7.1f} s  {r['mb'] * IMAGENET / files / 1024:6.2f} GB")
 
-        found = loaders(root, args.size, args.workers, args.batch)
+        found = loaders(root, args.size, args.workers, args.batch, Path(scratch))
         rates: dict[str, list[float]] = {name: [] for name in found}
         for _ in range(args.rounds):
             for name, loader in found.items():
                 rates[name].append(images_per_s(loader, args.batches))
         print(f"\nimages/s, {args.workers} workers, batch {args.batch}, uint8 {args.size}x{args.size} (best of {args.rounds}):")
         for name, r in rates.items():
-            others = "".join(f", {max(r) / max(o):.2f}x {n}" for n, o in rates.items() if n != name and name == "saturate")
+            others = "".join(f", {max(r) / max(o):.2f}x {n}" for n, o in rates.items() if n != name and name.startswith("saturate"))
             print(f"  {name:24s} {max(r):8.0f}{others}")
 
 

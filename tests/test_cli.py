@@ -80,7 +80,7 @@ def test_unknown_key_suggests_the_nearest(tmp_path):
 # into one line with the key, the value given and what is allowed.
 COMPOSE_ERRORS = [
     (["model=vgg"], "model='vgg': expected one of airbench, resnet18, small_cnn"),
-    (["data=mnist"], "data='mnist': expected one of cifar10, digits, image_folder, synthetic"),
+    (["data=mnist"], "data='mnist': expected one of cifar10, digits, image_folder, shards, synthetic"),
     (["trainer.max_epochs=lots"], "trainer.max_epochs=lots: Value 'lots' of type 'str' could not be converted to Integer"),
     (["trainer.deterministic=maybe"], "trainer.deterministic=maybe: Value 'maybe' is not a valid bool"),
     (["trainer.max_epoch=3"], "trainer.max_epoch=3: no such key (did you mean trainer.max_epochs?); the keys of trainer are"),
