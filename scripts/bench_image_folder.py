@@ -81,13 +81,17 @@ def loaders(root: Path, size: int, workers: int, batch: int, scratch: Path) -> d
     from torch.utils.data import DataLoader
 
     from saturate.data.image_folder import load_image_folder
-    from saturate.loader import already_collated
+    from saturate.loader import ResumableSampler, already_collated
 
     with tempfile.TemporaryDirectory() as cache:
         train, _ = load_image_folder(root=str(root), image_size=size, channels=3, val_fraction=0.1, split_seed=0, strict=False,
                                      index_cache=cache)  # fmt: skip
-    common = {"batch_size": batch, "num_workers": workers, "shuffle": True, "drop_last": True, "persistent_workers": workers > 0}
-    found = {"saturate": DataLoader(train, collate_fn=already_collated, **common)}
+    common = {"batch_size": batch, "num_workers": workers, "drop_last": True, "persistent_workers": workers > 0}
+
+    def sampled(dataset):  # saturate's own sampler (shards: a few shards shuffled together at a time)
+        return ResumableSampler(dataset, batch_size=batch, shuffle=True, seed=0, rank=0, world_size=1, keyed=False)
+
+    found = {"saturate": DataLoader(train, collate_fn=already_collated, sampler=sampled(train), **common)}
     try:
         from saturate.data.shards import load_shards
 
@@ -95,7 +99,7 @@ def loaders(root: Path, size: int, workers: int, batch: int, scratch: Path) -> d
         script = Path(__file__).with_name("make_shards.py")
         subprocess.run([sys.executable, str(script), str(root), str(out), "--val-fraction", "0.1"], capture_output=True, check=True)
         shards, _ = load_shards(train=str(out / "train.json"), val=None, image_size=size, channels=3)
-        found["saturate shards"] = DataLoader(shards, collate_fn=already_collated, **common)
+        found["saturate shards"] = DataLoader(shards, collate_fn=already_collated, sampler=sampled(shards), **common)
     except Exception as e:  # noqa: BLE001 (wids or webdataset not installed)
         print(f"shards row left out: {type(e).__name__}: {str(e)[:80]}")
     try:
@@ -107,6 +111,7 @@ def loaders(root: Path, size: int, workers: int, batch: int, scratch: Path) -> d
         print(f"torchvision rows left out: {type(e).__name__}: {str(e)[:80]}")
         return found
     resize = v2.Resize((size, size), antialias=True)
+    common["shuffle"] = True
     found["torchvision decode_jpeg"] = DataLoader(
         ImageFolder(str(root), loader=lambda p: decode_jpeg(read_file(p), mode=ImageReadMode.RGB), transform=resize), **common
     )

@@ -176,3 +176,29 @@ def test_cached_statistics_belong_to_the_split_that_chose_the_training_images(tm
     other, _ = load(root, tmp_path / "cache", split_seed=1)
     fresh, _ = load(root, tmp_path / "none", split_seed=1)
     assert other.mean == fresh.mean and other.mean != first.mean  # not the other split's figures from the cache
+
+
+def test_a_file_that_cannot_be_opened_is_skipped_and_named(tmp_path, caplog, monkeypatch):
+    """As root (CI) permissions do not stop reads, so the refusal is injected where the
+    check and the full decode open the file."""
+    root = make_folder(tmp_path / "imgs")
+    locked = str(root / "dog" / "02.jpg")
+    real_open, real_pil = os.open, Image.open
+
+    def refused(path):
+        return PermissionError(13, "Permission denied", locked) if str(path) == locked else None
+
+    def os_open(path, *args, **kw):
+        if refused(path):
+            raise refused(path)
+        return real_open(path, *args, **kw)
+
+    def pil_open(path, *args, **kw):
+        if refused(path):
+            raise refused(path)
+        return real_pil(path, *args, **kw)
+
+    monkeypatch.setattr(image_index.os, "open", os_open)
+    monkeypatch.setattr(image_index.Image, "open", pil_open)
+    train, _ = load(root, tmp_path / "cache")
+    assert train.notes["data/skipped_files"] == 1 and f"skipping {locked}: not a readable image (PermissionError" in caplog.text

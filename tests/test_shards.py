@@ -115,3 +115,26 @@ def test_nothing_in_a_shard_is_unpickled(tmp_path):
     train, _ = load_shards(train=str(tmp_path / "evil.json"), val=None, image_size=8, channels=3)
     x, y = train.__getitems__([0])
     assert y.tolist() == [1] and int(x.max()) == 9 and not (tmp_path / "pwned").exists()
+
+
+def test_shards_are_shuffled_a_few_at_a_time_the_same_way_on_every_rank():
+    """A permutation that is a function of (seed, epoch); its first 4 shards' worth of samples
+    come from 4 shards (a worker keeps few open); the ranks' shares are disjoint and cover it."""
+    from saturate.loader import ResumableSampler
+
+    class Sharded(torch.utils.data.Dataset):
+        sample_groups = [100] * 12 + [37]
+
+        def __len__(self):
+            return sum(self.sample_groups)
+
+    def share(rank, epoch=0):
+        sampler = ResumableSampler(Sharded(), batch_size=10, shuffle=True, seed=5, rank=rank, world_size=2, keyed=False)
+        sampler.set_epoch(epoch)
+        return list(sampler)
+
+    first, second = share(0), share(1)
+    assert sorted(first + second) == sorted([*range(1237), first[0]])  # padded by one to equal shares, as DistributedSampler
+    assert share(0) == first and share(0, epoch=1) != first
+    together = [i for pair in zip(first, second, strict=True) for i in pair]  # the order before the ranks took their shares
+    assert len({i // 100 for i in together[:400]}) <= 4

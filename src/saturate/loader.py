@@ -11,11 +11,13 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
 import os
 import signal
 import threading
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -104,17 +106,47 @@ def already_collated(batch: HostBatch) -> HostBatch:
     return batch
 
 
+GROUP_SPAN = 4  # groups (shards) shuffled together: a worker reads from about this many at a time
+
+
+def grouped_permutation(sizes: list[int], generator: torch.Generator, span: int = GROUP_SPAN) -> list[int]:
+    """A shuffle that keeps reads local: the groups (contiguous index ranges of these sizes,
+    e.g. a data set's shards) in a random order, `span` of them at a time shuffled together.
+    A function of the generator's seed only, like torch.randperm."""
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    order = torch.randperm(len(sizes), generator=generator).tolist()
+    indices: list[int] = []
+    for k in range(0, len(order), span):
+        members = torch.cat([torch.arange(starts[g], starts[g] + sizes[g]) for g in order[k : k + span]])
+        indices += members[torch.randperm(len(members), generator=generator)].tolist()
+    return indices
+
+
 class ResumableSampler(DistributedSampler):
     """DistributedSampler (seeded by seed + epoch, sharded by rank) that can start an epoch
     part-way through, at the first sample of batch `start`. With `keyed`, it yields
-    (epoch, index) so that a per-sample augmentation in a worker knows the epoch."""
+    (epoch, index) so that a per-sample augmentation in a worker knows the epoch. A data set
+    with `sample_groups` (its shards' sizes) is shuffled group-wise (grouped_permutation)."""
 
     def __init__(self, dataset: Dataset, *, batch_size: int, shuffle: bool, seed: int, rank: int, world_size: int, keyed: bool):
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
         self.batch_size, self.start, self.keyed = batch_size, 0, keyed
+        self.groups = getattr(dataset, "sample_groups", None)
+
+    def _order(self) -> Iterator[int]:
+        if not (self.shuffle and self.groups):
+            return super().__iter__()
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        indices = grouped_permutation(self.groups, generator)
+        if self.drop_last:  # as DistributedSampler: equal shares for every rank
+            indices = indices[: self.total_size]
+        else:
+            indices += (indices * math.ceil(self.total_size / len(indices)))[: self.total_size - len(indices)]
+        return iter(indices[self.rank : self.total_size : self.num_replicas])
 
     def __iter__(self) -> Iterator:
-        indices = itertools.islice(super().__iter__(), self.start * self.batch_size, None)
+        indices = itertools.islice(self._order(), self.start * self.batch_size, None)
         return ((self.epoch, i) for i in indices) if self.keyed else indices
 
     def __len__(self) -> int:

@@ -59,6 +59,7 @@ class ShardImages(Dataset):
         self.key, self.shards, self.size, self.channels, self.cache_dir = key, index["shardlist"], size, channels, cache_dir
         self.classes = list(index.get("classes") or [])
         self.length = sum(s["nsamples"] for s in self.shards)
+        self.sample_groups = [s["nsamples"] for s in self.shards]  # the sampler shuffles a few shards at a time
         if "mean" in index and "std" in index:
             self.mean, self.std = tuple(index["mean"]), tuple(index["std"])
         self._reader, self._pid = None, None
