@@ -23,7 +23,7 @@ def test_cli_run_leaves_the_contract_run_dir(tmp_path):
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(tmp_path)
     # named by what the command line changed (whole overrides, as many as fit): TensorBoard's run list shows it
-    assert run_dir.name.endswith("_trainer.max_epochs=1,trainer.limit_train_batches=3,trainer.limit_val_batches=2"), run_dir.name
+    assert run_dir.name.endswith("_trainer.max_epochs-1+trainer.limit_train_batches-3+trainer.limit_val_batches-2"), run_dir.name
     for path in (".hydra/config.yaml", ".hydra/overrides.yaml", "metrics.json", "checkpoints/last.pt", "checkpoints/best.pt"):
         assert (run_dir / path).is_file(), path
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))

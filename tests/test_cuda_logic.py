@@ -61,3 +61,28 @@ def test_deterministic_on_cuda_warns_instead_of_failing(make_cfg, monkeypatch, c
     with saturate.run.seeded(saturate.config.TrainerConfig(deterministic=True), torch.device("cpu")):
         pass
     assert calls[0] == (True, False)  # strict on the CPU
+
+
+@pytest.mark.parametrize(
+    ("visible", "devices", "device_type", "expected"),
+    [(4, "auto", "auto", 4), (4, "auto", "cpu", 1), (0, "auto", "auto", 1), (1, "auto", "cuda", 1), (4, 2, "cuda", 2), (0, 2, "cpu", 2)],
+)
+def test_trainer_devices_starts_one_process_per_gpu_by_default(fake_cuda, monkeypatch, visible, devices, device_type, expected):
+    from saturate.launch import processes
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    if visible:
+        fake_cuda(visible)
+    assert processes(devices, device_type) == expected
+    monkeypatch.setenv("LOCAL_RANK", "0")  # under torchrun or SLURM the processes exist already
+    assert processes(devices, device_type) == 1
+
+
+def test_more_processes_than_gpus_is_a_clear_error(fake_cuda, monkeypatch):
+    from saturate.errors import UserError
+    from saturate.launch import processes
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    fake_cuda(2)
+    with pytest.raises(UserError, match=r"trainer.devices=3: 2 CUDA device\(s\) visible; expected at most 2, or device=cpu"):
+        processes(3, "auto")

@@ -155,7 +155,7 @@ def test_multirun_under_torchrun_runs_each_job_on_both_ranks(tmp_path):
     result = torchrun("-m", "loader.batch_size=32,64", *SAME, "trainer.max_epochs=1", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")  # one sweep dir, shared by the ranks
-    for job, batch in (("0_loader.batch_size=32", 32), ("1_loader.batch_size=64", 64)):
+    for job, batch in (("0_loader.batch_size-32", 32), ("1_loader.batch_size-64", 64)):
         metrics = json.loads((sweep / job / "metrics.json").read_text())
         assert metrics["world_size"] == 2 and metrics["batch_size"] == batch and metrics["distributed/params_identical"] == 1.0
 
@@ -204,3 +204,27 @@ def test_a_single_process_needs_no_process_group():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+@pytest.mark.slow
+def test_trainer_devices_2_on_cpu_trains_in_two_processes_and_one_run_dir(tmp_path):
+    from tests.conftest import run_cli
+
+    result = run_cli("device=cpu", "trainer.devices=2", "model.norm=group", "trainer.max_epochs=1", "trainer.progress=false", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "trainer.devices=2: 2 processes (gloo on the CPU) through torch's elastic launcher" in result.stderr + result.stdout
+    (metrics_file,) = (tmp_path / "outputs" / "runs").glob("*/*/metrics.json")
+    metrics = json.loads(metrics_file.read_text())
+    assert metrics["world_size"] == 2 and metrics["distributed/params_identical"] == 1.0 and metrics["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_a_mistake_under_trainer_devices_is_one_line_per_process(tmp_path):
+    from tests.conftest import run_cli
+
+    result = run_cli("device=cpu", "trainer.devices=2", "loader.batch_size=5000", cwd=tmp_path)
+    out = result.stderr + result.stdout
+    assert result.returncode == 1 and "Traceback" not in out
+    # each process says it once; the launcher stops the other when the first exits, which may be before it has said it
+    assert out.count("error: loader.batch_size=5000: larger than the training set (1437 samples across 2 ranks)") in (1, 2)
+    assert "error: trainer.devices=2: rank " in out and "exited with status 1; its message is above" in out

@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import errno
+import logging
 import os
 import sys
 from collections.abc import Callable
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
@@ -23,9 +25,11 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from saturate.errors import Problem, UserError
+from saturate.launch import launch, processes
 from saturate.registration import register
 from saturate.run import Metrics, train
 
+log = logging.getLogger("saturate")
 _answering = False  # run() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
 
 
@@ -49,15 +53,36 @@ def run(main: Callable[[], object]) -> None:
 
 
 def task(cfg: DictConfig) -> Metrics:
-    """`saturate.train` as train.py's task. In a single run a UserError leaves at once, as a
-    SystemExit, so that Hydra adds nothing to its message; in a multirun it is raised as
-    usual: the job is recorded as failed and the sweep goes on."""
+    """`saturate.train` as train.py's task, in as many processes as `trainer.devices` asks
+    for (saturate.launch). In a single run a UserError leaves at once, as a SystemExit, so
+    that Hydra adds nothing to its message; in a multirun it is raised as usual: the job is
+    recorded as failed and the sweep goes on."""
     try:
+        count = processes(cfg.trainer.devices, cfg.device.type) if _valid_devices(cfg.trainer.devices) else 1
+        if count > 1:
+            what = "one per CUDA device" if cfg.device.type != "cpu" and torch.cuda.is_available() else "gloo on the CPU"
+            log.info("trainer.devices=%s: %d processes (%s) through torch's elastic launcher; trainer.devices=1 runs one",
+                     cfg.trainer.devices, count, what)  # fmt: skip
+            hydra_cfg = HydraConfig.get()
+            if _answering:  # the processes answer mistakes in one line too (run() set HYDRA_FULL_ERROR for itself)
+                os.environ.pop("HYDRA_FULL_ERROR", None)
+            try:
+                metrics = Metrics(launch(count, list(hydra_cfg.overrides.task), hydra_cfg.runtime.output_dir))
+            finally:
+                if _answering:
+                    os.environ["HYDRA_FULL_ERROR"] = "1"
+            metrics.objective = metrics.get("monitor", metrics.objective)
+            return metrics
         return train(cfg)
     except UserError as e:
         if _answering and HydraConfig.get().mode == RunMode.RUN:
             raise SystemExit(f"error: {e}") from None
         raise
+
+
+def _valid_devices(devices) -> bool:
+    """Whether trainer.devices can be acted on; a bad value is reported by train()'s checks."""
+    return devices == "auto" or (isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1)
 
 
 def describe(error: CompactHydraException, argv: list[str]) -> str:

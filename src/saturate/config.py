@@ -184,6 +184,7 @@ class TrainerConfig:
     profile: bool = False  # record a torch.profiler trace of a few steady-state steps
     profile_wait: int = 5  # steps before the trace (warm-up: compilation, workers, caches)
     profile_steps: int = 5  # steps in the trace
+    devices: Any = "auto"  # processes: "auto" (every visible CUDA device; 1 on a CPU) or a number (saturate.launch)
 
     def problems(self) -> Issues:
         yield from _at_least("max_epochs", self.max_epochs, 1)
@@ -200,6 +201,7 @@ class TrainerConfig:
                 yield from _at_least(key, getattr(self, key), 1, " or -1")
         yield from _choice("log_level", self.log_level, ("DEBUG", "INFO", "WARNING", "ERROR"))
         yield from _at_least("max_nonfinite_steps", self.max_nonfinite_steps, 1)
+        yield from _int_or_auto("devices", self.devices, 1)
         yield from _at_least("profile_wait", self.profile_wait, 0)
         yield from _at_least("profile_steps", self.profile_steps, 1)
 

@@ -2,7 +2,9 @@
 
 The name ends the run directory (`outputs/runs/<date>/<time>_<name>`, a sweep job's
 `<job>_<name>`), so TensorBoard's run list, which shows directories, tells runs apart. In a
-multirun the name holds only the swept keys: what tells its jobs apart.
+multirun the name holds only the swept keys: what tells its jobs apart. It is written
+`key-value+key-value` (`precision-bf16+loader-fast`): `=` and `,` would make the directory
+unusable as an override value (`trainer.resume=<run dir>`, `hydra.run.dir=<run dir>`).
 """
 
 from __future__ import annotations
@@ -38,25 +40,36 @@ def varied_keys() -> set[str]:
     return swept
 
 
+SAFE = r"A-Za-z0-9._+-"  # what a path, a shell and Hydra's override grammar all take unquoted
+
+
 def _clean(text: str) -> str:
-    """`text` with anything a path or a shell would trip on replaced by '-', shortened."""
-    return re.sub(r"[^A-Za-z0-9._,=+-]+", "-", text).strip("-")[:MAX_LENGTH]
+    """`text` with anything a path, a shell or an override would trip on replaced by '-', shortened."""
+    return re.sub(rf"[^{SAFE}]+", "-", text).strip("-")[:MAX_LENGTH]
+
+
+def override_value(text: str) -> str:
+    """`text` as a value on Hydra's command line: as it is when the grammar takes it
+    unquoted, else single-quoted with its quotes escaped."""
+    if re.fullmatch(rf"[{SAFE}/:]+", text):
+        return text
+    return "'" + text.replace("'", "\\'") + "'"
 
 
 def slug(overrides: Iterable[str], keep: set[str] | None = None) -> str:
-    """`key=value,key=value` for the overrides that name a run (those in `keep` when given)."""
+    """`key-value+key-value` for the overrides that name a run (those in `keep` when given)."""
     pairs = []
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
         if key.startswith("hydra.") or key in UNNAMED or (keep is not None and key not in keep):
             continue
-        pairs.append(_clean(f"{key}={value}"))
+        pairs.append(_clean(f"{key}-{value}"))
     kept = []  # whole pairs, as many as fit
     for pair in pairs:
-        if len(",".join([*kept, pair])) > MAX_LENGTH:
+        if len("+".join([*kept, pair])) > MAX_LENGTH:
             break
         kept.append(pair)
-    return ",".join(kept)
+    return "+".join(kept)
 
 
 def run_name(name: str | None = None, overrides: Iterable[str] | None = None) -> str:

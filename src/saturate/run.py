@@ -43,15 +43,16 @@ from saturate.config import DATA_ARGUMENTS, RunConfig, TrainerConfig, validate
 from saturate.data import DataSpec, build_datasets, describe
 from saturate.data.base import as_tensor
 from saturate.device import setup_device
-from saturate.distributed import Dist, wrap
+from saturate.distributed import Dist, rank_zero, wrap
 from saturate.engine import Engine, TrainState
 from saturate.environment import cpu_name, fingerprint
 from saturate.errors import ConfigError, Problem, UserError
 from saturate.evaluate import Evaluator
 from saturate.faults import NonFiniteGuard, Preempted, StopSignal, TrainingDiverged
+from saturate.launch import LAUNCHED
 from saturate.loader import ResidentLoader, StreamLoader, build_loaders, build_pipeline, cpus_per_process, device_augment, loader_failure
 from saturate.monitor import ResourceMonitor, device_memory_mb, peak_memory
-from saturate.naming import run_name, varied_keys
+from saturate.naming import override_value, run_name, varied_keys
 from saturate.optim import setup_optimizer
 from saturate.precision import Precision, emulated, setup_precision
 from saturate.profiling import NoProfiler, StepProfiler
@@ -138,6 +139,9 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None, 
 
 
 def _record_failure(cfg: DictConfig, error: Exception) -> None:
+    """metrics.json of a run that failed before it could train: status and why (rank 0 only)."""
+    if not rank_zero():
+        return
     try:
         run_dir = Path(cfg.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -287,8 +291,10 @@ def resume_hint(run_dir: str, world_size: int) -> str:
     kept = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(("hydra.run.dir=", "trainer.resume=", "run_dir="))]
     script = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "train.py"
     per_node = os.environ.get("LOCAL_WORLD_SIZE", world_size)
-    launcher = f"torchrun --nproc_per_node={per_node} {script}" if world_size > 1 else f"python {script}"
-    return " ".join([launcher, *map(shlex.quote, kept), shlex.quote(f"hydra.run.dir={run_dir}"), "trainer.resume=auto"])
+    launched = os.environ.get(LAUNCHED) == "1"  # started by trainer.devices: the same command starts them again
+    launcher = f"torchrun --nproc_per_node={per_node} {script}" if world_size > 1 and not launched else f"python {script}"
+    pinned = shlex.quote(f"hydra.run.dir={override_value(str(run_dir))}")
+    return " ".join([launcher, *map(shlex.quote, kept), pinned, "trainer.resume=auto"])
 
 
 def _already_done(run: RunConfig, state: TrainState, checkpointer: Checkpointer, tracker: Tracker, monitor: str) -> Metrics:

@@ -105,7 +105,8 @@ class Tracker:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Write JSON atomically: a reader sees the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Write JSON atomically: a reader sees the old file or the new one, never half (each
+    process through its own temporary file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)

@@ -1,0 +1,59 @@
+"""Every device by default: `python train.py` on a machine with several GPUs starts one
+process per GPU through torch's elastic launcher (the code path `torchrun` runs), all in the
+run directory Hydra made for this run.
+
+`trainer.devices`: "auto" (every visible CUDA device; one process on a CPU) or a number of
+processes (on a CPU, gloo processes: `device=cpu trainer.devices=2`). Under torchrun or SLURM
+(a LOCAL_RANK in the environment) the processes already exist and nothing is launched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from saturate.errors import UserError
+from saturate.naming import override_value
+
+log = logging.getLogger(__name__)
+
+LAUNCHED = "SATURATE_LAUNCHED"  # set in the processes this module starts
+
+
+def processes(devices, device_type: str) -> int:
+    """How many processes this run wants that do not exist yet (1: run here)."""
+    if "LOCAL_RANK" in os.environ:
+        return 1
+    cuda = torch.cuda.device_count() if device_type != "cpu" and torch.cuda.is_available() else 0
+    if devices == "auto":
+        return max(1, cuda)
+    if devices > 1 and (device_type == "cuda" or cuda) and devices > cuda:  # CUDA asked for, or chosen by device=auto
+        raise UserError(f"trainer.devices={devices}: {cuda} CUDA device(s) visible; expected at most {cuda}, or device=cpu")
+    return devices
+
+
+def launch(count: int, overrides: list[str], run_dir: str) -> dict:
+    """Run this script's job in `count` processes (rank 0 writes the run dir) and return
+    rank 0's metrics.json."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    script = os.path.abspath(sys.argv[0])
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir=", "run_dir="))]
+    pinned = f"hydra.run.dir={override_value(run_dir)}"
+    args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={count}", script, *kept, pinned])
+    os.environ[LAUNCHED] = "1"
+    try:
+        run(args)
+    except ChildFailedError as e:
+        rank, failure = next(iter(e.failures.items()))
+        raise UserError(f"trainer.devices={count}: rank {rank} exited with status {failure.exitcode}; its message is above, "
+                        f"its log in {Path(run_dir) / 'train.log'}") from None  # fmt: skip
+    finally:
+        os.environ.pop(LAUNCHED, None)
+    return json.loads((Path(run_dir) / "metrics.json").read_text())
