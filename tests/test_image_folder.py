@@ -202,3 +202,18 @@ def test_a_file_that_cannot_be_opened_is_skipped_and_named(tmp_path, caplog, mon
     monkeypatch.setattr(image_index.Image, "open", pil_open)
     train, _ = load(root, tmp_path / "cache")
     assert train.notes["data/skipped_files"] == 1 and f"skipping {locked}: not a readable image (PermissionError" in caplog.text
+
+
+@pytest.mark.parametrize(("stored", "channels_last"), [(16, True), (40, False)])
+def test_the_batch_layout_follows_what_the_decoder_writes(tmp_path, stored, channels_last):
+    """Files already at image_size: decoded straight into a channels-last batch; files that
+    are resized: a contiguous batch (the resize writes channels first). Same pixels either way."""
+    root = tmp_path / "imgs"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(4):
+            photo(size=(stored, stored), seed=i).save(root / c / f"{i}.jpg")
+    train, _ = load(root, tmp_path / "cache")
+    x, _ = train.__getitems__([0, 1, 2])
+    assert x.shape == (3, 3, 16, 16) and x.is_contiguous(memory_format=torch.channels_last) == channels_last
+    assert x.is_contiguous() != channels_last and all(torch.equal(x[k], train[k][0]) for k in range(3))

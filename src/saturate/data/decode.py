@@ -38,19 +38,43 @@ def _pil(data: bytes, size: int, channels: int) -> np.ndarray:
         return np.array(img, dtype=np.uint8)
 
 
+def needs_resize(data: bytes, size: int) -> bool:
+    """Whether the image is stored at another size than `size` x `size` (from its header)."""
+    try:
+        if simplejpeg is not None and data[:3] == JPEG_MAGIC:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data, min_height=size, min_width=size, min_factor=2)
+        else:
+            with Image.open(io.BytesIO(data)) as img:
+                width, height = img.size
+    except Exception:  # noqa: BLE001 (unreadable: decode_into says why)
+        return False
+    return (height, width) != (size, size)
+
+
+def batch_tensor(count: int, size: int, channels: int, first: bytes) -> torch.Tensor:
+    """An uninitialised uint8 batch (count, channels, size, size) laid out for what decoding
+    writes: channels last when the first image needs no resize (a JPEG is then decoded
+    straight into its slot), contiguous when it does (the resize writes channels first; the
+    other layout would cost a transpose per image: 0.1 ms at 224 px, a tenth of the decode)."""
+    if needs_resize(first, size):
+        return torch.empty((count, channels, size, size), dtype=torch.uint8)
+    return torch.empty((count, size, size, channels), dtype=torch.uint8).permute(0, 3, 1, 2)
+
+
 def decode_into(data: bytes, out: torch.Tensor) -> None:
-    """Encoded image bytes -> `out`, a uint8 (size, size, channels) tensor (a slot of a
-    channels-last batch). A JPEG whose decoded size is already `size` is decoded straight
-    into it. Raises on a file that is not a readable image (OSError, ValueError,
+    """Encoded image bytes -> `out`, a uint8 (channels, size, size) tensor (a slot of a
+    batch, in either layout). A JPEG already at `size` is decoded straight into a
+    channels-last slot. Raises on a file that is not a readable image (OSError, ValueError,
     Image.DecompressionBombError)."""
-    size, channels = out.shape[0], out.shape[2]
+    channels, size = out.shape[0], out.shape[1]
+    hwc = out.permute(1, 2, 0)
     array = None
     if simplejpeg is not None and data[:3] == JPEG_MAGIC:
         colorspace = "GRAY" if channels == 1 else "RGB"
         try:
             height, width, _, _ = simplejpeg.decode_jpeg_header(data, min_height=size, min_width=size, min_factor=2)
-            if (height, width) == (size, size):
-                simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=size, min_width=size, min_factor=2, buffer=out.numpy())
+            if (height, width) == (size, size) and hwc.is_contiguous():
+                simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=size, min_width=size, min_factor=2, buffer=hwc.numpy())
                 return
             array = simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=size, min_width=size, min_factor=2)
         except ValueError:  # what libjpeg-turbo refuses (CMYK to grey, corrupt data): PIL decides
@@ -58,18 +82,17 @@ def decode_into(data: bytes, out: torch.Tensor) -> None:
     if array is None:
         array = _pil(data, size, channels)
     height, width = array.shape[:2]
-    image = torch.from_numpy(array).view(height, width, channels)
-    if (height, width) != (size, size):  # on the channels-last view: torch's fast uint8 path
-        image = F.interpolate(image.permute(2, 0, 1).unsqueeze(0), size=(size, size), mode="bilinear", antialias=True,
-                              align_corners=False).squeeze(0).permute(1, 2, 0)  # fmt: skip
+    image = torch.from_numpy(array).view(height, width, channels).permute(2, 0, 1)
+    if (height, width) != (size, size):  # torch's uint8 kernel; writes (C, H, W) contiguous
+        image = F.interpolate(image.unsqueeze(0), size=(size, size), mode="bilinear", antialias=True, align_corners=False).squeeze(0)
     out.copy_(image)
 
 
 def decode(data: bytes, size: int, channels: int) -> torch.Tensor:
-    """Encoded image bytes -> uint8 (channels, size, size)."""
-    out = torch.empty((size, size, channels), dtype=torch.uint8)
+    """Encoded image bytes -> uint8 (channels, size, size), contiguous."""
+    out = batch_tensor(1, size, channels, data)[0]
     decode_into(data, out)
-    return out.permute(2, 0, 1).contiguous()
+    return out.contiguous()
 
 
 def read(path: str) -> bytes:

@@ -11,7 +11,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from saturate.data.base import STATS_SAMPLES, InMemory, channel_stats, fraction, seed
-from saturate.data.decode import decode_into, read
+from saturate.data.decode import batch_tensor, decode_into, read
 from saturate.data.image_index import FolderIndex, IndexCache, default_cache, index_folder
 from saturate.errors import ConfigError, DataError, Problem
 
@@ -20,9 +20,9 @@ log = logging.getLogger(__name__)
 
 class ImageFiles(Dataset):
     """Image files decoded on access (in the DataLoader's workers): `__getitems__` decodes a
-    whole batch straight into one uint8 tensor, channels last in memory (N, C, H, W with
-    NHWC strides: what the decoders write; the device pipeline makes the layout the model
-    asks for), with no per-sample copy or collate."""
+    whole batch straight into one uint8 tensor laid out for what the decoder writes
+    (saturate.data.decode.batch_tensor; the device pipeline makes the layout the model asks
+    for), with no per-sample collate."""
 
     returns_batches = True  # __getitems__ returns the collated batch (saturate.loader)
 
@@ -37,27 +37,37 @@ class ImageFiles(Dataset):
     def path(self, index: int) -> str:
         return os.path.join(self.folder, self.names[int(self.chosen[index])])
 
-    def _decode_into(self, index: int, out: torch.Tensor) -> None:
+    def _bytes(self, index: int) -> bytes:
         path = self.path(index)
         try:
-            decode_into(read(path), out)
+            return read(path)
+        except OSError as e:
+            raise DataError(f"cannot read {path} ({type(e).__name__}: {e}); it was listed at start-up: was it moved?") from None
+
+    def _decode_into(self, index: int, data: bytes, out: torch.Tensor) -> None:
+        try:
+            decode_into(data, out)
         except (OSError, ValueError, Image.DecompressionBombError) as e:
-            raise DataError(f"cannot read {path} ({type(e).__name__}: {e}); its first and last bytes looked whole at start-up: "
-                            "remove or replace it") from None  # fmt: skip
+            raise DataError(f"cannot read {self.path(index)} ({type(e).__name__}: {e}); its first and last bytes looked whole "
+                            "at start-up: remove or replace it") from None  # fmt: skip
 
     def _image(self, index: int) -> torch.Tensor:
-        out = torch.empty((self.size, self.size, self.channels), dtype=torch.uint8)
-        self._decode_into(index, out)
-        return out.permute(2, 0, 1).contiguous()
+        data = self._bytes(index)
+        out = batch_tensor(1, self.size, self.channels, data)[0]
+        self._decode_into(index, data, out)
+        return out.contiguous()
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._image(index), self.labels[index]
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = torch.empty((len(indices), self.size, self.size, self.channels), dtype=torch.uint8)
-        for j, i in enumerate(indices):
-            self._decode_into(i, batch[j])
-        return batch.permute(0, 3, 1, 2), self.labels[torch.as_tensor(indices, dtype=torch.int64)]
+        """A batch (N, C, H, W): channels last in memory when the files are already at
+        image_size, contiguous when they are resized (saturate.data.decode.batch_tensor)."""
+        data = [self._bytes(i) for i in indices]
+        batch = batch_tensor(len(indices), self.size, self.channels, data[0])
+        for j, (i, encoded) in enumerate(zip(indices, data, strict=True)):
+            self._decode_into(i, encoded, batch[j])
+        return batch, self.labels[torch.as_tensor(indices, dtype=torch.int64)]
 
     def materialize(self) -> InMemory:
         """Decode every file now, into one uint8 tensor in memory (for the resident loader)."""

@@ -21,12 +21,11 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from saturate.data.decode import decode_into
+from saturate.data.decode import batch_tensor, decode_into
 from saturate.errors import ConfigError, DataError, Problem
 
 IMAGE_KEYS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
@@ -86,7 +85,8 @@ class ShardImages(Dataset):
         os.makedirs(directory, exist_ok=True)
         return os.path.join(directory, quote(url, safe="+-"))
 
-    def _sample(self, index: int, out: torch.Tensor) -> int:
+    def _sample(self, index: int) -> tuple[bytes, int, str]:
+        """(image bytes, class index, where it is) of sample `index`."""
         try:
             sample = self._open()[index]
         except Exception as e:  # noqa: BLE001 (a missing, unreadable or truncated shard: name it)
@@ -97,22 +97,28 @@ class ShardImages(Dataset):
         if image is None or label is None:
             raise DataError(f"{where} has keys {sorted(k for k in sample if not k.startswith('__'))}; expected an image and 'cls'")
         try:
-            decode_into(image.read(), out)
-            return int(label.read().decode().strip())
+            return image.read(), int(label.read().decode().strip()), where
+        except ValueError as e:
+            raise DataError(f"{where}: its class is not an integer ({e})") from None
+
+    def _decode_into(self, data: bytes, where: str, out: torch.Tensor) -> None:
+        try:
+            decode_into(data, out)
         except (OSError, ValueError, Image.DecompressionBombError) as e:
-            raise DataError(f"{where} is not a readable image with an integer class ({type(e).__name__}: {e})") from None
+            raise DataError(f"{where} is not a readable image ({type(e).__name__}: {e})") from None
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        out = torch.empty((self.size, self.size, self.channels), dtype=torch.uint8)
-        label = self._sample(index, out)
-        return out.permute(2, 0, 1).contiguous(), torch.tensor(label)
+        data, label, where = self._sample(index)
+        out = batch_tensor(1, self.size, self.channels, data)[0]
+        self._decode_into(data, where, out)
+        return out.contiguous(), torch.tensor(label)
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = torch.empty((len(indices), self.size, self.size, self.channels), dtype=torch.uint8)
-        labels = np.empty(len(indices), dtype=np.int64)
-        for j, i in enumerate(indices):
-            labels[j] = self._sample(i, batch[j])
-        return batch.permute(0, 3, 1, 2), torch.from_numpy(labels)
+        samples = [self._sample(i) for i in indices]
+        batch = batch_tensor(len(indices), self.size, self.channels, samples[0][0])
+        for j, (data, _, where) in enumerate(samples):
+            self._decode_into(data, where, batch[j])
+        return batch, torch.tensor([label for _, label, _ in samples], dtype=torch.int64)
 
     def __getstate__(self) -> dict:  # workers open their own readers
         return {**self.__dict__, "_reader": None, "_pid": None}
