@@ -168,3 +168,16 @@ def test_a_worker_that_hangs_or_dies_is_a_clear_error_and_leaves_no_process(tmp_
     while psutil.Process().children(recursive=True) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert psutil.Process().children(recursive=True) == []
+
+
+def test_a_worker_dying_mid_send_is_the_same_clear_error():
+    """The pipe's own error can reach the loop before the DataLoader sees its worker gone (seen
+    once in a fresh-clone run of the test above); a dataset's own ConnectionError, re-raised
+    from a worker ("Caught ... in DataLoader worker") or raised without workers, stays itself."""
+    from saturate.loader import loader_failure
+
+    died = loader_failure(ConnectionResetError(104, "Connection reset by peer"), 3, workers=2)
+    assert str(died).startswith("loader: a worker process died (ConnectionResetError: [Errno 104] Connection reset by peer)")
+    assert loader_failure(EOFError(), 3, workers=2) is not None
+    assert loader_failure(ConnectionResetError(104, "Connection reset by peer"), 3, workers=0) is None
+    assert loader_failure(ConnectionError("Caught ConnectionError in DataLoader worker process 0."), 3, workers=2) is None

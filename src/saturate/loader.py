@@ -292,12 +292,17 @@ def watched(batches: Iterator[HostBatch], timeout_s: float) -> Iterator[HostBatc
         signal.signal(signal.SIGALRM, previous)
 
 
-def loader_failure(error: RuntimeError, timeout_s: float) -> DataError | None:
+def loader_failure(error: Exception, timeout_s: float, workers: int) -> DataError | None:
     """A DataLoader worker that hung past the timeout or died, as one clear error (None if
-    `error` is something else). The DataLoader shuts its other workers down as it unwinds,
-    so none is left behind."""
+    `error` is something else). A worker that dies mid-send can also surface as the pipe's
+    own error (ConnectionResetError, EOFError) before the DataLoader notices the death. The
+    DataLoader shuts its other workers down as it unwinds, so none is left behind."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    if "DataLoader" not in text or not ("timed out" in text or "worker" in text):
+    if text.startswith("Caught "):  # the dataset's own error, re-raised from a worker: it stays itself
+        return None
+    if workers and isinstance(error, (ConnectionError, EOFError)):
+        text = f"{type(error).__name__}: {text or 'the pipe closed'}"
+    elif "DataLoader" not in text or not ("timed out" in text or "worker" in text):
         return None
     what = f"no batch within loader.timeout_s={timeout_s:g} s" if "timed out" in text else "a worker process died"
     return DataError(f"loader: {what} ({text}); the run stopped. Look at the dataset's __getitem__, or lower loader.num_workers")

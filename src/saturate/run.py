@@ -255,8 +255,8 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
                 write_json(run_dir / "metrics.json", {**tracker.latest, **outcome, "status": status})
                 callbacks.on_run_end({**tracker.latest, **outcome, "status": status})
             raise
-        except RuntimeError as e:  # a DataLoader worker that hung or died
-            failure = loader_failure(e, run.loader.timeout_s)
+        except (RuntimeError, ConnectionError, EOFError) as e:  # a DataLoader worker that hung or died
+            failure = loader_failure(e, run.loader.timeout_s, parts.train_batches.num_workers)
             if failure is None:
                 raise
             engine.save(state, {})  # at the last completed step: the run resumes from there
