@@ -65,10 +65,9 @@ def test_a_second_start_reads_the_cache_and_a_changed_folder_is_checked_again(tm
     first, _ = load(root, tmp_path / "cache")
     assert len(calls) == 12 and list((tmp_path / "cache").glob("*.npz"))
     calls.clear()
-    monkeypatch.setattr(image_index.os, "scandir", None)  # no directory is listed again: the cache answers
-    second, _ = load(root, tmp_path / "cache")
-    monkeypatch.undo()
-    monkeypatch.setattr(image_index, "_looks_whole", lambda path: calls.append(path) or real(path))
+    with monkeypatch.context() as m:  # no directory is listed again: the cache answers
+        m.setattr(image_index.os, "scandir", None)
+        second, _ = load(root, tmp_path / "cache")
     assert calls == [] and second.mean == first.mean  # checks and statistics from the cache
     assert [second.path(i) for i in range(len(second))] == [first.path(i) for i in range(len(first))]
 

@@ -12,6 +12,7 @@ as PIL's decode + `resize(BILINEAR)`. Measured in docs/benchmarks.md (image fold
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -88,11 +89,28 @@ def decode_into(data: bytes, out: torch.Tensor) -> None:
     out.copy_(image)
 
 
+UNREADABLE = (OSError, ValueError, Image.DecompressionBombError)  # what decoding a broken file raises
+
+
+def decode_batch(encoded: list[bytes], size: int, channels: int,
+                 failure: Callable[[int, Exception], Exception] | None = None) -> torch.Tensor:  # fmt: skip
+    """Encoded images -> one uint8 batch (N, channels, size, size) in the layout of
+    batch_tensor. `failure(j, error)` gives the exception to raise when image j does not
+    decode (default: the decoder's own)."""
+    batch = batch_tensor(len(encoded), size, channels, encoded[0])
+    for j, data in enumerate(encoded):
+        try:
+            decode_into(data, batch[j])
+        except UNREADABLE as e:
+            if failure is None:
+                raise
+            raise failure(j, e) from None
+    return batch
+
+
 def decode(data: bytes, size: int, channels: int) -> torch.Tensor:
     """Encoded image bytes -> uint8 (channels, size, size), contiguous."""
-    out = batch_tensor(1, size, channels, data)[0]
-    decode_into(data, out)
-    return out.contiguous()
+    return decode_batch([data], size, channels)[0].contiguous()
 
 
 def read(path: str) -> bytes:

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 from torch.utils.data import Dataset
 
 from saturate.data.base import STATS_SAMPLES, InMemory, channel_stats, fraction, seed
-from saturate.data.decode import batch_tensor, decode_into, read
+from saturate.data.decode import decode_batch, read
 from saturate.data.image_index import FolderIndex, IndexCache, default_cache, index_folder
 from saturate.errors import ConfigError, DataError, Problem
 
@@ -44,29 +43,19 @@ class ImageFiles(Dataset):
         except OSError as e:
             raise DataError(f"cannot read {path} ({type(e).__name__}: {e}); it was listed at start-up: was it moved?") from None
 
-    def _decode_into(self, index: int, data: bytes, out: torch.Tensor) -> None:
-        try:
-            decode_into(data, out)
-        except (OSError, ValueError, Image.DecompressionBombError) as e:
-            raise DataError(f"cannot read {self.path(index)} ({type(e).__name__}: {e}); its first and last bytes looked whole "
-                            "at start-up: remove or replace it") from None  # fmt: skip
-
-    def _image(self, index: int) -> torch.Tensor:
-        data = self._bytes(index)
-        out = batch_tensor(1, self.size, self.channels, data)[0]
-        self._decode_into(index, data, out)
-        return out.contiguous()
-
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._image(index), self.labels[index]
+        x, y = self.__getitems__([index])
+        return x[0].contiguous(), y[0]
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch (N, C, H, W): channels last in memory when the files are already at
         image_size, contiguous when they are resized (saturate.data.decode.batch_tensor)."""
-        data = [self._bytes(i) for i in indices]
-        batch = batch_tensor(len(indices), self.size, self.channels, data[0])
-        for j, (i, encoded) in enumerate(zip(indices, data, strict=True)):
-            self._decode_into(i, encoded, batch[j])
+
+        def failure(j: int, e: Exception) -> DataError:
+            return DataError(f"cannot read {self.path(indices[j])} ({type(e).__name__}: {e}); its first and last bytes looked whole "
+                             "at start-up: remove or replace it")  # fmt: skip
+
+        batch = decode_batch([self._bytes(i) for i in indices], self.size, self.channels, failure)
         return batch, self.labels[torch.as_tensor(indices, dtype=torch.int64)]
 
     def materialize(self) -> InMemory:
@@ -97,7 +86,7 @@ def _stats(dataset: ImageFiles, index: FolderIndex, cache: IndexCache, split: st
     key = f"{dataset.size} {split}"
     if key not in index.stats:
         chosen = random.Random(0).sample(range(len(dataset)), min(len(dataset), STATS_SAMPLES))
-        mean, std = channel_stats(dataset._image(i) for i in chosen)
+        mean, std = channel_stats(dataset[i][0] for i in chosen)
         index.stats[key] = [list(mean), list(std)]
         cache.store(index)
     dataset.mean, dataset.std = (tuple(v) for v in index.stats[key])

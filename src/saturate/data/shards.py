@@ -22,10 +22,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 import torch
-from PIL import Image
 from torch.utils.data import Dataset
 
-from saturate.data.decode import batch_tensor, decode_into
+from saturate.data.decode import decode_batch
 from saturate.errors import ConfigError, DataError, Problem
 
 IMAGE_KEYS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
@@ -101,23 +100,17 @@ class ShardImages(Dataset):
         except ValueError as e:
             raise DataError(f"{where}: its class is not an integer ({e})") from None
 
-    def _decode_into(self, data: bytes, where: str, out: torch.Tensor) -> None:
-        try:
-            decode_into(data, out)
-        except (OSError, ValueError, Image.DecompressionBombError) as e:
-            raise DataError(f"{where} is not a readable image ({type(e).__name__}: {e})") from None
-
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        data, label, where = self._sample(index)
-        out = batch_tensor(1, self.size, self.channels, data)[0]
-        self._decode_into(data, where, out)
-        return out.contiguous(), torch.tensor(label)
+        x, y = self.__getitems__([index])
+        return x[0].contiguous(), y[0]
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         samples = [self._sample(i) for i in indices]
-        batch = batch_tensor(len(indices), self.size, self.channels, samples[0][0])
-        for j, (data, _, where) in enumerate(samples):
-            self._decode_into(data, where, batch[j])
+
+        def failure(j: int, e: Exception) -> DataError:
+            return DataError(f"{samples[j][2]} is not a readable image ({type(e).__name__}: {e})")
+
+        batch = decode_batch([data for data, _, _ in samples], self.size, self.channels, failure)
         return batch, torch.tensor([label for _, label, _ in samples], dtype=torch.int64)
 
     def __getstate__(self) -> dict:  # workers open their own readers
