@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -120,7 +121,7 @@ def test_auto_batch_size_picks_within_the_margin_restores_state_and_caches(make_
 
 def test_a_different_key_searches_again(make_cfg, tmp_path):
     cache = Cache(str(tmp_path / "c.json"))
-    cache.put({"model": "a"}, 64, [Trial(64, True, 1.0)])
+    cache.put({"model": "a"}, {"batch_size": 64, "trials": [asdict(Trial(64, True, 1.0))]})
     assert cache.get({"model": "a"})["batch_size"] == 64 and cache.get({"model": "b"}) is None
 
 

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -130,11 +130,13 @@ def table(trials: list[Trial], chosen: int) -> str:
 
 
 class Cache:
-    """JSON file of earlier choices, {key: {"batch_size", "trials", "key"}}; updated under a
-    file lock and replaced atomically, so concurrent sweep jobs do not corrupt it."""
+    """JSON file of earlier results, {key: entry}; updated under a file lock and replaced
+    atomically, so concurrent sweep jobs do not corrupt it. `what` names it in warnings
+    (the config key that sets the path)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, what: str = "batch_search.cache"):
         self.path = Path(path) if path else None
+        self.what = what
 
     def get(self, key: dict) -> dict | None:
         if self.path is None or not self.path.is_file():
@@ -142,10 +144,10 @@ class Cache:
         try:
             return json.loads(self.path.read_text()).get(json.dumps(key, sort_keys=True))
         except (OSError, json.JSONDecodeError) as e:
-            log.warning("batch_search.cache: cannot read %s (%s); searching again", self.path, e)
+            log.warning("%s: cannot read %s (%s); measuring again", self.what, self.path, e)
             return None
 
-    def put(self, key: dict, size: int, trials: list[Trial]) -> None:
+    def put(self, key: dict, entry: dict) -> None:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,9 +156,9 @@ class Cache:
             try:
                 entries = json.loads(self.path.read_text()) if self.path.is_file() else {}
             except (OSError, json.JSONDecodeError) as e:  # a damaged cache loses its entries, not the run
-                log.warning("batch_search.cache: %s is damaged (%s); starting it afresh", self.path, e)
+                log.warning("%s: %s is damaged (%s); starting it afresh", self.what, self.path, e)
                 entries = {}
-            entries[json.dumps(key, sort_keys=True)] = {"batch_size": size, "trials": [asdict(t) for t in trials], "key": key}
+            entries[json.dumps(key, sort_keys=True)] = {**entry, "key": key}
             tmp = self.path.with_name(f".{self.path.name}.tmp")
             tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
             os.replace(tmp, self.path)

@@ -576,7 +576,7 @@ def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, task:
     chosen, trials = restoring(models.raw, lambda: search(measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety))
     chosen = d.minimum(chosen)
     if d.is_main:
-        cache.put(key, chosen, trials)
+        cache.put(key, {"batch_size": chosen, "trials": [dataclasses.asdict(t) for t in trials]})
     log.info("loader.batch_size=auto: %d after %d trials in %.1fs%s\n%s", chosen, len(trials), time.perf_counter() - start,
              f" (cached in {cfg.cache})" if cfg.cache else "", table(trials, chosen))  # fmt: skip
     return chosen, trials
