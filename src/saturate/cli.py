@@ -28,6 +28,7 @@ from saturate.errors import Problem, UserError
 from saturate.launch import launch, processes
 from saturate.registration import register
 from saturate.run import Metrics, train
+from saturate.tune import tune
 
 log = logging.getLogger("saturate")
 _answering = False  # run() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
@@ -37,6 +38,7 @@ def run(main: Callable[[], object]) -> None:
     """Call a `@hydra.main` function; exit 1 with one message for a user's mistake."""
     global _answering
     register()
+    sys.argv[1:] = [shorthand(arg) for arg in sys.argv[1:]]
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         main()
         return
@@ -52,12 +54,20 @@ def run(main: Callable[[], object]) -> None:
         sys.exit(f"error: cannot write {e.filename} ({e.strerror}); run from a writable folder or set hydra.run.dir=<writable folder>")
 
 
+def shorthand(arg: str) -> str:
+    """`tune=true` for tune.enabled=true (tune is a node: tune.budget_s=60 sets its keys)."""
+    key, eq, value = arg.partition("=")
+    return f"tune.enabled={value}" if eq and key == "tune" and value.lower() in ("true", "false") else arg
+
+
 def task(cfg: DictConfig) -> Metrics:
     """`saturate.train` as train.py's task, in as many processes as `trainer.devices` asks
     for (saturate.launch). In a single run a UserError leaves at once, as a SystemExit, so
     that Hydra adds nothing to its message; in a multirun it is raised as usual: the job is
     recorded as failed and the sweep goes on."""
     try:
+        if cfg.tune.enabled:
+            return tune(cfg)
         count = processes(cfg.trainer.devices, cfg.device.type) if _valid_devices(cfg.trainer.devices) else 1
         if count > 1:
             what = "one per CUDA device" if cfg.device.type != "cpu" and torch.cuda.is_available() else "gloo on the CPU"

@@ -236,6 +236,35 @@ class BatchSearchConfig:
         yield from _unit_interval("safety", self.safety, open_low=True)
 
 
+TUNABLE = ("batch_size", "precision")  # settings that change the optimisation: tune tries them only when tune.allow names them
+
+
+@dataclass
+class TuneConfig:
+    """`tune=true` (shorthand for tune.enabled=true): short measured trials of the settings
+    the bottleneck report would suggest, the fastest written as a preset (saturate.tune)."""
+
+    enabled: bool = False
+    budget_s: float = 120.0  # the whole tune, trials and their set-up included
+    trial_s: float = 4.0  # steady-state seconds each trial measures (after a warm-up of one log window)
+    min_gain: float = 0.05  # a setting is kept when samples/s improves by more than this share
+    allow: list[str] = field(default_factory=list)  # also try these optimisation-changing settings: batch_size, precision
+    extra: list[str] = field(default_factory=list)  # your own candidates, each "key=value [key=value ...]", tried last
+    preset: str = "auto"  # the preset written; auto: <your config dir>/experiment/tuned_<name>.yaml
+    cache: str = "outputs/tune_cache.json"  # earlier tunes, reused for the same config and hardware; "" disables
+
+    def problems(self) -> Issues:
+        yield from _at_least("budget_s", self.budget_s, 1.0)
+        if not self.trial_s > 0:
+            yield "trial_s", self.trial_s, "a number of seconds > 0"
+        yield from _at_least("min_gain", self.min_gain, 0.0)
+        for i, name in enumerate(self.allow):
+            yield from _choice(f"allow[{i}]", name, TUNABLE)
+        for i, text in enumerate(self.extra):
+            if not isinstance(text, str) or not text.strip() or any("=" not in part for part in text.split()):
+                yield f"extra[{i}]", text, "overrides as on the command line: 'key=value' or 'key=value key2=value2'"
+
+
 @dataclass
 class TaskConfig:
     """What is learnt (saturate.task): the loss and the validation metrics."""
@@ -297,6 +326,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     batch_search: BatchSearchConfig = field(default_factory=BatchSearchConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
     logger: list[Any] = field(default_factory=lambda: ["tensorboard"])  # tensorboard, csv, or `_target_` nodes (saturate.callbacks)
     callbacks: list[Any] = field(default_factory=list)  # `_target_` nodes with any of the hooks of saturate.callbacks.Callback
     run_dir: str = MISSING  # Hydra's output dir for this job
@@ -307,7 +337,7 @@ MAX_SEED = 2**32 - 1
 LOGGERS = ("tensorboard", "csv")
 # the data-derived arguments a model's constructor may name (saturate.run: model_arguments)
 DATA_ARGUMENTS = ("in_channels", "in_features", "num_classes", "num_outputs", "input_shape")
-GROUPS = ("device", "precision", "loader", "augmentation", "task", "optim", "trainer", "checkpoint", "batch_search", "monitor")
+GROUPS = ("device", "precision", "loader", "augmentation", "task", "optim", "trainer", "checkpoint", "batch_search", "monitor", "tune")
 
 
 def _check_target(node: Any, prefix: str, given: tuple[str, ...]) -> Iterator[Problem]:

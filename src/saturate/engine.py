@@ -25,6 +25,21 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class Measured:
+    """Stop once the timer holds `seconds` of steady state (every log window after the
+    first) over at least `steps` steps, or at `deadline` (a perf_counter time): saturate.tune's
+    trials. Checked at log steps, in one process."""
+
+    seconds: float
+    steps: int
+    deadline: float = float("inf")
+
+    def reached(self, timer) -> bool:
+        enough = timer.rest.wall_s >= self.seconds and timer.rest.steps >= self.steps
+        return enough or time.perf_counter() >= self.deadline
+
+
+@dataclass
 class TrainState:
     epoch: int = 0  # epochs completed
     step: int = 0  # training steps completed (batches trained on)
@@ -34,20 +49,21 @@ class TrainState:
 class Engine:
     def __init__(self, *, model: nn.Module, step: TrainStep, scheduler, train_batches, evaluator, checkpointer, tracker, callbacks,
                  timer, stop, monitor, profiler, memory, dist, max_epochs: int, max_steps: int, start_time: float,
-                 resume_hint: str = "trainer.resume=auto"):  # fmt: skip
+                 resume_hint: str = "trainer.resume=auto", measured: Measured | None = None):  # fmt: skip
         self.model, self.step, self.scheduler, self.guard = model, step, scheduler, step.guard
         self.train_batches, self.evaluator, self.checkpointer, self.callbacks = train_batches, evaluator, checkpointer, callbacks
         self.tracker, self.timer, self.stop, self.memory = tracker, timer, stop, memory
         self.monitor, self.profiler, self.dist = monitor, profiler, dist
         self.max_epochs, self.max_steps, self.start_time = max_epochs, max_steps, start_time
         self.resume_hint = resume_hint  # the command that resumes this run, for the messages that stop it
+        self.measured, self.measured_enough = measured, False  # a tuning trial: stop once measured
         self.loss_sum = torch.zeros((), device=next(model.parameters()).device)  # summed on the device, read at log steps
         self.loss_count = 0
         self._counts: dict[str, float] = {}  # the flat counters' last logged values
 
     def finished(self, state: TrainState) -> bool:
         """Whether `state` is already at max_epochs or max_steps (a finished run resumed)."""
-        return state.epoch >= self.max_epochs or 0 < self.max_steps <= state.step
+        return state.epoch >= self.max_epochs or 0 < self.max_steps <= state.step or self.measured_enough
 
     def fit(self, state: TrainState) -> dict[str, float]:
         """Train from `state` to max_epochs (or max_steps); return the last metrics."""
@@ -73,11 +89,12 @@ class Engine:
                 state.batch_in_epoch += 1
                 if self.tracker.due(state.step):
                     self.log_train(state, steps_per_epoch)
+                    self.measured_enough = self.measured is not None and self.measured.reached(self.timer)
                 if self.checkpointer.due_step(state.step):
                     self.save(state, self.tracker.latest)
                 if self.halting(state.step):
                     self.halt(state, steps_per_epoch)
-                if 0 < self.max_steps <= state.step:
+                if 0 < self.max_steps <= state.step or self.measured_enough:
                     break
 
             if state.batch_in_epoch >= steps_per_epoch:

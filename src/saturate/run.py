@@ -44,7 +44,7 @@ from saturate.data import DataSpec, build_datasets, describe
 from saturate.data.base import as_tensor
 from saturate.device import setup_device
 from saturate.distributed import Dist, rank_zero, wrap
-from saturate.engine import Engine, TrainState
+from saturate.engine import Engine, Measured, TrainState
 from saturate.environment import cpu_name, fingerprint
 from saturate.errors import ConfigError, Problem, UserError
 from saturate.evaluate import Evaluator
@@ -87,6 +87,7 @@ class Given:
     callbacks: Sequence[Any] = ()
     loggers: Sequence[Any] = ()
     overrides: Sequence[str] = ()  # as fit was given them, for the record
+    measured: Measured | None = None  # saturate.tune's trials: stop once the steady state is measured
 
     def nodes(self) -> tuple[str, ...]:
         """The config nodes these objects stand in for (not validated, not built)."""
@@ -191,6 +192,8 @@ def _described(node: Any, obj: Any) -> Any:
 def _train(cfg: DictConfig, given: Given) -> Metrics:
     start_time, started_at = time.perf_counter(), datetime.now().astimezone().isoformat(timespec="seconds")
     run = validate(cfg, presets=tuple(PRESETS), given=given.nodes())
+    if run.tune.enabled:  # train.py hands tune=true to saturate.tune before any training
+        raise UserError("tune.enabled=true: tune through train.py (python train.py tune=true ...); saturate.fit and train() train")
     d = Dist()
     log.setLevel(run.trainer.log_level if d.is_main else "WARNING")  # one voice: rank 0's
     if run.run_dir == UNSET_RUN_DIR:
@@ -222,7 +225,7 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
             enabled=d.is_main,
         )
         state = TrainState(**checkpointer.resume(run.trainer.resume))
-        engine = _setup_engine(run, parts, checkpointer, tracker, callbacks, stop, d, device, start_time)
+        engine = _setup_engine(run, parts, checkpointer, tracker, callbacks, stop, d, device, start_time, given.measured)
         if engine.finished(state):  # a finished run resumed: nothing to train
             return _already_done(run, state, checkpointer, tracker, watched.monitor)
         _start_tracking(run, parts, tracker, state.step, resolved, env, d)
@@ -244,8 +247,8 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
             if d.world_size > 1:  # every rank must end with the same weights
                 metrics["distributed/params_identical"] = float(d.params_identical(parts.models.raw))
             if d.is_main:
-                verdict = _report(run, metrics, steps=engine.timer.run_window().steps, device=device, parts=parts, tracker=tracker, gpu=gpu,
-                                  cpu_util=cpu_util)  # fmt: skip
+                steps = engine.timer.run_window().steps
+                verdict, facts = _report(run, metrics, steps=steps, device=device, parts=parts, tracker=tracker, gpu=gpu, cpu_util=cpu_util)
                 first = [watched.monitor, *parts.task.names, "val/loss", "train/loss", "perf/samples_per_s", "perf/data_wait_frac"]
                 ordered = {**{k: metrics[k] for k in first if k in metrics}, **metrics}  # the ones HParams shows by default first
                 tracker.hparams(_hparams(run, parts), ordered, step=state.step, varied=varied_keys())
@@ -271,7 +274,8 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
         used = {"batch_size": run.loader.batch_size, "num_workers": parts.train_batches.num_workers, "world_size": d.world_size}
         best = {"best": {"metric": watched.monitor, "value": checkpointer.best, "epoch": (checkpointer.best_at or (None, None))[0],
                          "step": (checkpointer.best_at or (None, None))[1]}}  # fmt: skip
-        final = {**metrics, **outcome, **used, **best, "status": "completed", "verdict": verdict.kind}
+        advice = {"verdict": verdict.kind, "suggestions": [override for override, _ in verdict.suggestions], "facts": facts}
+        final = {**metrics, **outcome, **used, **best, "status": "completed", **advice}
         write_json(run_dir / "metrics.json", final)
         callbacks.on_run_end(final)
     shown = [k for k in (watched.monitor, *parts.task.names[:1], "val/loss", "train/loss") if k in metrics]
@@ -430,7 +434,7 @@ def _host_batch(dataset: Dataset, indices) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _setup_engine(run: RunConfig, parts: Parts, checkpointer: Checkpointer, tracker: Tracker, callbacks: Callbacks, stop: StopSignal,
-                  d: Dist, device: torch.device, start_time: float) -> Engine:  # fmt: skip
+                  d: Dist, device: torch.device, start_time: float, measured: Measured | None = None) -> Engine:  # fmt: skip
     """The loop and what it drives: the step (with the non-finite guard), evaluator, timer,
     monitor and profiler."""
     guard = NonFiniteGuard(
@@ -452,7 +456,7 @@ def _setup_engine(run: RunConfig, parts: Parts, checkpointer: Checkpointer, trac
         checkpointer=checkpointer, tracker=tracker, callbacks=callbacks, timer=StepTimer(device), stop=stop,
         monitor=ResourceMonitor(run.monitor.interval_s, device, enabled=run.monitor.enabled), profiler=profiler,
         memory=peak_memory(device), dist=d, max_epochs=run.trainer.max_epochs, max_steps=run.trainer.max_steps, start_time=start_time,
-        resume_hint=resume_hint(run.run_dir, d.world_size),
+        resume_hint=resume_hint(run.run_dir, d.world_size), measured=measured,
     )  # fmt: skip
 
 
@@ -473,8 +477,9 @@ def _start_tracking(run: RunConfig, parts: Parts, tracker: Tracker, step: int, r
              parts.total_steps, len(parts.train_batches), run.loader.batch_size, ranks)  # fmt: skip
 
 
-def _report(run: RunConfig, metrics: dict, *, steps: int, device, parts: Parts, tracker: Tracker, gpu, cpu_util) -> Verdict:
-    """The bottleneck report: to the console, report.md and TensorBoard."""
+def _report(run: RunConfig, metrics: dict, *, steps: int, device, parts: Parts, tracker: Tracker, gpu, cpu_util) -> tuple[Verdict, dict]:
+    """The bottleneck report: to the console, report.md and TensorBoard. Returns the
+    verdict and the facts it was judged on (for metrics.json: saturate.tune reads them)."""
     train_batches, precision = parts.train_batches, parts.precision
     facts = RunFacts(
         device=device.type,
@@ -502,7 +507,7 @@ def _report(run: RunConfig, metrics: dict, *, steps: int, device, parts: Parts, 
         log.info("verdict: %s (%s); the report: %s", verdict.kind, verdict.reason, Path(run.run_dir) / "report.md")
     else:
         log.info("\n%s", text)
-    return verdict
+    return verdict, dataclasses.asdict(facts)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,501 @@
+"""`python train.py tune=true [overrides]`: saturate applies its own advice.
+
+Starting from the user's config, short trials are measured one after another in this
+process: each is a real run (`saturate.train`) in `<run dir>/trials/`, stopped once it has
+`tune.trial_s` seconds of steady state (every log window after the first) over at least
+report.MIN_STEPS steps. The best trial's verdict picks what is tried next, one setting
+(a "dimension") at a time, greedily:
+
+- input-bound (or CPU-saturated), balanced, not judged: the input side first (augmentation
+  on the device, the data resident, loader workers, persistent workers, prefetch, pinned
+  memory), then the compute side;
+- compute-bound: the compute side only (channels_last, and on CUDA compile, TF32/cuDNN
+  autotuning; precision and batch size when `tune.allow` names them).
+
+A candidate is kept when its samples/s beat the best so far by more than `tune.min_gain`
+(the batch search's rule); an ordered dimension (worker counts) stops at the first value
+that does not pay. A trial that fails, diverges or runs out of memory is recorded and
+skipped. The whole tune stays within `tune.budget_s`; an interrupt (Ctrl-C, SIGTERM) keeps
+the best so far. The result: a table (console, tune.md, TensorBoard text; each trial's run
+has its HParams entry), and a preset `experiment/tuned_<name>.yaml` holding the user's
+overrides and the winner's, so that `python train.py experiment=tuned_<name>` reproduces
+it. Tunes are cached per (config, hardware) in `tune.cache`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from saturate.batch_size import Cache
+from saturate.engine import Measured
+from saturate.environment import cpu_name
+from saturate.errors import UserError
+from saturate.faults import Preempted, StopSignal, TrainingDiverged
+from saturate.loader import cpus_per_process
+from saturate.naming import slug
+from saturate.report import MIN_STEPS
+from saturate.run import Given, Metrics, train
+from saturate.tracking import Tracker, write_json
+
+log = logging.getLogger(__name__)
+
+INPUT = ("augmentation", "resident", "num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
+COMPUTE = ("channels_last", "compile", "cudnn", "precision", "batch_size")
+CONFIRM_ROUNDS = 2  # the start and the fastest measured again, alternately, at most this many times
+WARMUP_STEPS = 5  # a trial's first log window: workers starting, caches, autotuning
+NEVER = 10**9  # an interval no trial reaches: evaluation and checkpoints only at its end
+# What every trial adds to the command line: quiet, one process, no periodic evaluation or
+# checkpoints (one of 2 batches at the end), no augmentation previews, no resume.
+TRIAL = (
+    "trainer.max_epochs=1000",
+    "trainer.max_steps=-1",
+    "trainer.progress=false",
+    "trainer.log_level=WARNING",
+    f"trainer.log_interval={WARMUP_STEPS}",
+    f"trainer.eval_interval={NEVER}",
+    f"trainer.checkpoint_interval={NEVER}",
+    "trainer.limit_val_batches=2",
+    "trainer.devices=1",
+    "trainer.resume=null",
+    "trainer.profile=false",
+    "checkpoint.every_n_steps=0",
+    "augmentation.preview_images=0",
+    "tune.enabled=false",
+)
+
+
+@dataclass
+class Result:
+    """One trial: what it changed from the starting config, and what it measured."""
+
+    number: int
+    changes: list[str]  # overrides on top of the best config so far (the start for trial 0)
+    status: str = "ok"  # ok | failed | diverged | interrupted
+    samples_per_s: float | None = None
+    data_wait: float | None = None  # share of step time waiting for data
+    gpu_util: float | None = None  # mean GPU utilisation, % (NVML), when sampled
+    peak_mb: float | None = None
+    verdict: str = ""
+    facts: dict = field(default_factory=dict)  # what the bottleneck report judged on
+    batch_size: int | None = None  # the batch size trained with (what loader.batch_size=auto chose)
+    outcome: str = ""  # start | kept | slower | failed: <why> | ...
+    seconds: float = 0.0  # wall time, set-up included
+
+
+def side_order(verdict: str) -> tuple[str, ...]:
+    """The dimensions to try next, in order, for the best trial's verdict."""
+    if verdict == "compute-bound":
+        return COMPUTE  # the loader is not what limits this run: its knobs would waste the budget
+    return INPUT + COMPUTE
+
+
+def candidates(dimension: str, facts: dict, *, allow: list[str], cuda: bool) -> list[list[str]]:
+    """The override sets to try for `dimension`, given the facts of the best run so far
+    (saturate.report.RunFacts as a dict); [] when it does not apply. Ordered: a
+    dimension with several values stops at the first that does not pay."""
+    f = facts
+    workers, resident, placement = f["num_workers"], f["resident"], f["placement"]
+    if dimension == "augmentation":
+        return [["augmentation.placement=gpu"]] if placement == "cpu" else []
+    if dimension == "resident":
+        fits = f["in_memory"] and not resident and placement != "cpu"  # a resident loader has no workers to augment in
+        return [["loader.resident=true", "loader.num_workers=0", "loader.pin_memory=false"]] if fits else []
+    if dimension == "num_workers":
+        if resident:
+            return []
+        cpus = f["cpus"]
+        counts = sorted({1, 2, 4, 8, max(1, cpus - 1), cpus})
+        more = [n for n in counts if workers < n <= cpus]
+        if f.get("cpu_util") is not None and f["cpu_util"] >= 90 and workers > 0:  # CPU-saturated: fewer first
+            more = [n for n in reversed(counts) if n < workers] + [0]
+        return [[f"loader.num_workers={n}"] for n in more]
+    if dimension == "persistent_workers":
+        return [["loader.persistent_workers=true"]] if workers > 0 and not f["persistent_workers"] else []
+    if dimension == "prefetch_factor":
+        return [["loader.prefetch_factor=4"]] if workers > 0 and f.get("prefetch_factor", 2) < 4 else []
+    if dimension == "pin_memory":
+        return [["loader.pin_memory=true"]] if cuda and not resident and not f["pin_memory"] else []
+    if dimension == "channels_last":
+        return [["trainer.channels_last=true"]] if f["image"] and not f["channels_last"] else []
+    if dimension == "compile":  # on a CPU: tens of seconds of compilation for no measured gain (docs/benchmarks.md)
+        return [["trainer.compile=true"]] if cuda and not f["compile"] else []
+    if dimension == "cudnn":
+        return [["device.tf32=true", "device.cudnn_benchmark=true"]] if cuda and not (f.get("tf32", True) and f.get("cudnn", True)) else []
+    if dimension == "precision" and "precision" in allow:
+        if f["emulated_precision"]:
+            return [["precision.mode=fp32"]]
+        return [["precision.mode=amp"]] if cuda and f["precision"] == "fp32" else []
+    if dimension == "batch_size" and "batch_size" in allow:
+        return [["loader.batch_size=auto"]]  # the batch-size search, inside the trial; lr scaled as optim.lr_scaling says
+    return []
+
+
+def merged(*override_lists: list[str]) -> list[str]:
+    """Override lists applied in order, one entry per key (a later value replaces an
+    earlier one in place), so Hydra never sees a key twice."""
+    out: dict[str, str] = {}
+    for overrides in override_lists:
+        for o in overrides:
+            out[o.lstrip("+~").partition("=")[0]] = o
+    return list(out.values())
+
+
+class Tuner:
+    def __init__(self, cfg: DictConfig, overrides: list[str], run_dir: Path):
+        self.tune = cfg.tune
+        self.start_overrides = [o for o in overrides if not _ours(o)]
+        self.run_dir = run_dir
+        self.cuda = cfg.device.type != "cpu" and torch.cuda.is_available()
+        self.results: list[Result] = []
+        self.changes: list[str] = []  # the best config's overrides on top of the start
+        self.best: Result | None = None
+        self.started = time.perf_counter()
+        self.interrupted = False
+        # the fastest's samples/s and its ratio to the start's: from the confirmation when it ran
+        self.rate, self.speedup, self.confirmed = 0.0, 1.0, False
+        self.stop: StopSignal | None = None  # SIGINT/SIGTERM between trials (a trial's own run handles them within it)
+
+    # -- trials
+
+    def remaining(self) -> float:
+        return self.tune.budget_s - (time.perf_counter() - self.started)
+
+    def affordable(self, reserve: int = 0) -> bool:
+        """Whether another trial, and `reserve` more after it, fit in what is left of the
+        budget (each estimated by the median of the trials so far)."""
+        self.interrupted = self.interrupted or (self.stop is not None and self.stop.requested is not None)
+        done = [r.seconds for r in self.results if r.status == "ok"]
+        return not self.interrupted and self.remaining() > (1 + reserve) * (statistics.median(done) if done else 0.0)
+
+    def trial(self, changes: list[str], base: list[str] | None = None) -> Result:
+        """Measure the best config so far (or `base`) with `changes` on top."""
+        number, explicit = len(self.results), base is not None
+        base = base if explicit else self.changes
+        result = Result(number, merged(base, changes) if explicit else changes)
+        overrides = merged(self.start_overrides, base, changes)
+        trial_dir = self.run_dir / "trials" / f"{number:02d}{_trial_name(result.changes)}"
+        started = time.perf_counter()
+        log.info(
+            "tune: trial %d (%.0f s of the budget left): %s", number, self.remaining(), " ".join(result.changes) or "the starting config"
+        )
+        saturate_log = logging.getLogger("saturate")
+        level, outer = saturate_log.level, HydraConfig.instance().cfg
+        try:
+            cfg = compose("config", overrides=merged(overrides, TRIAL, [f"run_dir={trial_dir}"]), return_hydra_config=True)
+            with open_dict(cfg):
+                cfg.hydra.overrides.task = overrides  # what the trial's HParams entry and run name show
+                cfg.hydra.runtime.output_dir = str(trial_dir)
+            HydraConfig.instance().set_config(cfg)
+            with open_dict(cfg):
+                del cfg["hydra"]
+            settings = {"prefetch_factor": cfg.loader.prefetch_factor, "tf32": cfg.device.tf32, "cudnn": cfg.device.cudnn_benchmark}
+            deadline = self.started + self.tune.budget_s
+            train(cfg, Given(measured=Measured(self.tune.trial_s, MIN_STEPS, deadline)))
+            self._read(result, trial_dir, settings)
+        except (KeyboardInterrupt, Preempted):
+            result.status, result.outcome, self.interrupted = "interrupted", "interrupted", True
+        except TrainingDiverged as e:
+            result.status, result.outcome = "diverged", f"diverged: {_first_line(e)}"
+        except Exception as e:  # noqa: BLE001 (a failing trial is recorded and skipped: out of memory, a compile error, a bad setting)
+            result.status, result.outcome = "failed", f"failed: {type(e).__name__}: {_first_line(e)}"
+            if self.cuda:
+                torch.cuda.empty_cache()
+        finally:
+            HydraConfig.instance().cfg = outer
+            saturate_log.setLevel(level)
+            shutil.rmtree(trial_dir / "checkpoints", ignore_errors=True)  # a few seconds of training: nothing to keep
+        result.seconds = time.perf_counter() - started
+        if result.status in ("failed", "diverged"):
+            _record(trial_dir, result)
+        self.results.append(result)
+        if result.status == "ok":
+            speed = f"{result.samples_per_s:,.0f} samples/s, data wait {result.data_wait:.0%}, {result.verdict}"
+        else:
+            speed = result.outcome
+        log.info("tune: trial %d: %s (%.1f s)", number, speed, result.seconds)
+        return result
+
+    def _read(self, result: Result, trial_dir: Path, settings: dict) -> None:
+        m = json.loads((trial_dir / "metrics.json").read_text())
+        result.samples_per_s, result.data_wait = m["perf/samples_per_s"], m["perf/data_wait_frac"]
+        result.gpu_util, result.peak_mb = m.get("gpu/util_mean"), m.get("memory/peak_mb")
+        result.verdict, result.facts, result.batch_size = m["verdict"], {**m["facts"], **settings}, m["batch_size"]
+        if not math.isfinite(m.get("train/loss", 0.0)):
+            result.status, result.outcome = "diverged", "diverged: the training loss is not finite"
+
+    def better(self, result: Result, than: Result) -> bool:
+        return result.status == "ok" and result.samples_per_s > than.samples_per_s * (1 + self.tune.min_gain)
+
+    # -- the search
+
+    def run(self) -> None:
+        start = self.trial([])
+        start.outcome = start.outcome or "start"
+        if start.status == "interrupted":
+            return
+        if start.status != "ok":
+            raise UserError(f"tune: the starting config does not train: {start.outcome}; fix it, then tune")
+        self.best = start
+        tried: set[str] = set()
+        while self.affordable(reserve=2):  # two trials kept for the confirmation
+            dimension = next((d for d in side_order(self.best.verdict) if d not in tried), None)
+            if dimension is None:
+                break
+            tried.add(dimension)
+            self.try_dimension(dimension, candidates(dimension, self.best.facts, allow=list(self.tune.allow), cuda=self.cuda))
+        for text in self.tune.extra:
+            if not self.affordable(reserve=2):
+                break
+            self.try_dimension("extra", [text.split()])
+        self.confirm()
+
+    def confirm(self) -> None:
+        """The starting config and the fastest measured again, alternately, up to
+        CONFIRM_ROUNDS times as the budget allows (one trial each is at the mercy of a noisy
+        machine, and the first ran in a cold process): the speed-up is the ratio of their
+        medians, and a winner that does not keep more than `min_gain` of it is dropped."""
+        start = self.results[0]
+        self.rate, self.speedup = self.best.samples_per_s, self.best.samples_per_s / start.samples_per_s
+        if self.best is start:
+            return
+        starts, bests = [start.samples_per_s], [self.best.samples_per_s]
+        for _ in range(CONFIRM_ROUNDS):
+            if not self.affordable(reserve=1):
+                break
+            again = [self.trial([], base=[]), self.trial([], base=self.changes)]
+            if any(r.status != "ok" for r in again):
+                break
+            for r, rates in zip(again, (starts, bests), strict=True):
+                r.outcome = "again"
+                rates.append(r.samples_per_s)
+        if len(starts) == 1:
+            return
+        start_rate, best_rate = statistics.median(starts), statistics.median(bests)
+        self.speedup, self.confirmed, self.rate = best_rate / start_rate, True, best_rate
+        if self.speedup <= 1 + self.tune.min_gain:
+            log.info("tune: measured again, the fastest is %.2fx the starting config: not kept", self.speedup)
+            self.best.outcome, self.best, self.changes, self.speedup, self.rate = "not confirmed", start, [], 1.0, start_rate
+
+    def try_dimension(self, dimension: str, options: list[list[str]]) -> None:
+        """Try each option in order on top of the best config; keep the best that pays. An
+        ordered dimension stops at the first option that does not beat the one before."""
+        best_here = None
+        for changes in options:
+            if not self.affordable():
+                return
+            result = self.trial(changes)
+            if result.status != "ok":
+                continue
+            if self.better(result, best_here or self.best):
+                best_here = result
+                result.outcome = "faster"
+            else:
+                result.outcome = "slower" if result.samples_per_s < self.best.samples_per_s else "no gain"
+                if dimension == "num_workers":
+                    break
+        if best_here is not None:
+            best_here.outcome = "kept"
+            for r in self.results:  # an earlier option of this dimension that a later one beat
+                if r.outcome == "faster":
+                    r.outcome = "beaten"
+            changes = list(best_here.changes)
+            if "loader.batch_size=auto" in changes:  # the size the search chose, so the preset reproduces it
+                changes[changes.index("loader.batch_size=auto")] = f"loader.batch_size={best_here.batch_size}"
+            self.changes, self.best = merged(self.changes, changes), best_here
+
+
+def tune(cfg: DictConfig) -> Metrics:
+    """`tune=true`: measure, choose, write the preset and the table; returns the winner's
+    figures (`float()` of it: its samples/s)."""
+    if not HydraConfig.initialized():
+        raise UserError("tune.enabled=true: run it through train.py (python train.py tune=true ...)")
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode is not None and hydra_cfg.mode.name == "MULTIRUN":
+        raise UserError("tune.enabled=true: tune runs its own trials; run it without -m (python train.py tune=true ...)")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError("tune.enabled=true: run it as one process (python train.py tune=true), not under torchrun")
+    _check(cfg)
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    overrides = list(hydra_cfg.overrides.task)
+    tuner = Tuner(cfg, overrides, run_dir)
+    preset = preset_path(cfg, hydra_cfg)
+    key = _cache_key(cfg, tuner)
+    cache = Cache(cfg.tune.cache, what="tune.cache")
+    hit = cache.get(key)
+    if hit is not None:
+        tuner.results = [Result(**r) for r in hit["results"]]
+        tuner.changes = hit["changes"]
+        tuner.best = next(r for r in tuner.results if r.number == hit["best"])
+        tuner.rate, tuner.speedup, tuner.confirmed = hit["rate"], hit["speedup"], hit["confirmed"]
+        log.info("tune: reused the tune of this config on this hardware from %s (tune.cache= to measure again)", cfg.tune.cache)
+    else:
+        log.info("tune: trials of %.0f s of steady state each, within tune.budget_s=%.0f", cfg.tune.trial_s, cfg.tune.budget_s)
+        try:
+            with StopSignal() as tuner.stop:
+                tuner.run()
+        except KeyboardInterrupt:
+            tuner.interrupted = True
+            if tuner.best is not None:
+                tuner.rate, tuner.speedup = tuner.best.samples_per_s, tuner.best.samples_per_s / tuner.results[0].samples_per_s
+        if tuner.best is None:
+            raise UserError("tune: interrupted before the starting config was measured; nothing to write")
+        if not tuner.interrupted:
+            cache.put(key, {"results": [dataclasses.asdict(r) for r in tuner.results], "changes": tuner.changes, "best": tuner.best.number,
+                            "rate": tuner.rate, "speedup": tuner.speedup, "confirmed": tuner.confirmed})  # fmt: skip
+    speedup = tuner.speedup
+    write_preset(preset, tuner.start_overrides, tuner.changes, speedup=speedup, rate=tuner.rate)
+    text = render(tuner, preset=preset)
+    (run_dir / "tune.md").write_text(text)
+    write_json(run_dir / "tune.json", {"results": [dataclasses.asdict(r) for r in tuner.results], "changes": tuner.changes,
+                                       "speedup": speedup, "preset": str(preset), "interrupted": tuner.interrupted})  # fmt: skip
+    tracker = Tracker(run_dir, log_interval=1, progress=False)
+    tracker.start(0)
+    tracker.text("tune", text)
+    tracker.close()
+    log.info("\n%s", text)
+    metrics = Metrics({"perf/samples_per_s": tuner.rate, "tune/speedup": speedup, "tune/trials": len(tuner.results)})
+    metrics.objective = "perf/samples_per_s"
+    return metrics
+
+
+def _check(cfg: DictConfig) -> None:
+    from saturate.augment import PRESETS
+    from saturate.config import validate
+
+    validate(cfg, presets=tuple(PRESETS))  # every mistake now, not in the first trial
+
+
+def _ours(override: str) -> bool:
+    """Overrides that belong to this tune, not to the config it tunes."""
+    key = override.lstrip("+~").partition("=")[0]
+    return key.startswith(("tune.", "hydra.")) or key in ("tune", "run_dir", "name")
+
+
+def _trial_name(changes: list[str]) -> str:
+    name = slug(changes)
+    return f"_{name}" if name else "_start"
+
+
+def _record(trial_dir: Path, result: Result) -> None:
+    """A trial that did not train to the end still gets its row in TensorBoard's HParams
+    tab: its overrides and what happened (a trained trial's run logs its own)."""
+    tracker = Tracker(trial_dir, log_interval=1, progress=False)
+    tracker.start(0)
+    tracker.hparams({"overrides": " ".join(result.changes), "tune.outcome": result.outcome}, {"tune/failed": 1.0}, step=0)
+    tracker.close()
+
+
+def _first_line(error: BaseException, limit: int = 200) -> str:
+    """The start of an error's message (its first clause), for a table cell."""
+    text = str(error).strip().splitlines()[0].split("; ")[0] if str(error).strip() else type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+def _cache_key(cfg: DictConfig, tuner: Tuner) -> dict:
+    config = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("run_dir", "name"):
+        config.pop(key, None)
+    config["tune"] = {k: v for k, v in config["tune"].items() if k not in ("enabled", "preset", "cache")}
+    device = torch.cuda.get_device_name(cfg.device.index) if tuner.cuda else f"cpu: {cpu_name()}"
+    return {"config": config, "hardware": {"device": device, "cpus": cpus_per_process(), "torch": torch.__version__}}
+
+
+def preset_name(cfg: DictConfig, choices: dict) -> str:
+    """`tuned_<name>`: the run's `name`, else its data and model options."""
+    name = cfg.name if cfg.name else f"{choices.get('data', 'data')}_{choices.get('model', 'model')}"
+    return "tuned_" + re.sub(r"[^A-Za-z0-9_-]+", "_", str(name)).strip("_")
+
+
+def preset_path(cfg: DictConfig, hydra_cfg: DictConfig) -> Path:
+    """Where the preset goes: tune.preset, or experiment/ in the first config dir the user
+    added (hydra.searchpath), else in the primary config dir (saturate's conf/)."""
+    if cfg.tune.preset != "auto":
+        path = Path(cfg.tune.preset)
+        return path if path.suffix == ".yaml" else path.with_suffix(".yaml")
+    sources = [s for s in hydra_cfg.runtime.config_sources if s.schema == "file"]
+    user = [s for s in sources if s.provider not in ("main", "hydra", "schema")]
+    folder = Path((user or sources)[0].path)
+    return folder / "experiment" / f"{preset_name(cfg, hydra_cfg.runtime.choices)}.yaml"
+
+
+def preset_text(start: list[str], changes: list[str], groups: set[str], header: str) -> str:
+    """A `# @package _global_` experiment holding `start` and then `changes` (overrides):
+    group choices as defaults-list overrides, keys as values."""
+    defaults, values = [], OmegaConf.create({})
+    parser = OverridesParser.create()
+    for o in parser.parse_overrides(merged(start, changes)):
+        key = o.key_or_group
+        if o.is_delete():
+            raise UserError(f"tune: ~{key} cannot be written into a preset; remove it from the command line")
+        if key == "experiment":
+            defaults.append(f"/experiment/{o.value()}")
+        elif key in groups and "." not in key:
+            defaults.append({f"override /{key}": o.value()})
+        else:
+            OmegaConf.update(values, key, o.value(), force_add=True)
+    body = {"defaults": [*sorted(defaults, key=lambda d: isinstance(d, dict)), "_self_"]} if defaults else {}
+    text = OmegaConf.to_yaml(body) if body else ""
+    if values:
+        text += OmegaConf.to_yaml(values)
+    return f"# @package _global_\n{header}{text}"
+
+
+def write_preset(path: Path, start: list[str], changes: list[str], *, speedup: float, rate: float) -> None:
+    choices = HydraConfig.get().runtime.choices
+    groups = {k for k in choices if not k.startswith("hydra")}
+    header = (
+        f"# Written by saturate's tune on {datetime.now():%Y-%m-%d %H:%M}: {rate:,.0f} samples/s, {speedup:.2f}x the starting config:\n"
+        f"#   python train.py tune=true {' '.join(start)}\n"
+        f"# Reproduce it: python train.py experiment={path.stem}\n"
+    )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(preset_text(start, changes, groups, header))
+    except OSError as e:
+        raise UserError(f"tune.preset: cannot write {path} ({e.strerror or e}); set tune.preset=<a writable .yaml path>") from None
+
+
+def _rows(results: list[Result], start: Result) -> Iterator[str]:
+    for r in results:
+        ok = r.status == "ok"
+        cells = [str(r.number), "`" + (" ".join(r.changes) or "(start)") + "`",
+                 f"{r.samples_per_s:,.0f}" if ok else "-", f"{r.samples_per_s / start.samples_per_s:.2f}x" if ok else "-",
+                 f"{r.data_wait:.0%}" if ok else "-", f"{r.gpu_util:.0f}%" if r.gpu_util is not None else "-",
+                 f"{r.peak_mb:,.0f}" if r.peak_mb is not None else "-", r.verdict or "-", r.outcome]  # fmt: skip
+        yield "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
+
+
+def render(tuner: Tuner, *, preset: Path) -> str:
+    """The tune as Markdown (console, tune.md, TensorBoard text)."""
+    start = tuner.results[0]
+    lines = ["## Tune", "", "| trial | overrides | samples/s | vs start | data wait | GPU util | peak MB | verdict | result |",
+             "|---:|---|---:|---:|---:|---:|---:|---|---|", *_rows(tuner.results, start), ""]  # fmt: skip
+    if tuner.interrupted:
+        lines += ["Interrupted: the best so far is kept.", ""]
+    rounds = sum(r.outcome == "again" for r in tuner.results) // 2 + 1
+    how = f"medians of {rounds} measurements each of the start and the fastest" if tuner.confirmed else "one trial each"
+    if tuner.changes:
+        lines.append(f"**Fastest: {tuner.rate:,.0f} samples/s, {tuner.speedup:.2f}x the starting config** ({how}) with "
+                     f"`{' '.join(tuner.changes)}`.")  # fmt: skip
+    else:
+        lines.append(f"**Nothing measured faster than the starting config** ({tuner.rate:,.0f} samples/s): keep it as it is.")
+    lines += ["", f"Preset: `{preset}`; run it with `python train.py experiment={preset.stem}`."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,272 @@
+"""`tune=true`: measured trials of the report's own advice, and a preset that reproduces the
+fastest. The search's rules are checked on the facts a run reports; whole tunes run through
+train.py as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from saturate.augment import PRESETS
+from saturate.config import validate
+from saturate.errors import ConfigError
+from saturate.tune import COMPUTE, candidates, merged, preset_text, side_order
+from tests.conftest import CONF, ROOT, compose_config, run_cli
+
+# what the bottleneck report records of a run (saturate.report.RunFacts), plus the loader's prefetch
+FACTS = {"device": "cpu", "batch_size": 128, "num_workers": 0, "cpus": 4, "resident": False, "in_memory": False, "placement": "none",
+         "persistent_workers": False, "pin_memory": False, "precision": "fp32", "compile": False, "channels_last": False,
+         "memory_headroom": True, "emulated_precision": False, "image": True, "cpu_util": 40.0, "prefetch_factor": 2}  # fmt: skip
+
+
+def tried(verdict: str, facts: dict, allow=(), cuda=False) -> list[list[str]]:
+    """Every candidate the search would consider from a best run with `verdict` and `facts`, in order."""
+    return [c for d in side_order(verdict) for c in candidates(d, facts, allow=list(allow), cuda=cuda)]
+
+
+def keys(options: list[list[str]]) -> list[str]:
+    return [o.partition("=")[0] for option in options for o in option]
+
+
+def test_a_compute_bound_run_is_not_tuned_on_loader_knobs():
+    facts = {**FACTS, "num_workers": 2, "in_memory": True}
+    options = tried("compute-bound", facts, allow=["batch_size", "precision"], cuda=True)
+    assert not any(k.startswith("loader.") and k != "loader.batch_size" for k in keys(options))
+    assert set(side_order("compute-bound")) == set(COMPUTE)
+    assert ["trainer.channels_last=true"] in options and ["trainer.compile=true"] in options and ["precision.mode=amp"] in options
+
+
+def test_an_input_bound_run_tries_the_input_side_first():
+    facts = {**FACTS, "placement": "cpu"}
+    options = tried("input-bound", facts)
+    assert options[0] == ["augmentation.placement=gpu"]  # per-sample augmentation is the usual bottleneck
+    workers = [o[0] for o in options if o[0].startswith("loader.num_workers=")]
+    assert workers == ["loader.num_workers=1", "loader.num_workers=2", "loader.num_workers=3", "loader.num_workers=4"]  # more, in order
+    assert keys(options).index("loader.num_workers") < keys(options).index("trainer.channels_last")
+    assert ["trainer.compile=true"] not in options  # tens of seconds to compile, no gain measured on a CPU
+
+
+def test_in_memory_data_gets_the_resident_loader_and_workers_their_own_options():
+    in_memory = tried("input-bound", {**FACTS, "in_memory": True, "num_workers": 2})
+    assert ["loader.resident=true", "loader.num_workers=0", "loader.pin_memory=false"] in in_memory
+    assert ["loader.persistent_workers=true"] in in_memory and ["loader.prefetch_factor=4"] in in_memory
+    resident = tried("input-bound", {**FACTS, "in_memory": True, "resident": True})
+    assert not any(k.startswith("loader.") for k in keys(resident))  # nothing left to tune in a resident loader
+    augmented = tried("input-bound", {**FACTS, "in_memory": True, "placement": "cpu"})  # a resident loader has no workers to augment in
+    assert not any("loader.resident=true" in option for option in augmented)
+
+
+def test_a_cpu_saturated_run_tries_fewer_workers():
+    options = candidates("num_workers", {**FACTS, "num_workers": 4, "cpu_util": 97.0}, allow=[], cuda=False)
+    assert options == [["loader.num_workers=3"], ["loader.num_workers=2"], ["loader.num_workers=1"], ["loader.num_workers=0"]]
+
+
+def test_settings_that_change_the_optimisation_only_when_allowed():
+    facts = {**FACTS, "precision": "fp32"}
+    assert not any(k in ("precision.mode", "loader.batch_size") for k in keys(tried("compute-bound", facts, cuda=True)))
+    allowed = tried("compute-bound", facts, allow=["batch_size", "precision"], cuda=True)
+    assert ["loader.batch_size=auto"] in allowed and ["precision.mode=amp"] in allowed
+    emulated = candidates("precision", {**facts, "precision": "bf16", "emulated_precision": True}, allow=["precision"], cuda=False)
+    assert emulated == [["precision.mode=fp32"]]
+
+
+def test_pinned_memory_and_cudnn_only_on_cuda():
+    assert candidates("pin_memory", FACTS, allow=[], cuda=False) == []
+    assert candidates("pin_memory", FACTS, allow=[], cuda=True) == [["loader.pin_memory=true"]]
+    assert candidates("cudnn", {**FACTS, "tf32": False, "cudnn": True}, allow=[], cuda=True) == [
+        ["device.tf32=true", "device.cudnn_benchmark=true"]
+    ]
+    assert candidates("cudnn", {**FACTS, "tf32": True, "cudnn": True}, allow=[], cuda=True) == []
+
+
+def test_merged_keeps_one_value_per_key_in_place():
+    assert merged(["data=digits", "loader.num_workers=0"], ["loader.num_workers=2", "+x.y=1"]) == [
+        "data=digits", "loader.num_workers=2", "+x.y=1"]  # fmt: skip
+
+
+def test_bad_tune_settings_are_named():
+    cfg = compose_config(["tune.budget_s=0", "tune.allow=[batch_size,lr]", "tune.extra=[oops]", "tune.trial_s=-1"])
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, presets=tuple(PRESETS))
+    text = str(e.value)
+    for expected in ("tune.budget_s=0.0: expected a number >= 1.0", "tune.allow[1]='lr': expected one of batch_size, precision",
+                     "tune.extra[0]='oops': expected overrides", "tune.trial_s=-1.0"):  # fmt: skip
+        assert expected in text
+
+
+def _composed(overrides: list[str], searchpath: Path | None = None) -> dict:
+    extra = [f"hydra.searchpath=[file://{searchpath}]"] if searchpath else []
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[*overrides, *extra])
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+def test_the_preset_reproduces_the_winners_config_exactly(tmp_path):
+    start = ["experiment=debug", "data=synthetic", "data.num_train=256", "augmentation=cpu", "loader.num_workers=0",
+             "model.width=8", "trainer.max_epochs=3"]  # fmt: skip
+    changes = ["augmentation.placement=gpu", "loader.num_workers=1", "loader.batch_size=48"]
+    groups = {"data", "augmentation", "loader", "model", "precision", "device", "optim", "task", "experiment", "sweep"}
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "tuned_t.yaml").write_text(preset_text(start, changes, groups, "# test\n"))
+    assert _composed(["experiment=tuned_t"], tmp_path) == _composed(merged(start, changes))
+    assert _composed(["experiment=tuned_t"], tmp_path) != _composed(start)  # the changes are in it
+
+
+def _events(folder: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(folder), size_guidance={"tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def _has_hparams(tb: Path) -> bool:
+    return "_hparams_/session_start_info" in _events(tb).PluginTagToContent("hparams")
+
+
+def _cfg_job(args: list[str], cwd: Path) -> str:
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "--cfg", "job"], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_tune_keeps_the_resident_loader_for_in_memory_data_and_skips_failing_trials(tmp_path):
+    """digits with a worker process: input-bound (the worker only adds copies); the tune
+    keeps the resident loader. A candidate that cannot build its model and one that
+    diverges are recorded and skipped."""
+    start = ["data=digits", "model.width=4", "loader.num_workers=1"]
+    preset = tmp_path / "conf" / "experiment" / "tuned_digits.yaml"
+    extra = 'tune.extra=["model.width=0","optim.optimizer.lr=1e30"]'
+    done = run_cli(*start, "tune=true", "tune.budget_s=60", "tune.trial_s=0.5", f"tune.preset={preset}", extra, "hydra.run.dir=tune",
+                   cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    assert "loader.resident=true" in result["changes"] and result["speedup"] > 1.05
+    outcomes = {" ".join(r["changes"]): r for r in result["results"]}
+    assert outcomes["model.width=0"]["status"] == "failed" and "failed:" in outcomes["model.width=0"]["outcome"]
+    assert outcomes["optim.optimizer.lr=1e30"]["status"] == "diverged"
+    assert not any("model.width=0" in c or "lr=1e30" in c for c in result["changes"])
+    # the table, in tune.md and in TensorBoard; each trial that trained is a run with an HParams entry
+    table = (tmp_path / "tune" / "tune.md").read_text()
+    assert "loader.resident=true" in table and "diverged" in table and "Fastest" in table
+    text = _events(tmp_path / "tune" / "tb").Tensors("tune/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "loader.resident=true" in text
+    trials = sorted((tmp_path / "tune" / "trials").iterdir())
+    assert len(trials) == len(result["results"]) and all(_has_hparams(f / "tb") for f in trials)  # one HParams row per trial
+    # the preset: `experiment=tuned_digits` is the start plus the winner's changes, exactly
+    assert yaml.safe_load(preset.read_text())["loader"]["resident"] is True
+    searchpath = f"hydra.searchpath=[file://{preset.parent.parent}]"
+    assert _cfg_job([searchpath, "experiment=tuned_digits"], tmp_path) == _cfg_job(
+        [searchpath, *merged(start, result["changes"])], tmp_path
+    )
+
+
+@pytest.fixture
+def jpeg_folder(tmp_path):
+    from scripts.make_image_folder import write_digits
+
+    write_digits(tmp_path / "images", size=64, fmt="jpg")
+    return tmp_path / "images"
+
+
+# per-sample augmentation in the main process on JPEG files, a narrow model: input-bound on any machine
+INPUT_BOUND = ["data=image_folder", "data.image_size=32", "model.width=8", "augmentation=cpu", "loader.num_workers=0"]
+
+
+@pytest.mark.slow
+def test_tune_an_input_bound_image_folder_run_then_reuse_it(tmp_path, jpeg_folder):
+    args = [*INPUT_BOUND, f"data.root={jpeg_folder}", "tune=true", "tune.budget_s=90", "tune.trial_s=1.5",
+            f"tune.cache={tmp_path / 'cache.json'}", f"tune.preset={tmp_path / 'tuned.yaml'}"]  # fmt: skip
+    done = run_cli(*args, "hydra.run.dir=first", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "first" / "tune.json").read_text())
+    start = result["results"][0]
+    assert start["verdict"] == "input-bound" and start["changes"] == []
+    first_tried = " ".join(result["results"][1]["changes"])
+    assert first_tried == "augmentation.placement=gpu"  # the report's first advice for per-sample augmentation
+    input_side = {"augmentation.placement=gpu", *(f"loader.num_workers={n}" for n in range(1, 9))}
+    assert input_side & set(result["changes"]) and result["speedup"] > 1.05, result
+    assert sum(r["seconds"] for r in result["results"]) < 90
+    # the same config on the same machine: the tune is reused, nothing is measured again
+    again = run_cli(*args, "hydra.run.dir=second", cwd=tmp_path)
+    assert again.returncode == 0 and "reused the tune" in again.stdout + again.stderr
+    assert not (tmp_path / "second" / "trials").exists()
+    assert json.loads((tmp_path / "second" / "tune.json").read_text())["changes"] == result["changes"]
+
+
+@pytest.mark.slow
+def test_a_compute_bound_run_spends_no_trial_on_the_loader(tmp_path):
+    done = run_cli("data=digits", "tune=true", "tune.budget_s=40", "tune.trial_s=1", f"tune.preset={tmp_path / 't.yaml'}", "tune.cache=",
+                   "hydra.run.dir=t", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert result["results"][0]["verdict"] == "compute-bound"
+    assert len(result["results"]) > 1  # something on the compute side was measured
+    assert not any(c.startswith("loader.") for r in result["results"] for c in r["changes"])
+
+
+@pytest.mark.slow
+def test_an_interrupted_tune_keeps_the_best_so_far(tmp_path, jpeg_folder):
+    import signal
+    import time
+
+    cmd = [sys.executable, str(ROOT / "train.py"), *INPUT_BOUND, f"data.root={jpeg_folder}", "tune=true", "tune.trial_s=2", "tune.cache=",
+           f"tune.preset={tmp_path / 't.yaml'}", "hydra.run.dir=t"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trials = tmp_path / "t" / "trials"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (trials.is_dir() and len(list(trials.iterdir())) >= 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # during the third trial
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert result["interrupted"] and result["results"][-1]["status"] == "interrupted"
+    assert "Interrupted: the best so far is kept" in (tmp_path / "t" / "tune.md").read_text()
+    assert (tmp_path / "t.yaml").is_file()
+
+
+def test_the_preset_goes_to_the_users_config_dir_else_saturates(tmp_path):
+    from saturate.tune import preset_path
+
+    sources = [{"path": "hydra.conf", "schema": "pkg", "provider": "hydra"}, {"path": str(CONF), "schema": "file", "provider": "main"}]
+    user = {"path": str(tmp_path / "conf"), "schema": "file", "provider": "hydra.searchpath in command-line"}
+    choices = {"data": "image_folder", "model": "small_cnn", "hydra/launcher": "basic"}
+    cfg = compose_config(["tune.enabled=true"])
+    hydra_cfg = OmegaConf.create({"runtime": {"config_sources": [*sources, user], "choices": choices}})
+    assert preset_path(cfg, hydra_cfg) == tmp_path / "conf" / "experiment" / "tuned_image_folder_small_cnn.yaml"
+    hydra_cfg = OmegaConf.create({"runtime": {"config_sources": sources, "choices": choices}})
+    assert preset_path(cfg, hydra_cfg) == CONF / "experiment" / "tuned_image_folder_small_cnn.yaml"
+    named = compose_config(["tune.enabled=true", "name=my run/v2"])
+    assert preset_path(named, hydra_cfg).name == "tuned_my_run_v2.yaml"
+    chosen = compose_config([f"tune.preset={tmp_path / 'p'}"])
+    assert preset_path(chosen, hydra_cfg) == tmp_path / "p.yaml"
+
+
+def test_a_trial_stops_once_its_steady_state_is_measured(make_cfg):
+    import saturate
+    from saturate.engine import Measured
+    from saturate.run import Given
+    from tests.conftest import read_metrics
+
+    cfg = make_cfg("trainer.max_epochs=1000", "trainer.log_interval=5")  # 3 steps per epoch: 3,000 steps unless stopped
+    saturate.train(cfg, Given(measured=Measured(seconds=0.3, steps=10)))
+    done = read_metrics(cfg.run_dir)
+    assert done["status"] == "completed" and 13 <= done["progress/step"] < 3000  # the first window (warm-up) + at least 10
+    assert done["time/wall_s"] < 60
+
+
+def test_train_and_fit_refuse_tune_enabled(make_cfg):
+    import saturate
+    from saturate.errors import UserError
+
+    with pytest.raises(UserError, match=r"tune.enabled=true: tune through train.py"):
+        saturate.train(make_cfg("tune.enabled=true"))
