@@ -270,3 +270,16 @@ def test_train_and_fit_refuse_tune_enabled(make_cfg):
 
     with pytest.raises(UserError, match=r"tune.enabled=true: tune through train.py"):
         saturate.train(make_cfg("tune.enabled=true"))
+
+
+def test_the_printed_command_finds_the_preset(tmp_path):
+    from saturate.tune import reproduce
+
+    assert reproduce(CONF / "experiment" / "tuned_a.yaml", []) == "python train.py experiment=tuned_a"
+    mine = tmp_path / "conf"
+    assert reproduce(mine / "experiment" / "tuned_a.yaml", [f"hydra.searchpath=[file://{mine}]"]) == (
+        f"python train.py hydra.searchpath=[file://{mine}] experiment=tuned_a")  # fmt: skip
+    elsewhere = tmp_path / "other" / "experiment" / "tuned_a.yaml"  # tune.preset outside the config dirs
+    assert reproduce(elsewhere, [f"hydra.searchpath=[file://{mine}]"]) == (
+        f"python train.py hydra.searchpath=[file://{mine},file://{tmp_path / 'other'}] experiment=tuned_a")  # fmt: skip
+    assert reproduce(tmp_path / "t.yaml", []).startswith("copy it to <a config dir>/experiment/")

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 INPUT = ("augmentation", "resident", "num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
 COMPUTE = ("channels_last", "compile", "cudnn", "precision", "batch_size")
+CACHE_VERSION = 1  # of the cached entries' layout (Result's fields)
 CONFIRM_ROUNDS = 2  # the start and the fastest measured again, alternately, at most this many times
 WARMUP_STEPS = 5  # a trial's first log window: workers starting, caches, autotuning
 NEVER = 10**9  # an interval no trial reaches: evaluation and checkpoints only at its end
@@ -162,6 +163,7 @@ class Tuner:
     def __init__(self, cfg: DictConfig, overrides: list[str], run_dir: Path):
         self.tune = cfg.tune
         self.start_overrides = [o for o in overrides if not _ours(o)]
+        self.searchpath = [o for o in overrides if o.startswith("hydra.searchpath=")]  # where the preset is found
         self.run_dir = run_dir
         self.cuda = cfg.device.type != "cpu" and torch.cuda.is_available()
         self.results: list[Result] = []
@@ -361,7 +363,7 @@ def tune(cfg: DictConfig) -> Metrics:
             cache.put(key, {"results": [dataclasses.asdict(r) for r in tuner.results], "changes": tuner.changes, "best": tuner.best.number,
                             "rate": tuner.rate, "speedup": tuner.speedup, "confirmed": tuner.confirmed})  # fmt: skip
     speedup = tuner.speedup
-    write_preset(preset, tuner.start_overrides, tuner.changes, speedup=speedup, rate=tuner.rate)
+    write_preset(preset, tuner.start_overrides, tuner.changes, searchpath=tuner.searchpath, speedup=speedup, rate=tuner.rate)
     text = render(tuner, preset=preset)
     (run_dir / "tune.md").write_text(text)
     write_json(run_dir / "tune.json", {"results": [dataclasses.asdict(r) for r in tuner.results], "changes": tuner.changes,
@@ -415,7 +417,11 @@ def _cache_key(cfg: DictConfig, tuner: Tuner) -> dict:
         config.pop(key, None)
     config["tune"] = {k: v for k, v in config["tune"].items() if k not in ("enabled", "preset", "cache")}
     device = torch.cuda.get_device_name(cfg.device.index) if tuner.cuda else f"cpu: {cpu_name()}"
-    return {"config": config, "hardware": {"device": device, "cpus": cpus_per_process(), "torch": torch.__version__}}
+    return {
+        "version": CACHE_VERSION,
+        "config": config,
+        "hardware": {"device": device, "cpus": cpus_per_process(), "torch": torch.__version__},
+    }
 
 
 def preset_name(cfg: DictConfig, choices: dict) -> str:
@@ -458,13 +464,13 @@ def preset_text(start: list[str], changes: list[str], groups: set[str], header: 
     return f"# @package _global_\n{header}{text}"
 
 
-def write_preset(path: Path, start: list[str], changes: list[str], *, speedup: float, rate: float) -> None:
+def write_preset(path: Path, start: list[str], changes: list[str], *, searchpath: list[str], speedup: float, rate: float) -> None:
     choices = HydraConfig.get().runtime.choices
     groups = {k for k in choices if not k.startswith("hydra")}
     header = (
         f"# Written by saturate's tune on {datetime.now():%Y-%m-%d %H:%M}: {rate:,.0f} samples/s, {speedup:.2f}x the starting config:\n"
-        f"#   python train.py tune=true {' '.join(start)}\n"
-        f"# Reproduce it: python train.py experiment={path.stem}\n"
+        f"#   python train.py tune=true {' '.join(searchpath + start)}\n"
+        f"# Reproduce it: {reproduce(path, searchpath)}\n"
     )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -483,6 +489,20 @@ def _rows(results: list[Result], start: Result) -> Iterator[str]:
         yield "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 
 
+def reproduce(preset: Path, searchpath: list[str]) -> str:
+    """The command that trains with the preset: with the config dirs the tune was given
+    (`searchpath`: its hydra.searchpath override) and the one the preset is in."""
+    if preset.parent.name != "experiment":
+        return f"copy it to <a config dir>/experiment/, then python train.py experiment={preset.stem}"
+    dirs = [str(d) for o in OverridesParser.create().parse_overrides(searchpath) for d in (o.value() or [])]
+    root = preset.parent.parent.resolve()
+    main = Path(__file__).resolve().parents[2] / "conf"  # train.py's config_path, beside src/ in the checkout
+    if root != main and not any(d.removeprefix("file://") and Path(d.removeprefix("file://")).resolve() == root for d in dirs):
+        dirs.append(f"file://{root}")
+    where = [f"hydra.searchpath=[{','.join(dirs)}]"] if dirs else []
+    return " ".join(["python train.py", *where, f"experiment={preset.stem}"])
+
+
 def render(tuner: Tuner, *, preset: Path) -> str:
     """The tune as Markdown (console, tune.md, TensorBoard text)."""
     start = tuner.results[0]
@@ -497,5 +517,5 @@ def render(tuner: Tuner, *, preset: Path) -> str:
                      f"`{' '.join(tuner.changes)}`.")  # fmt: skip
     else:
         lines.append(f"**Nothing measured faster than the starting config** ({tuner.rate:,.0f} samples/s): keep it as it is.")
-    lines += ["", f"Preset: `{preset}`; run it with `python train.py experiment={preset.stem}`."]
+    lines += ["", f"Preset: `{preset}`; run it with `{reproduce(preset, tuner.searchpath)}`."]
     return "\n".join(lines) + "\n"
