@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -208,3 +209,55 @@ def test_the_cache_tells_models_passed_to_fit_apart(tmp_path, caplog):
             saturate.fit(SmallCNN(1, 10, width=width), *data, overrides=common, run_dir=tmp_path / f"run{i}")
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loader.batch_size=auto")]
     assert ["reused" in m for m in said] == [False, False, True]
+
+
+def test_micro_batches_never_outnumber_the_samples(make_cfg, monkeypatch):
+    """Out of memory down to one sample per piece: a batch of 100 is split into 100 pieces,
+    not 128 of which 28 are empty (an empty piece's loss is NaN: every step would be skipped)."""
+    seen = oom_above(monkeypatch, 1)
+    metrics = saturate.train(make_cfg("loader.batch_size=100", "trainer.limit_train_batches=2"))
+    assert metrics["train/micro_batches"] == 100 and 0 not in seen
+    assert metrics["train/nonfinite_steps"] == 0 and math.isfinite(metrics["train/loss"])
+
+
+def test_a_short_last_batch_is_not_split_into_empty_pieces(make_cfg):
+    """trainer.accumulate=8 and a last batch of 5 (1,437 digits, batch 8, drop_last=false)."""
+    cfg = make_cfg("loader.batch_size=8", "trainer.accumulate=8", "loader.drop_last=false", "trainer.limit_train_batches=-1",
+                   "trainer.max_steps=-1")  # fmt: skip
+    metrics = saturate.train(cfg)
+    assert metrics["progress/step"] == 180 and metrics["train/nonfinite_steps"] == 0  # 179 batches of 8 and one of 5
+
+
+def test_cublas_and_cudnn_allocation_failures_are_out_of_memory():
+    from saturate.device import is_oom
+
+    assert is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
+    assert is_oom(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
+    assert is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not is_oom(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not is_oom(ValueError("out of memory"))
+
+
+def test_out_of_memory_in_the_optimizer_step_is_a_clear_error(make_cfg, monkeypatch):
+    def step(self, *args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB (injected)")
+
+    monkeypatch.setattr(torch.optim.SGD, "step", step)
+    with pytest.raises(OutOfMemory, match="out of memory at step 1 after the backward pass .* optimizer state"):
+        saturate.train(make_cfg())
+
+
+def test_out_of_memory_preparing_the_batch_on_the_device_is_a_clear_error(make_cfg, monkeypatch):
+    from saturate.loader import DevicePipeline
+
+    calls, original = [], DevicePipeline.__call__
+
+    def call(self, batch):
+        calls.append(len(batch[1]))
+        if len(calls) > 1:  # the first is the start-up check's two samples
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (injected)")
+        return original(self, batch)
+
+    monkeypatch.setattr(DevicePipeline, "__call__", call)
+    with pytest.raises(OutOfMemory, match="out of memory at step 1 copying the batch to the device"):
+        saturate.train(make_cfg())

@@ -53,9 +53,16 @@ class OutOfMemory(UserError):
     """Out of memory even with the smallest batch (or micro-batch) there is."""
 
 
+# what cuBLAS and cuDNN raise when they cannot allocate their handles or workspaces
+ALLOCATION_FAILED = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE")
+
+
 def is_oom(error: BaseException) -> bool:
-    """CUDA's out-of-memory error, in its current form or the older RuntimeError one."""
-    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError) and "out of memory" in str(error))
+    """CUDA's out-of-memory error (current form, or the older RuntimeError), or a cuBLAS or
+    cuDNN allocation failure, which are the same shortage by another name."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and any(s in str(error) for s in ALLOCATION_FAILED)
+    )
 
 
 def free_device_memory() -> None:

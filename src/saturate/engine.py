@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from saturate.device import OutOfMemory, free_device_memory, is_oom
 from saturate.faults import Preempted
 from saturate.step import TrainStep
 
@@ -76,7 +77,7 @@ class Engine:
             batches = self.train_batches.epoch(state.epoch, start=state.batch_in_epoch)
             for batch in self.timer.fetch(batches):
                 with self.timer.phase("copy"):
-                    x, y = self.train_batches.to_device(batch)
+                    x, y = self.to_device(batch, state.step + 1)
                 with self.timer.phase("compute"):
                     loss, applied, stepped = self.step(x, y, state.step + 1)
                     if stepped:  # a step not taken (non-finite, fp16 overflow) keeps the LR where it is
@@ -113,6 +114,18 @@ class Engine:
             self.epoch_line(state, evaluated, time.perf_counter() - epoch_start)
             if last:
                 return dict(self.tracker.latest)
+
+    def to_device(self, batch, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch on the device, augmented and normalised; running out of memory here is
+        a clear error (the step's own out-of-memory is recovered in smaller micro-batches)."""
+        try:
+            return self.train_batches.to_device(batch)
+        except Exception as e:
+            if not is_oom(e):
+                raise
+            free_device_memory()
+            raise OutOfMemory(f"out of memory at step {step} copying the batch to the device and preparing it (augmentation, "
+                              "normalisation), before the model ran: lower loader.batch_size") from None  # fmt: skip
 
     def log_train(self, state: TrainState, steps_per_epoch: int) -> None:
         """The one place the loop waits for the device: at log steps and epoch ends. Across

@@ -29,6 +29,13 @@ _DDP_OOM = (
 )
 
 
+_AFTER_BACKWARD = (
+    "out of memory at step {step} after the backward pass (unscaling, the gradient norm or the optimizer step, which may have "
+    "updated some weights): this memory is the parameters, gradients and optimizer state, which smaller micro-batches do not "
+    "shrink; use a smaller model, an optimizer with less state, or free device memory, and resume from the last checkpoint"
+)
+
+
 def _alone(ok: bool) -> bool:
     """The agreement of a single process: its own answer."""
     return ok
@@ -59,13 +66,20 @@ class TrainStep:
             torch._foreach_copy_(self.kept, self.buffers)
         while (loss := self._forward_backward(x, y)) is None:
             self._after_oom(step, len(y))
-        scaler = self.precision.scaler
-        scaler.unscale_(self.optimizer)
-        grad_norm = self._grad_norm()
-        applied = self.guard.ok(loss, grad_norm, step)
-        if not applied and self.buffers:
-            torch._foreach_copy_(self.buffers, self.kept)
-        stepped = self.precision.step(self.optimizer, applied)
+        try:
+            scaler = self.precision.scaler
+            scaler.unscale_(self.optimizer)
+            grad_norm = self._grad_norm()
+            applied = self.guard.ok(loss, grad_norm, step)
+            if not applied and self.buffers:
+                torch._foreach_copy_(self.buffers, self.kept)
+            stepped = self.precision.step(self.optimizer, applied)
+        except Exception as e:
+            if not (self.recover_oom and is_oom(e)):
+                raise
+            self.optimizer.zero_grad(set_to_none=True)
+            free_device_memory()
+            raise OutOfMemory(_AFTER_BACKWARD.format(step=step)) from None
         self.optimizer.zero_grad(set_to_none=True)
         return (loss if applied else torch.zeros_like(loss)), applied, stepped
 
@@ -89,7 +103,8 @@ class TrainStep:
         already exchanging gradients) stops that rank, the others at the process group's
         timeout. Out-of-memory in the earlier micro-batches is recovered as in one process."""
         total = None
-        pieces = list(zip(x.tensor_split(self.micro_batches), y.tensor_split(self.micro_batches), strict=True))
+        count = min(self.micro_batches, len(y))  # never an empty piece (a short last batch, or more pieces than samples)
+        pieces = list(zip(x.tensor_split(count), y.tensor_split(count), strict=True))
         for i, (xs, ys) in enumerate(pieces):
             synchronising = i == len(pieces) - 1 and self.distributed
             with contextlib.nullcontext() if i == len(pieces) - 1 else no_sync(self.model):
@@ -131,7 +146,7 @@ class TrainStep:
         if piece <= 1:
             raise OutOfMemory(f"out of memory at step {step} even with micro-batches of 1 sample; use a smaller model or input, "
                               "or free device memory (device.memory_fraction, other processes)")  # fmt: skip
-        self.micro_batches *= 2
+        self.micro_batches = min(2 * self.micro_batches, batch)  # at most one sample per piece: none left empty
         self.oom_recoveries += 1
         smaller = math.ceil(batch / self.micro_batches)
         log.warning("step %d: out of memory with micro-batches of %d samples; continuing with %d micro-batches of %d "
