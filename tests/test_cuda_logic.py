@@ -86,3 +86,25 @@ def test_more_processes_than_gpus_is_a_clear_error(fake_cuda, monkeypatch):
     fake_cuda(2)
     with pytest.raises(UserError, match=r"trainer.devices=3: 2 CUDA device\(s\) visible; expected at most 2, or device=cpu"):
         processes(3, "auto")
+
+
+@pytest.mark.parametrize(("native", "mode", "expected"), [(True, "auto", "bf16"), (True, "amp", "bf16"), (False, "auto", "fp16"),
+                                                          (False, "amp", "fp16")])  # fmt: skip
+def test_amp_picks_bf16_only_where_the_gpu_has_it_natively(fake_cuda, monkeypatch, native, mode, expected):
+    """A pre-Ampere GPU (V100, T4) emulates bf16: torch.cuda.is_bf16_supported() says True
+    unless asked for native support; amp must pick fp16 there."""
+    from saturate.precision import resolve_mode
+
+    fake_cuda(1)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
+    assert resolve_mode(mode, torch.device("cuda", 0)) == expected
+
+
+def test_bf16_asked_on_a_gpu_that_only_emulates_it_is_a_clear_error(fake_cuda, monkeypatch):
+    from saturate.errors import UserError
+    from saturate.precision import resolve_mode
+
+    fake_cuda(1)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    with pytest.raises(UserError, match="precision.mode='bf16': Fake GPU has no native bf16 .* use precision=fp16"):
+        resolve_mode("bf16", torch.device("cuda", 0))

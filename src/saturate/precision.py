@@ -53,7 +53,9 @@ class Precision:
 
 
 def _cuda_bf16(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_bf16_supported()
+    """Native bf16 (Ampere and newer). Pre-Ampere GPUs emulate it, far slower than fp16:
+    torch's default answer counts emulation, so it is asked for native support only."""
+    return device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 def resolve_mode(mode: str, device: torch.device) -> str:
@@ -65,7 +67,8 @@ def resolve_mode(mode: str, device: torch.device) -> str:
         return "bf16" if mode == "amp" else "fp32"
     if mode == "bf16" and device.type == "cuda" and not _cuda_bf16(device):
         raise UserError(
-            f"precision.mode='bf16': {torch.cuda.get_device_name(device)} has no bf16 support; use precision=fp16 or precision=auto"
+            f"precision.mode='bf16': {torch.cuda.get_device_name(device)} has no native bf16 (only emulated, slower than fp16); "
+            "use precision=fp16 or precision=auto"
         )
     return mode
 
