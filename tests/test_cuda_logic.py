@@ -108,3 +108,36 @@ def test_bf16_asked_on_a_gpu_that_only_emulates_it_is_a_clear_error(fake_cuda, m
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     with pytest.raises(UserError, match="precision.mode='bf16': Fake GPU has no native bf16 .* use precision=fp16"):
         resolve_mode("bf16", torch.device("cuda", 0))
+
+
+def test_evaluation_runs_the_uncompiled_model_without_autograd(make_cfg, monkeypatch):
+    """A compiled model is for training steps: evaluating it would compile it again (eval
+    mode, no gradients, a short last batch). torch.compile is replaced by a recording
+    wrapper (compiling for real takes minutes on this CPU; the slow tests do it)."""
+    import saturate
+    from saturate.models import SmallCNN
+
+    calls = {"wrapper": [], "eval": []}
+
+    class Compiled(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            calls["wrapper"].append(self.training)
+            return self.model(x)
+
+    original = SmallCNN.forward
+
+    def forward(self, x):
+        if not self.training:
+            calls["eval"].append(torch.is_inference_mode_enabled())
+        return original(self, x)
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: Compiled(model))
+    monkeypatch.setattr(SmallCNN, "forward", forward)
+    metrics = saturate.train(make_cfg("trainer.compile=true"))
+    assert "val/acc" in metrics
+    assert calls["wrapper"] and all(calls["wrapper"])  # the compiled wrapper only ever trained
+    assert calls["eval"][-2:] == [True, True]  # validation: the plain model, under inference_mode (first: the start-up check)

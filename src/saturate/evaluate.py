@@ -23,7 +23,7 @@ class Evaluator:
         validation set)."""
         return self.batches is not None and (last or epoch % self.interval == 0)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def run(self, interrupted=lambda: False) -> dict[str, float] | None:
         """The metrics, or None when `interrupted()` turned true between two batches (a
         preemption signal during a long evaluation: the caller saves and stops)."""

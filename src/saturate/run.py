@@ -317,7 +317,7 @@ def _already_done(run: RunConfig, state: TrainState, checkpointer: Checkpointer,
 @dataclass
 class Models:
     train: nn.Module  # what the loop calls: DDP-wrapped and/or compiled
-    eval: nn.Module  # what the evaluator calls: never DDP (ranks evaluate different numbers of batches)
+    eval: nn.Module  # what the evaluator calls: never DDP (ranks evaluate different numbers of batches), never compiled
     raw: nn.Module  # the plain module: optimizer, checkpoints
 
 
@@ -657,7 +657,9 @@ def _setup_model(node: dict, spec: DataSpec, task: Task, device: torch.device, t
     if not trainer.compile:
         return Models(wrapped, raw, raw)
     compiled = _compile(wrapped, raw, example, precision, task)
-    return Models(compiled, compiled if d.world_size == 1 else raw, raw)
+    # evaluated uncompiled: the compiled graph is for training steps of one batch shape;
+    # eval mode, no gradients and a short last batch would each compile it again
+    return Models(compiled, raw, raw)
 
 
 def _compile(model: nn.Module, raw: nn.Module, example: tuple[torch.Tensor, torch.Tensor], precision: Precision, task: Task) -> nn.Module:
