@@ -11,6 +11,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -168,3 +169,29 @@ def test_a_gpu_that_refuses_some_fields_never_stops_the_run(make_cfg, fake_nvml,
     monkeypatch.setattr(module, "nvmlDeviceGetCount", refuse)  # the driver fails when asked for the GPUs
     metrics = saturate.train(make_cfg("monitor.interval_s=0.02"))
     assert metrics["progress/step"] == 3 and not any(k.startswith("gpu") for k in metrics) and metrics["cpu/rss_mb"] > 0
+
+
+def test_gpus_are_matched_to_nvml_by_uuid_not_position(monkeypatch):
+    """CUDA numbers GPUs fastest first, NVML by PCI bus: on a machine with an H100 on bus 1
+    and an A10 on bus 0, cuda:0 is the H100 and NVML's index 0 the A10."""
+    from saturate.monitor import cuda_uuids, visible_nvml_handles
+
+    nvml_order = ["GPU-aaaa-a10", "GPU-bbbb-h100"]  # by PCI bus
+    nvml = SimpleNamespace(
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: nvml_order[i],
+        nvmlDeviceGetHandleByUUID=lambda u: nvml_order[nvml_order.index(u)],
+    )
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    cuda_order = ["bbbb-h100", "aaaa-a10"]  # fastest first, as torch reports them (no prefix)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=cuda_order[i]))
+    assert cuda_uuids() == ["GPU-bbbb-h100", "GPU-aaaa-a10"]
+    assert visible_nvml_handles(nvml, cuda_uuids()) == [(0, "GPU-bbbb-h100"), (1, "GPU-aaaa-a10")]
+    assert visible_nvml_handles(nvml, []) == [(0, "GPU-aaaa-a10"), (1, "GPU-bbbb-h100")]  # by position: the old, wrong answer
+
+    def unknown(u):
+        raise RuntimeError("NVML_ERROR_NOT_FOUND")
+
+    nvml.nvmlDeviceGetHandleByUUID = unknown  # NVML does not know the UUIDs (some MIG set-ups): by position, not nothing
+    assert visible_nvml_handles(nvml, cuda_uuids()) == [(0, "GPU-aaaa-a10"), (1, "GPU-bbbb-h100")]

@@ -73,9 +73,27 @@ def analyse(util: list[float]) -> Analysis:
     return Analysis(mean, std, min(util), sum(u < 50 for u in util) / len(util), status)
 
 
-def visible_nvml_handles(pynvml) -> list[tuple[int, object]]:
-    """(CUDA index, NVML handle) for each device CUDA can see: NVML counts every GPU in the
-    machine, CUDA only those in CUDA_VISIBLE_DEVICES (indices or UUIDs), in that order."""
+def cuda_uuids() -> list[str]:
+    """The UUIDs of the devices CUDA sees, in CUDA's order, as NVML writes them
+    ("GPU-<uuid>"); [] when torch cannot say."""
+    try:
+        found = [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
+    except Exception:  # no CUDA, or a torch without the property
+        return []
+    return [u if u.startswith(("GPU-", "MIG-")) else f"GPU-{u}" for u in found]
+
+
+def visible_nvml_handles(pynvml, uuids: list[str] | None = None) -> list[tuple[int, object]]:
+    """(CUDA index, NVML handle) for each device CUDA can see. Matched by UUID when `uuids`
+    (CUDA's, in its order: see cuda_uuids) are given: CUDA numbers devices fastest first,
+    NVML by PCI bus, so on a machine with mixed GPUs the same number is not the same GPU.
+    Otherwise (or if NVML does not know a UUID: some MIG set-ups) by CUDA_VISIBLE_DEVICES
+    (indices or UUIDs) and position."""
+    if uuids:
+        try:
+            return [(i, pynvml.nvmlDeviceGetHandleByUUID(u)) for i, u in enumerate(uuids)]
+        except Exception:  # noqa: BLE001 (NVML refused a UUID: fall back to positions)
+            pass
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
@@ -148,7 +166,7 @@ class ResourceMonitor:
             say("monitor: no NVML (%s); GPU utilisation is not sampled, CPU use is", why)
         else:
             try:
-                self.handles = visible_nvml_handles(self.pynvml)
+                self.handles = visible_nvml_handles(self.pynvml, cuda_uuids())
             except Exception as e:  # a UUID NVML does not know, a driver error: sample the CPU only
                 log.warning("monitor: NVML cannot list the visible GPUs (%s: %s); GPU utilisation is not sampled", type(e).__name__, e)
             if not self.handles:
