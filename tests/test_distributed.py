@@ -228,3 +228,38 @@ def test_a_mistake_under_trainer_devices_is_one_line_per_process(tmp_path):
     # each process says it once; the launcher stops the other when the first exits, which may be before it has said it
     assert out.count("error: loader.batch_size=5000: larger than the training set (1437 samples across 2 ranks)") in (1, 2)
     assert "error: trainer.devices=2: rank " in out and "exited with status 1; its message is above" in out
+
+
+def _syncbn_rank(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from saturate.distributed import Dist, alone
+    from saturate.models import SmallCNN
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    d = Dist()
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(SmallCNN(in_channels=1, num_classes=10, width=4)).train()
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.SyncBatchNorm)]
+    result = {}
+    with alone(model, d):  # SyncBatchNorm's forward skips its collective when its group has one rank (on a GPU; the CPU it refuses)
+        result["alone"] = all(m.process_group is not None and dist.get_world_size(m.process_group) == 1 for m in layers)
+        result["own"] = all(dist.get_process_group_ranks(m.process_group) == [rank] for m in layers)
+    result["restored"] = all(m.process_group is None for m in layers) and len(layers) > 0
+    Path(out, f"{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_syncbatchnorm_layers_search_alone_under_ddp(tmp_path):
+    """The batch-size search's trials differ between ranks; SyncBatchNorm layers must not
+    wait on each other during them (a deadlock on GPUs)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_syncbn_rank, args=(port, str(tmp_path)), nprocs=2, start_method="spawn", join=True)
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"{rank}.json").read_text()) == {"alone": True, "own": True, "restored": True}

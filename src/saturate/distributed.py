@@ -143,6 +143,27 @@ def wrap(model: torch.nn.Module, d: Dist, device: torch.device) -> torch.nn.Modu
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
+@contextlib.contextmanager
+def alone(model: torch.nn.Module, d: Dist):
+    """For the block, every SyncBatchNorm layer of `model` synchronises within a group of
+    this rank only (so it computes plain BatchNorm): the batch-size search's trials differ
+    between ranks (sizes, out-of-memory retries), and collectives among them would wait for
+    each other forever. Every rank must enter it (making the groups is collective)."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.SyncBatchNorm)]
+    if d.world_size == 1 or not layers or not dist.is_initialized():  # the same model on every rank: all skip together
+        yield
+        return
+    groups = [dist.new_group([r]) for r in range(d.world_size)]  # new_group is collective: each rank makes all
+    before = [m.process_group for m in layers]
+    for m in layers:
+        m.process_group = groups[d.rank]
+    try:
+        yield
+    finally:
+        for m, group in zip(layers, before, strict=True):
+            m.process_group = group
+
+
 def no_sync(model: torch.nn.Module):
     """DDP's no_sync() (accumulate locally, no gradient all-reduce), or nothing."""
     inner = getattr(model, "_orig_mod", model)  # under torch.compile

@@ -43,7 +43,7 @@ from saturate.config import DATA_ARGUMENTS, RunConfig, TrainerConfig, validate
 from saturate.data import DataSpec, build_datasets, describe
 from saturate.data.base import as_tensor
 from saturate.device import setup_device
-from saturate.distributed import Dist, rank_zero, wrap
+from saturate.distributed import Dist, alone, rank_zero, wrap
 from saturate.engine import Engine, Measured, TrainState
 from saturate.environment import cpu_name, fingerprint
 from saturate.errors import ConfigError, Problem, UserError
@@ -543,7 +543,8 @@ def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, task:
                      d: Dist):  # fmt: skip
     """loader.batch_size=auto: the cached choice for this key, or a search (saturate.batch_size).
     Under DDP each rank searches on its own device with the plain model (no collectives in
-    the trials) and the smallest choice wins, so it fits everywhere."""
+    the trials: not DDP's, and SyncBatchNorm's only within the rank itself) and the smallest
+    choice wins, so it fits everywhere."""
     cfg = run.batch_search
     key = {
         # the model node and what it built (fit's own model: its class and size)
@@ -578,7 +579,8 @@ def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, task:
     step = TrainStep(model, optimizer, precision, guard, loss=task.loss, grad_clip=0.0, recover_oom=False)
     fetch = lambda size: _host_batch(train_set, order[:size].tolist())  # a host batch of `size` real training samples
     measure = measure_with(step, optimizer, pipeline, fetch, steps=cfg.steps, device=device)
-    chosen, trials = restoring(models.raw, lambda: search(measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety))
+    with alone(model, d):  # SyncBatchNorm: each rank's trials are its own
+        chosen, trials = restoring(models.raw, lambda: search(measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety))
     chosen = d.minimum(chosen)
     if d.is_main:
         cache.put(key, {"batch_size": chosen, "trials": [dataclasses.asdict(t) for t in trials]})
