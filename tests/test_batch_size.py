@@ -261,3 +261,31 @@ def test_out_of_memory_preparing_the_batch_on_the_device_is_a_clear_error(make_c
     monkeypatch.setattr(DevicePipeline, "__call__", call)
     with pytest.raises(OutOfMemory, match="out of memory at step 1 copying the batch to the device"):
         saturate.train(make_cfg())
+
+
+def test_the_cached_choice_is_not_reused_under_another_memory_cap_or_residency(make_cfg, tmp_path, caplog):
+    cache = tmp_path / "cache.json"
+    common = ["loader.batch_size=auto", f"batch_search.cache={cache}", "batch_search.steps=1", "batch_search.max=64"]
+    saturate.train(make_cfg(*common))
+    for other in (["device.memory_fraction=0.5"], ["loader=resident"]):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="saturate"):
+            saturate.train(make_cfg(*common, *other))
+        messages = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loader.batch_size=auto")]
+        assert messages and "reused" not in messages[0] and "trials" in messages[0], (other, messages)
+    assert len(json.loads(cache.read_text())) == 3
+
+
+def test_under_compile_the_search_graphs_are_dropped_before_the_run(make_cfg, monkeypatch):
+    """Every trial size is a new shape for torch.compile (from the second on, a dynamic batch
+    dimension the run would keep): they are dropped, and the run compiles for its own size.
+    torch.compile itself is stood in for (minutes on this CPU; the slow tests compile)."""
+    resets = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+    saturate.train(make_cfg("trainer.compile=true", "loader.batch_size=auto", "batch_search.cache=", "batch_search.steps=1",
+                            "batch_search.max=32"))  # fmt: skip
+    assert resets == [1]
+    saturate.train(make_cfg("trainer.compile=false", "loader.batch_size=auto", "batch_search.cache=", "batch_search.steps=1",
+                            "batch_search.max=32"))  # fmt: skip
+    assert resets == [1]  # nothing compiled, nothing to drop

@@ -81,13 +81,15 @@ def search(measure: Callable[[int], Trial], *, low: int, high: int, min_gain: fl
 def measure_with(step: Callable, optimizer: torch.optim.Optimizer, pipeline, fetch, *, steps: int,
                  device: torch.device) -> Callable[[int], Trial]:  # fmt: skip
     """measure(size): one warm-up and `steps` timed training steps on a batch of `size`
-    real samples (`fetch(size)` gives the host batch; preparing it is not timed). `step(x,
+    real samples (`fetch(size)` gives the host batch, pinned on CUDA as the run's are;
+    preparing it is not timed). `step(x,
     y, n)` is one training step that does not recover from out-of-memory itself."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def measure(size: int) -> Trial:
         host = fetch(size)
         if device.type == "cuda":
+            host = tuple(t.pin_memory() for t in host)  # as the run's loader gives them: copies overlap, as in the run
             torch.cuda.reset_peak_memory_stats(device)
         try:
             step(*pipeline(host), 0)

@@ -561,6 +561,8 @@ def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, task:
         "augmentation": run.augmentation.placement,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu: {cpu_name()}",
         "world_size": d.world_size,
+        "memory_fraction": run.device.memory_fraction,  # what memory the sizes had to fit in
+        "resident": run.loader.resident,  # resident data takes device memory beside the batch
     }
     high = min(cfg.max, len(train_set) // d.world_size)
     cache = Cache(cfg.cache)
@@ -582,6 +584,8 @@ def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, task:
     with alone(model, d):  # SyncBatchNorm: each rank's trials are its own
         chosen, trials = restoring(models.raw, lambda: search(measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety))
     chosen = d.minimum(chosen)
+    if run.trainer.compile:  # each trial's size was a new shape: from the second on, a graph with a dynamic batch dimension
+        torch._dynamo.reset()  # dropped, so the run compiles once for the size it trains with (in its warm-up window)
     if d.is_main:
         cache.put(key, {"batch_size": chosen, "trials": [dataclasses.asdict(t) for t in trials]})
     log.info("loader.batch_size=auto: %d after %d trials in %.1fs%s\n%s", chosen, len(trials), time.perf_counter() - start,
