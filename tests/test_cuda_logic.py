@@ -141,3 +141,47 @@ def test_evaluation_runs_the_uncompiled_model_without_autograd(make_cfg, monkeyp
     assert "val/acc" in metrics
     assert calls["wrapper"] and all(calls["wrapper"])  # the compiled wrapper only ever trained
     assert calls["eval"][-2:] == [True, True]  # validation: the plain model, under inference_mode (first: the start-up check)
+
+
+def test_the_resident_budget_counts_the_allocators_cache_and_the_memory_cap(monkeypatch):
+    """After the batch search and compile, the caching allocator keeps blocks mem_get_info
+    calls used; device.memory_fraction caps what the allocator may take."""
+    from saturate.loader import memory_budget
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 30 * gib)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 1.0)
+    cuda = torch.device("cuda", 0)
+    assert memory_budget(cuda) == 30 * gib  # 10 free + 20 held unused by this process
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 0.25)
+    assert memory_budget(cuda) == 10 * gib  # 0.25 x 80 = 20 for the allocator, 10 of them in use
+
+
+def test_the_batch_search_runs_with_the_resident_datas_room_taken(monkeypatch):
+    from saturate import loader
+    from saturate.config import LoaderConfig
+    from saturate.data.base import DataSpec
+
+    spec = DataSpec("cifar", (3, 32, 32), torch.uint8, (), True, 10)
+    assert loader.resident_bytes(spec, 60_000) == 60_000 * (3 * 32 * 32 + 8)
+    taken, real_empty = [], torch.empty
+
+    def empty(*args, **kwargs):
+        if str(kwargs.get("device", "cpu")).startswith("cuda"):
+            taken.append(args[0])
+            return "device memory"
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(loader, "memory_budget", lambda device: 8 * 2**30)
+    cuda = torch.device("cuda", 0)
+    with loader.room_for_resident(LoaderConfig(resident=True), spec, 60_000, cuda):
+        assert taken == [60_000 * 3080]  # held while the search runs
+    with loader.room_for_resident(LoaderConfig(resident=False), spec, 60_000, cuda):
+        pass
+    big = DataSpec("imagenet", (3, 224, 224), torch.uint8, (), True, 1000)  # stays in host memory: nothing to keep room for
+    with loader.room_for_resident(LoaderConfig(resident=True), big, 1_281_167, cuda):
+        pass
+    assert len(taken) == 1

@@ -8,6 +8,7 @@ when the loader is built, never in the loop.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -309,14 +310,39 @@ def loader_failure(error: Exception, timeout_s: float, workers: int) -> DataErro
 
 
 def memory_budget(device: torch.device) -> int:
-    """Bytes of memory on `device` the process could still take: free CUDA memory, or the
-    host's available memory for the CPU."""
+    """Bytes of memory on `device` this process could still take. On CUDA: the device's free
+    memory plus what this process's caching allocator holds unused (after the batch search
+    and the compile warm-up it keeps their blocks: free to us, not to mem_get_info), and never
+    past device.memory_fraction's cap on the allocator. On the CPU: the host's available memory."""
     if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return free
+        free, total = torch.cuda.mem_get_info(device)
+        allocated = torch.cuda.memory_allocated(device)
+        held = torch.cuda.memory_reserved(device) - allocated
+        cap = torch.cuda.get_per_process_memory_fraction(device) * total - allocated
+        return int(max(0, min(free + held, cap)))
     import psutil
 
     return psutil.virtual_memory().available
+
+
+def resident_bytes(spec: DataSpec, samples: int) -> int:
+    """What `samples` samples of this data take held as one tensor (inputs and targets)."""
+    element = torch.empty((), dtype=spec.input_dtype).element_size()
+    return samples * (math.prod(spec.input_shape) * element + 8 * max(1, math.prod(spec.target_shape)))
+
+
+@contextlib.contextmanager
+def room_for_resident(cfg: LoaderConfig, spec: DataSpec, samples: int, device: torch.device):
+    """For the block, the device memory a resident data set will take is taken already (one
+    empty tensor of its size): the batch-size search, run before the data is placed, then
+    chooses a batch that leaves room for it. Nothing is taken when the data would stay in
+    host memory (over resident_memory_fraction) or the device is not CUDA."""
+    need = resident_bytes(spec, samples) if cfg.resident and device.type == "cuda" else 0
+    held = torch.empty(need, dtype=torch.uint8, device=device) if 0 < need <= cfg.resident_memory_fraction * memory_budget(device) else None
+    try:
+        yield
+    finally:
+        del held
 
 
 class ResidentLoader:

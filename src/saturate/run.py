@@ -50,7 +50,16 @@ from saturate.errors import ConfigError, Problem, UserError
 from saturate.evaluate import Evaluator
 from saturate.faults import NonFiniteGuard, Preempted, StopSignal, TrainingDiverged
 from saturate.launch import LAUNCHED
-from saturate.loader import ResidentLoader, StreamLoader, build_loaders, build_pipeline, cpus_per_process, device_augment, loader_failure
+from saturate.loader import (
+    ResidentLoader,
+    StreamLoader,
+    build_loaders,
+    build_pipeline,
+    cpus_per_process,
+    device_augment,
+    loader_failure,
+    room_for_resident,
+)
 from saturate.monitor import ResourceMonitor, device_memory_mb, peak_memory
 from saturate.naming import override_value, run_name, varied_keys
 from saturate.optim import setup_optimizer
@@ -365,7 +374,9 @@ def _setup_training(run: RunConfig, d: Dist, device: torch.device, tracker: Trac
     del example  # not held on the device through the batch-size search
     trials, started = None, time.perf_counter()
     if run.loader.batch_size == "auto":
-        chosen, trials = _auto_batch_size(run, models, precision, task, train_set, spec, device, d)
+        samples = len(train_set) + (len(val_set) if val_set is not None else 0)
+        with room_for_resident(run.loader, spec, samples, device):  # resident data is placed after the search: its room is kept
+            chosen, trials = _auto_batch_size(run, models, precision, task, train_set, spec, device, d)
         run.loader = dataclasses.replace(run.loader, batch_size=chosen)
     train_batches, val_batches = build_loaders(
         run.loader, run.augmentation, train_set, val_set, spec, target_dtype=task.target_dtype, device=device, trainer=run.trainer,
