@@ -86,11 +86,7 @@ def test_a_failing_job_does_not_lose_the_others(tmp_path):
     assert "**best** completed" in done.stdout
 
 
-# optuna's in-process import takes ~20 s on 2 cores: slow here; test_optuna_preset_searches_lr_and_batch_size runs it for real
-PRESETS = [pytest.param(p, marks=pytest.mark.slow) if p == "optuna" else p for p in sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))]
-
-
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF / "sweep").glob("*.yaml")))
 def test_every_sweep_preset_composes_with_its_parameters(preset):
     from hydra import compose, initialize_config_dir
 
