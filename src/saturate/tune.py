@@ -270,10 +270,11 @@ class Tuner:
         self.confirm()
 
     def confirm(self) -> None:
-        """The starting config and the fastest measured again, alternately, up to
+        """The starting config and the fastest measured again, back to back, up to
         CONFIRM_ROUNDS times as the budget allows (one trial each is at the mercy of a noisy
-        machine, and the first ran in a cold process): the speed-up is the ratio of their
-        medians, and a winner that does not keep more than `min_gain` of it is dropped."""
+        machine, and the first ran in a cold process): the speed-up is the median of the
+        rounds' ratios (paired: a machine that slows down slows both sides of a round), and a
+        winner that does not keep more than `min_gain` of it is dropped."""
         start = self.results[0]
         self.rate, self.speedup = self.best.samples_per_s, self.best.samples_per_s / start.samples_per_s
         if self.best is start:
@@ -290,8 +291,9 @@ class Tuner:
                 rates.append(r.samples_per_s)
         if len(starts) == 1:
             return
+        ratios = [b / s for s, b in zip(starts, bests, strict=True)]
         start_rate, best_rate = statistics.median(starts), statistics.median(bests)
-        self.speedup, self.confirmed, self.rate = best_rate / start_rate, True, best_rate
+        self.speedup, self.confirmed, self.rate = statistics.median(ratios), True, best_rate
         if self.speedup <= 1 + self.tune.min_gain:
             log.info("tune: measured again, the fastest is %.2fx the starting config: not kept", self.speedup)
             self.best.outcome, self.best, self.changes, self.speedup, self.rate = "not confirmed", start, [], 1.0, start_rate
@@ -511,7 +513,7 @@ def render(tuner: Tuner, *, preset: Path) -> str:
     if tuner.interrupted:
         lines += ["Interrupted: the best so far is kept.", ""]
     rounds = sum(r.outcome == "again" for r in tuner.results) // 2 + 1
-    how = f"medians of {rounds} measurements each of the start and the fastest" if tuner.confirmed else "one trial each"
+    how = f"the median of {rounds} paired measurements of the start and the fastest" if tuner.confirmed else "one trial each"
     if tuner.changes:
         lines.append(f"**Fastest: {tuner.rate:,.0f} samples/s, {tuner.speedup:.2f}x the starting config** ({how}) with "
                      f"`{' '.join(tuner.changes)}`.")  # fmt: skip
