@@ -4,6 +4,7 @@ faked (device count, set_device) and what saturate decides from them is checked.
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -185,3 +186,32 @@ def test_the_batch_search_runs_with_the_resident_datas_room_taken(monkeypatch):
     with loader.room_for_resident(LoaderConfig(resident=True), big, 1_281_167, cuda):
         pass
     assert len(taken) == 1
+
+
+def test_host_memory_is_kept_for_reuse_unless_the_user_chose_an_allocator(monkeypatch):
+    """glibc's malloc otherwise returns every block over 128 KiB to the OS when freed, and a
+    step takes them again: page faults every step (saturate.device.keep_host_memory)."""
+    import sys
+
+    from saturate.device import keep_host_memory
+
+    if sys.platform != "linux":
+        pytest.skip("glibc's mallopt")
+    for key in [k for k in os.environ if k.startswith("MALLOC_") or k == "LD_PRELOAD"]:
+        monkeypatch.delenv(key)
+    assert keep_host_memory() is True  # glibc took both settings (mallopt returns 1)
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    assert keep_host_memory() is False
+    monkeypatch.delenv("LD_PRELOAD")
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert keep_host_memory() is False
+
+
+def test_setup_device_keeps_host_memory_when_asked(monkeypatch):
+    from saturate import device
+
+    calls = []
+    monkeypatch.setattr(device, "keep_host_memory", lambda: calls.append(1) or True)
+    setup_device(DeviceConfig(type="cpu"))
+    setup_device(DeviceConfig(type="cpu", keep_host_memory=False))
+    assert calls == [1]
