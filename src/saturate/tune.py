@@ -15,7 +15,9 @@ report.MIN_STEPS steps. The best trial's verdict picks what is tried next, one s
 A candidate is kept when its samples/s beat the best so far by more than `tune.min_gain`
 (the batch search's rule); an ordered dimension (worker counts) stops at the first value
 that does not pay. A trial that fails, diverges or runs out of memory is recorded and
-skipped. The whole tune stays within `tune.budget_s`; an interrupt (Ctrl-C, SIGTERM) keeps
+skipped. At the end the start and the winner are measured again back to back, and the
+speed-up claimed is the median of the pairs' ratios (a winner that does not hold up is
+dropped). The whole tune stays within `tune.budget_s`; an interrupt (Ctrl-C, SIGTERM) keeps
 the best so far. The result: a table (console, tune.md, TensorBoard text; each trial's run
 has its HParams entry), and a preset `experiment/tuned_<name>.yaml` holding the user's
 overrides and the winner's, so that `python train.py experiment=tuned_<name>` reproduces
@@ -60,7 +62,7 @@ log = logging.getLogger(__name__)
 INPUT = ("augmentation", "resident", "num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
 COMPUTE = ("channels_last", "compile", "cudnn", "precision", "batch_size")
 CACHE_VERSION = 1  # of the cached entries' layout (Result's fields)
-CONFIRM_ROUNDS = 2  # the start and the fastest measured again, alternately, at most this many times
+CONFIRM_ROUNDS = 2  # the start and the fastest measured again, back to back, at most this many times
 WARMUP_STEPS = 5  # a trial's first log window: workers starting, caches, autotuning
 NEVER = 10**9  # an interval no trial reaches: evaluation and checkpoints only at its end
 # What every trial adds to the command line: quiet, one process, no periodic evaluation or
