@@ -215,3 +215,25 @@ def test_setup_device_keeps_host_memory_when_asked(monkeypatch):
     setup_device(DeviceConfig(type="cpu"))
     setup_device(DeviceConfig(type="cpu", keep_host_memory=False))
     assert calls == [1]
+
+
+@pytest.mark.gpu
+def test_a_resident_epoch_starts_without_a_host_device_sync():
+    """The epoch's permutation reaches the GPU behind the queued steps (pinned, non_blocking),
+    not through a pageable copy that waits for the device to drain (issue 16, item 16)."""
+    from saturate.config import LoaderConfig
+    from saturate.data.base import InMemory
+    from saturate.loader import PlainPipeline, ResidentLoader
+
+    data = InMemory(torch.randn(1024, 8), torch.randint(0, 10, (1024,)))
+    device = torch.device("cuda", 0)
+    loader = ResidentLoader(data, LoaderConfig(batch_size=64, resident=True), PlainPipeline(device, non_blocking=True,
+                            target_dtype=torch.int64), train=True, seed=0)  # fmt: skip
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for epoch in range(2):
+            x, y = next(iter(loader.epoch(epoch)))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert x.device.type == "cuda" and len(y) == 64

@@ -392,7 +392,9 @@ class ResidentLoader:
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[HostBatch]:
         self.to_device.begin_epoch(epoch, start)
-        order = self.order(epoch).to(self.home)
+        order = self.order(epoch)
+        if self.home.type == "cuda":  # pinned and queued behind the last step: the host does not wait for the GPU to drain
+            order = order.pin_memory().to(self.home, non_blocking=True)
         for b in range(start, self.batches_per_epoch):
             index = order[b * self.batch_size : (b + 1) * self.batch_size]
             x, y = self.images.index_select(0, index), self.labels.index_select(0, index)
