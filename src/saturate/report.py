@@ -94,9 +94,9 @@ def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
     if f.device != "cuda":
         # compile (tens of seconds of compilation) and larger batches are GPU remedies: on this
         # 2-core CPU they measured no gain; the arithmetic itself is the limit here. NHWC is
-        # what oneDNN's convolutions prefer: measured 1.1x (resnet18) to 1.3x (small_cnn) there
+        # what oneDNN's convolutions prefer: measured 1.10x (resnet18) and 1.16x (small_cnn) there
         if f.image and not f.channels_last:
-            fixes.append(("trainer.channels_last=true", "oneDNN's CPU convolutions run faster in NHWC (1.1-1.3x on a 2-core CPU)"))
+            fixes.append(("trainer.channels_last=true", "oneDNN's CPU convolutions run faster in NHWC (1.1-1.2x measured on a 2-core CPU)"))
         fixes.append(("device=cuda", "the step is the model's arithmetic on this CPU; compile and larger batches pay off on a GPU"))
         return fixes
     if not f.compile:
