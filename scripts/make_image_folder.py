@@ -17,8 +17,11 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 
-def write_digits(out: Path, size: int = 32, fmt: str = "png", corrupt: int = 0) -> int:
+def write_digits(out: Path, size: int = 32, fmt: str = "png", corrupt: int = 0, per_class: int | None = None) -> int:
     x, y = load_digits(return_X_y=True)
+    if per_class is not None:  # the first `per_class` images of each digit
+        keep = np.concatenate([np.flatnonzero(y == label)[:per_class] for label in range(10)])
+        x, y = x[np.sort(keep)], y[np.sort(keep)]
     for i, (pixels, label) in enumerate(zip(x, y, strict=True)):
         img = Image.fromarray(np.rint(pixels.reshape(8, 8) * 255 / 16).astype(np.uint8), mode="L").convert("RGB")
         folder = out / str(label)
@@ -40,8 +43,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--format", default="png", choices=["png", "jpg"])
     parser.add_argument("--corrupt", type=int, default=0)
+    parser.add_argument("--per-class", type=int, default=None, help="only the first N images of each digit")
     args = parser.parse_args()
-    n = write_digits(args.out, args.size, args.format, args.corrupt)
+    n = write_digits(args.out, args.size, args.format, args.corrupt, args.per_class)
     print(f"wrote {n} images ({args.format}, {args.size}x{args.size}) and {args.corrupt} broken files under {args.out}")
 
 

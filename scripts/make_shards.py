@@ -4,7 +4,7 @@
     python train.py data=shards data.train=data/shards/train.json data.val=data/shards/val.json
 
 The folder is read as `data=image_folder` reads it (root/<class>/... or root/train and
-root/val; broken files skipped and named; the same stratified split), so a run on the shards
+root/val; every file checked first, broken ones skipped and named; the same stratified split), so a run on the shards
 sees the same training and validation images. Each file's bytes are stored as they are (no
 re-encoding) under its extension, its class index under `cls`, in one seeded shuffled order
 (so that a shard holds every class), `--per-shard` samples per shard, written with
@@ -56,7 +56,7 @@ def main() -> None:
 
     try:
         train, val = load_image_folder(root=str(args.folder), image_size=args.stats_size, channels=args.channels,
-                                       val_fraction=args.val_fraction, split_seed=args.split_seed, strict=False)  # fmt: skip
+                                       val_fraction=args.val_fraction, split_seed=args.split_seed, strict=False, check=True)  # fmt: skip
     except UserError as e:
         print(f"make_shards: {e}", file=sys.stderr)
         raise SystemExit(1) from None

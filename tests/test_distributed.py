@@ -265,3 +265,26 @@ def test_syncbatchnorm_layers_search_alone_under_ddp(tmp_path):
     mp.start_processes(_syncbn_rank, args=(port, str(tmp_path)), nprocs=2, start_method="spawn", join=True)
     for rank in (0, 1):
         assert json.loads((tmp_path / f"{rank}.json").read_text()) == {"alone": True, "own": True, "restored": True}
+
+
+def test_files_skipped_on_another_rank_are_counted_in_the_run(tmp_path):
+    """Validation is sharded (rank r reads every other image from r), so both broken files of
+    this validation folder are met by rank 1 only; rank 0's metrics count them through the
+    folder's shared skip log."""
+    from tests.test_image_folder import photo
+
+    for part, names in (("train", [f"{i}.jpg" for i in range(6)]), ("val", ["0.jpg", "1.jpg"])):
+        for label in ("a", "b"):
+            (tmp_path / "imgs" / part / label).mkdir(parents=True)
+            for i, name in enumerate(names):
+                photo(seed=i + 10 * len(part)).save(tmp_path / "imgs" / part / label / name)
+    for label in ("a", "b"):  # val order: a/0 a/1 b/0 b/1; rank 1 reads positions 1 and 3
+        (tmp_path / "imgs" / "val" / label / "1.jpg").write_bytes(os.urandom(600))
+    result = torchrun("device=cpu", "data=image_folder", f"data.root={tmp_path / 'imgs'}", "data.image_size=16", "model.width=8",
+                      "loader.batch_size=2", "loader.num_workers=1", "trainer.max_epochs=1", "trainer.progress=false",
+                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["data/skipped_files"] == 2
+    output = result.stdout + result.stderr
+    assert "val/a/1.jpg: not a readable image" in output and "val/b/1.jpg: not a readable image" in output

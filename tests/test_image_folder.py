@@ -12,12 +12,12 @@ import pytest
 import torch
 from PIL import Image
 
-from saturate.data import image_index
+from saturate.data import image_folder, image_index
 from saturate.data.base import channel_stats
 from saturate.data.decode import decode_file
 from saturate.data.image_folder import _split, load_image_folder
 from saturate.data.image_index import PathTable
-from saturate.errors import DataError
+from saturate.errors import ConfigError, DataError
 
 SETTINGS = {"image_size": 16, "channels": 3, "val_fraction": 0.25, "split_seed": 0}
 
@@ -40,8 +40,9 @@ def load(root, cache, **kw):
     return load_image_folder(root=str(root), strict=kw.pop("strict", False), index_cache=str(cache), **{**SETTINGS, **kw})
 
 
-def test_broken_files_of_every_kind_are_skipped_and_named(tmp_path, caplog):
-    root = make_folder(tmp_path / "imgs")
+def broken_folder(root):
+    """12 readable images in two classes, and four broken files of four kinds."""
+    root = make_folder(root)
     good = (root / "cat" / "00.jpg").read_bytes()
     (root / "cat" / "truncated.jpg").write_bytes(good[: len(good) // 2])
     (root / "cat" / "noise.jpg").write_bytes(os.urandom(3000))
@@ -49,43 +50,130 @@ def test_broken_files_of_every_kind_are_skipped_and_named(tmp_path, caplog):
     png = root / "dog" / "cut.png"
     photo().save(png)
     png.write_bytes(png.read_bytes()[:-30])
+    return root, {str(root / "cat/truncated.jpg"), str(root / "cat/noise.jpg"), str(root / "dog/notes.txt"), str(png)}
+
+
+def named_in(caplog) -> set[str]:
+    return {r.getMessage().split(" ")[1].rstrip(":") for r in caplog.records if r.getMessage().startswith("skipping ")}
+
+
+def every_batch(dataset, workers: int) -> list:
+    """One pass over `dataset` through a real DataLoader (worker processes when workers > 0),
+    polled after each batch as saturate's loader does."""
+    from torch.utils.data import DataLoader
+
+    from saturate.loader import already_collated
+
+    batches = []
+    for batch in DataLoader(dataset, batch_size=3, num_workers=workers, collate_fn=already_collated):
+        dataset.poll()
+        batches.append(batch)
+    return batches
+
+
+def test_files_are_not_opened_at_start_up_and_broken_ones_are_skipped_when_met(tmp_path, caplog, monkeypatch):
+    """Workers meet each broken file once: it is skipped (its slot takes the next readable
+    image: full batches), named and counted by the main process, and the next start leaves it
+    out without opening it; the split of the readable files does not move."""
+    root, broken = broken_folder(tmp_path / "imgs")
+    monkeypatch.setattr(image_folder, "STATS_SAMPLES", 1)  # the statistics read one image: the workers meet the rest
     train, val = load(root, tmp_path / "cache")
-    assert train.notes["data/skipped_files"] == 4 and len(train) + len(val) == 12
-    named = {r.getMessage().split(" ")[1].rstrip(":") for r in caplog.records if r.getMessage().startswith("skipping ")}
-    assert named == {str(root / "cat/truncated.jpg"), str(root / "cat/noise.jpg"), str(root / "dog/notes.txt"), str(png)}
-    with pytest.raises(DataError, match=r"data.strict=true: .*(truncated|noise).jpg is not a readable image"):
+    assert len(train) + len(val) == 16  # listed, not opened
+    for dataset in (train, val):
+        for x, y in every_batch(dataset, workers=2):
+            assert x.shape[1:] == (3, 16, 16) and len(x) == len(y) and len(x) in (3, len(dataset) % 3)
+    assert named_in(caplog) == broken and train.notes["data/skipped_files"] == 4 and val.notes is train.notes
+
+    caplog.clear()
+    again, again_val = load(root, tmp_path / "cache")
+    assert named_in(caplog) == broken and again.notes["data/skipped_files"] == 4  # named at start-up this time
+    assert len(again) + len(again_val) == 12
+    assert [again.path(i) for i in range(len(again))] == [p for p in map(train.path, range(len(train))) if p not in broken]
+    with pytest.raises(DataError, match=r"data.strict=true: .*noise.jpg is not a readable image"):  # known: no check needed
         load(root, tmp_path / "cache", strict=True)
 
 
-def test_a_second_start_reads_the_cache_and_a_changed_folder_is_checked_again(tmp_path, monkeypatch):
+def test_check_names_every_broken_file_at_start_up_and_goes_on(tmp_path, caplog):
+    root, broken = broken_folder(tmp_path / "imgs")
+    train, val = load(root, tmp_path / "cache", check=True)
+    assert named_in(caplog) == broken and train.notes["data/skipped_files"] == 4 and len(train) + len(val) == 12
+    with pytest.raises(ConfigError, match="data.check"):
+        load(root, tmp_path / "cache", check="yes")
+
+
+def test_a_broken_slot_takes_the_next_readable_image(tmp_path):
+    root = make_folder(tmp_path / "imgs")
+    train, _ = load(root, tmp_path / "cache")
+    Path(train.path(1)).write_bytes(b"\xff\xd8\xff" + os.urandom(500))  # damaged after start-up
+    expected, expected_y = train.__getitems__([2])
+    x, y = train.__getitems__([0, 1, 3])
+    assert torch.equal(x[1], expected[0]) and y[1] == expected_y[0] and train.skipped.files == {int(train.chosen[1])}
+    train.chosen = train.chosen[1:2]  # a data set of that one file
+    with pytest.raises(DataError, match="none of the 1 images .* can be read"):
+        train.__getitems__([0])
+
+
+def test_strict_checks_every_file_at_start_up_once(tmp_path, monkeypatch):
     root = make_folder(tmp_path / "imgs")
     calls = []
     real = image_index._looks_whole
     monkeypatch.setattr(image_index, "_looks_whole", lambda path: calls.append(path) or real(path))
-    first, _ = load(root, tmp_path / "cache")
-    assert len(calls) == 12 and list((tmp_path / "cache").glob("*.npz"))
+    load(root, tmp_path / "cache")
+    assert calls == []  # not strict: nothing checked
+    first, _ = load(root, tmp_path / "cache", strict=True)
+    assert len(calls) == 12
     calls.clear()
-    with monkeypatch.context() as m:  # no directory is listed again: the cache answers
-        m.setattr(image_index.os, "scandir", None)
-        second, _ = load(root, tmp_path / "cache")
-    assert calls == [] and second.mean == first.mean  # checks and statistics from the cache
-    assert [second.path(i) for i in range(len(second))] == [first.path(i) for i in range(len(first))]
-
+    load(root, tmp_path / "cache", strict=True)
+    assert calls == []  # checked files are known checked
     good = (root / "dog" / "03.jpg").read_bytes()
     (root / "dog" / "new.jpg").write_bytes(good[:200])  # a file added: its directory changed
-    third, _ = load(root, tmp_path / "cache")
-    assert calls == [str(root / "dog" / "new.jpg")] and third.notes["data/skipped_files"] == 1
-    with pytest.raises(DataError, match="new.jpg is not a readable image"):  # strict fails on a file known bad from the cache
+    with pytest.raises(DataError, match=r"data.strict=true: .*new.jpg is not a readable image"):
         load(root, tmp_path / "cache", strict=True)
+    assert calls == [str(root / "dog" / "new.jpg")]
+    third, _ = load(root, tmp_path / "cache")  # not strict: the new file is known broken, left out
+    assert third.notes["data/skipped_files"] == 1 and len(third) == len(first)
 
 
-def test_a_file_damaged_in_place_after_the_check_is_named_when_read(tmp_path):
+def test_a_second_start_reads_the_cache(tmp_path, monkeypatch):
     root = make_folder(tmp_path / "imgs")
-    train, _ = load(root, tmp_path / "cache")
+    first, _ = load(root, tmp_path / "cache")
+    assert list((tmp_path / "cache").glob("*.npz"))
+    with monkeypatch.context() as m:  # no directory is listed again and no image decoded: the cache answers
+        m.setattr(image_index.os, "scandir", None)
+        m.setattr(image_folder, "decode_into", None)
+        second, _ = load(root, tmp_path / "cache")
+    assert second.mean == first.mean  # statistics from the cache
+    assert [second.path(i) for i in range(len(second))] == [first.path(i) for i in range(len(first))]
+
+
+def test_a_file_damaged_in_place_fails_a_strict_run_when_read(tmp_path):
+    root = make_folder(tmp_path / "imgs")
+    train, _ = load(root, tmp_path / "cache", strict=True)
     victim = train.path(0)
     Path(victim).write_bytes(b"\xff\xd8\xff" + os.urandom(500))  # rewritten in place: the cache cannot know
-    with pytest.raises(DataError, match=f"cannot read {victim} .*remove or replace it"):
+    with pytest.raises(DataError, match=f"cannot read {victim} .*whole at start-up.*remove or replace it"):
         train.__getitems__([0, 1])
+
+
+def test_a_skip_that_cannot_be_recorded_stops_the_run(tmp_path):
+    root = make_folder(tmp_path / "imgs")
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    train, _ = load(root, tmp_path / "cache")  # the index cannot be kept: a warning
+    victim = train.path(0)
+    Path(victim).write_bytes(os.urandom(500))
+    with pytest.raises(DataError, match=f"cannot read {victim} .*cannot record it as skipped"):
+        train.__getitems__([0])
+
+
+def test_the_resident_copy_leaves_broken_files_out(tmp_path, monkeypatch):
+    root, broken = broken_folder(tmp_path / "imgs")
+    monkeypatch.setattr(image_folder, "STATS_SAMPLES", 1)
+    train, _ = load(root, tmp_path / "cache")
+    in_train = [i for i in range(len(train)) if train.path(i) in broken]
+    resident = train.materialize()
+    assert len(resident) == len(train) - len(in_train) > 0 and train.notes["data/skipped_files"] == len(in_train)
+    kept = [i for i in range(len(train)) if i not in in_train]
+    assert torch.equal(resident.inputs[0], train[kept[0]][0]) and torch.equal(resident.targets, train.labels[kept])
 
 
 def test_a_damaged_cache_is_rebuilt_not_fatal(tmp_path, caplog):
@@ -178,29 +266,29 @@ def test_cached_statistics_belong_to_the_split_that_chose_the_training_images(tm
 
 
 def test_a_file_that_cannot_be_opened_is_skipped_and_named(tmp_path, caplog, monkeypatch):
-    """As root (CI) permissions do not stop reads, so the refusal is injected where the
-    check and the full decode open the file."""
+    """As root (CI) permissions do not stop reads, so the refusal is injected where a batch
+    reads the file and where the strict check and its full decode open it."""
     root = make_folder(tmp_path / "imgs")
     locked = str(root / "dog" / "02.jpg")
-    real_open, real_pil = os.open, Image.open
+    real_read, real_open, real_pil = image_folder.read, os.open, Image.open
 
-    def refused(path):
-        return PermissionError(13, "Permission denied", locked) if str(path) == locked else None
+    def guarded(real):
+        def opener(path, *args, **kw):
+            if str(path) == locked:
+                raise PermissionError(13, "Permission denied", locked)
+            return real(path, *args, **kw)
 
-    def os_open(path, *args, **kw):
-        if refused(path):
-            raise refused(path)
-        return real_open(path, *args, **kw)
+        return opener
 
-    def pil_open(path, *args, **kw):
-        if refused(path):
-            raise refused(path)
-        return real_pil(path, *args, **kw)
-
-    monkeypatch.setattr(image_index.os, "open", os_open)
-    monkeypatch.setattr(image_index.Image, "open", pil_open)
-    train, _ = load(root, tmp_path / "cache")
+    monkeypatch.setattr(image_folder, "read", guarded(real_read))
+    monkeypatch.setattr(image_index.os, "open", guarded(real_open))
+    monkeypatch.setattr(image_index.Image, "open", guarded(real_pil))
+    train, val = load(root, tmp_path / "cache")
+    for dataset in (train, val):
+        every_batch(dataset, workers=0)
     assert train.notes["data/skipped_files"] == 1 and f"skipping {locked}: not a readable image (PermissionError" in caplog.text
+    with pytest.raises(DataError, match=f"data.strict=true: {locked} is not a readable image .PermissionError"):
+        load(root, tmp_path / "fresh", strict=True)
 
 
 @pytest.mark.parametrize(("stored", "channels_last"), [(16, True), (40, False)])

@@ -211,6 +211,7 @@ class SampleAugment(Dataset):
 
     def __init__(self, base: Dataset, schedule: Schedule, seed: int):
         self.base, self.schedule, self.seed = base, schedule, seed
+        self.poll = getattr(base, "poll", None)  # the base data set's, for the loader (saturate.data.base)
 
     def __len__(self) -> int:
         return len(self.base)

@@ -224,6 +224,7 @@ class StreamLoader:
         self.batches_per_epoch = batches_per_epoch(self.sampler.num_samples, cfg.batch_size, self.drop_last, limit_batches)
         self.batch_size, self.num_workers, self.dataset = cfg.batch_size, num_workers, dataset
         self.timeout_s = cfg.timeout_s
+        self.poll = getattr(dataset, "poll", None)  # e.g. names the files the workers skipped (saturate.data.base)
 
     def __len__(self) -> int:
         return self.batches_per_epoch
@@ -234,8 +235,10 @@ class StreamLoader:
         self.to_device.begin_epoch(epoch, start)
         self.generator.manual_seed(self.seed * 1_000_003 + epoch)
         if self.num_workers == 0:
-            return itertools.islice(self.loader, max(0, self.batches_per_epoch - start))
-        return self._supervised(max(0, self.batches_per_epoch - start))
+            batches = itertools.islice(self.loader, max(0, self.batches_per_epoch - start))
+        else:
+            batches = self._supervised(max(0, self.batches_per_epoch - start))
+        return batches if self.poll is None else _polled(batches, self.poll)
 
     def _supervised(self, count: int) -> Iterator[HostBatch]:
         """Batches from the workers, each fetch bounded by the watchdog; when a fetch fails
@@ -258,6 +261,15 @@ class StreamLoader:
                 if worker.is_alive():
                     os.kill(worker.pid, signal.SIGKILL)
             raise
+
+
+def _polled(batches: Iterator[HostBatch], poll) -> Iterator[HostBatch]:
+    """`poll()` as each batch arrives, and once more at the end."""
+    with contextlib.closing(batches) if hasattr(batches, "close") else contextlib.nullcontext():
+        for batch in batches:
+            poll()
+            yield batch
+    poll()
 
 
 class LoaderStalled(RuntimeError):

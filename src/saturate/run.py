@@ -249,6 +249,9 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
         try:
             with logging_redirect_tqdm(), torch.autograd.set_detect_anomaly(run.trainer.detect_anomaly), engine.monitor:
                 last = engine.fit(state)
+            for batches in (parts.train_batches, parts.val_batches):  # what every rank skipped, now that all are done
+                if getattr(batches, "poll", None) is not None:
+                    batches.poll()
             gpu, cpu_util = engine.monitor.gpu_summary(), engine.monitor.cpu_mean()
             steady = d.mean(engine.timer.run_window().metrics(), sum_keys=("perf/samples_per_s",))
             cpu = {"cpu/util_mean": cpu_util} if cpu_util is not None else {}

@@ -9,7 +9,10 @@ values) and the number of classes. A dataset may say more through optional attri
 - `classes` (a list of names) or `num_classes`: the number of classes, without a scan;
 - `targets` / `labels` (a tensor, array or list): all the targets, for that count;
 - `synthetic = True`: shown wherever results are reported;
-- `notes = {"data/...": number}`: counts worth reporting (e.g. skipped files);
+- `notes = {"data/...": number}`: counts worth reporting (e.g. skipped files), read at the
+  end of the run (the dataset may update them as it goes);
+- `poll()`: called in the main process after each batch the loader delivers (e.g. to name
+  the files its workers skipped);
 - `mean` / `std` (per channel, in [0, 1] units): image normalisation, without a sample.
 """
 
@@ -27,7 +30,11 @@ from saturate.errors import ConfigError, DataError, Problem
 
 log = logging.getLogger(__name__)
 
-STATS_SAMPLES = 512  # images read for normalisation statistics when the dataset gives none
+# Images read for normalisation statistics when the dataset gives none. Measured against all
+# 18,000 training images of 64 px photo crops (20 samples each): 256 images put the mean within
+# 0.011 of the full figure on average (worst 0.025, in [0, 1] units) and the std within 1.9 %
+# (worst 4.5 %); 512 images: 0.008 and 1.3 %, for twice the decoding at start-up.
+STATS_SAMPLES = 256
 
 
 def fraction(key: str, value) -> None:
@@ -103,34 +110,37 @@ class DataSpec:
 
 def channel_stats(images, chunk_elements: int = 1 << 22) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and std of uint8 images, in [0, 1] units: `images` is a tensor
-    (N, C, H, W) or an iterable of (C, H, W) tensors. Summed a bounded number of values at a
-    time (about `chunk_elements`): memory stays constant in the number and size of images."""
-    total = squares = None
-    count = 0
+    (N, C, H, W) or an iterable of (C, H, W) images or (N, C, H, W) batches. Exact: a
+    histogram of the 256 levels per channel, counted about `chunk_elements` values at a time
+    (memory constant in the number and size of images; 6x faster than float64 sums of
+    squares, measured on 512 images of 64 px: 4.3 ms against 27)."""
+    counts = None
     for flat in _channel_blocks(images, chunk_elements):
-        step = max(1, chunk_elements // flat.shape[0])
-        if total is None:
-            total, squares = torch.zeros(flat.shape[0], dtype=torch.float64), torch.zeros(flat.shape[0], dtype=torch.float64)
-        for start in range(0, flat.shape[1], step):
-            x = flat[:, start : start + step].to(torch.float64)
-            total += x.sum(1)
-            squares += x.square().sum(1)
-        count += flat.shape[1]
-    mean = total / count / 255
-    var = (squares / count / 255**2 - mean.square()).clamp_min(0) * count / max(1, count - 1)
+        if counts is None:
+            counts = torch.zeros((flat.shape[0], 256), dtype=torch.int64)
+        for c in range(flat.shape[0]):
+            counts[c] += torch.bincount(flat[c], minlength=256)
+    levels = torch.arange(256, dtype=torch.float64) / 255
+    h = counts.double()
+    n = h.sum(1)
+    mean = (h * levels).sum(1) / n
+    var = ((h * (levels - mean[:, None]).square()).sum(1) / (n - 1).clamp_min(1)).clamp_min(0)
     return tuple(mean.tolist()), tuple(var.sqrt().clamp_min(1e-3).tolist())
 
 
 def _channel_blocks(images, chunk_elements: int):
-    """(C, values) blocks of uint8 images: several images at a time from a tensor, one at a
-    time from an iterable."""
+    """(C, values) blocks of uint8 images: several images at a time from a tensor (N, C, H,
+    W), one image or batch at a time from an iterable of (C, H, W) images or such batches."""
     if isinstance(images, torch.Tensor):
         n = max(1, chunk_elements // max(1, images[0].numel()))
         for start in range(0, len(images), n):
             yield images[start : start + n].transpose(0, 1).reshape(images.shape[1], -1)
     else:
         for image in images:
-            yield image.reshape(image.shape[0], -1)
+            if image.dim() == 4:
+                yield from _channel_blocks(image, chunk_elements)
+            else:
+                yield image.reshape(image.shape[0], -1)
 
 
 class InMemory(Dataset):
@@ -245,7 +255,7 @@ def describe(train: Dataset, val: Dataset | None, *, name: str, classes: bool) -
     spec = DataSpec(
         name=name, input_shape=tuple(x.shape), input_dtype=x.dtype, target_shape=tuple(y.shape), classes=classes,
         num_classes=_num_classes(train) if classes else None, synthetic=bool(getattr(train, "synthetic", False)),
-        in_memory=isinstance(train, InMemory), has_val=val is not None, notes=dict(getattr(train, "notes", {}) or {}),
+        in_memory=isinstance(train, InMemory), has_val=val is not None, notes=getattr(train, "notes", None) or {},
     )  # fmt: skip
     if classes and spec.num_classes < 2:
         raise DataError(f"data: {spec.num_classes} class(es) in the training targets; classification needs at least 2")

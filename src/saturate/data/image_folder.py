@@ -7,28 +7,71 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from saturate.data.base import STATS_SAMPLES, InMemory, channel_stats, fraction, seed
-from saturate.data.decode import decode_batch, read
-from saturate.data.image_index import FolderIndex, IndexCache, default_cache, index_folder
+from saturate.data.decode import UNREADABLE, batch_tensor, decode_into, read
+from saturate.data.image_index import FolderIndex, IndexCache, SkipLog, default_cache, index_folder
 from saturate.errors import ConfigError, DataError, Problem
 
 log = logging.getLogger(__name__)
+
+
+class Skipped:
+    """Broken files met after start-up in one folder: recorded by whichever process decodes
+    them (in the folder's skip log), named and counted by the main process (`poll`), left
+    out of later batches by the process that met them and, after a poll, by workers started
+    later. `notes` is the data set's, shared by its folders."""
+
+    def __init__(self, folder: Path, index: FolderIndex, skip_log: SkipLog, notes: dict, *, strict: bool):
+        self.folder, self.names, self.log, self.notes, self.strict = str(folder), index.names, skip_log, notes, strict
+        self.files: set[int] = set()  # files of the index found unreadable in this run
+        self.named: set[str] = set(index.bad)  # named at start-up
+
+    def path(self, file: int) -> str:
+        return os.path.join(self.folder, self.names[file])
+
+    def record(self, file: int, error: Exception) -> None:
+        """File `file` of the index does not read or decode: skipped and logged, or with
+        data.strict=true an error (it passed the check at start-up: it changed since)."""
+        reason = f"{type(error).__name__}: {error}"
+        if isinstance(error, UnidentifiedImageError):  # PIL's message names its in-memory buffer, not the file
+            reason = f"{type(error).__name__}: not an image format the decoders know"
+        if self.strict:
+            raise DataError(f"cannot read {self.path(file)} ({reason}); it was whole at start-up (data.strict=true): "
+                            "remove or replace it")  # fmt: skip
+        self.files.add(file)
+        if not self.log.append(file, self.names[file], reason):
+            raise DataError(f"cannot read {self.path(file)} ({reason}), and cannot record it as skipped ({self.log.path} "
+                            "is not writable): remove or replace it")  # fmt: skip
+
+    def poll(self) -> None:
+        """Name and count what the log holds that this process has not seen (one stat when nothing is new)."""
+        for file, name, reason in self.log.new():
+            if name in self.named:
+                continue
+            self.named.add(name)
+            if 0 <= file < len(self.names) and self.names[file] == name:
+                self.files.add(file)
+            log.warning("skipping %s: not a readable image (%s)", os.path.join(self.folder, name), reason)
+            self.notes["data/skipped_files"] = self.notes.get("data/skipped_files", 0) + 1
 
 
 class ImageFiles(Dataset):
     """Image files decoded on access (in the DataLoader's workers): `__getitems__` decodes a
     whole batch straight into one uint8 tensor laid out for what the decoder writes
     (saturate.data.decode.batch_tensor; the device pipeline makes the layout the model asks
-    for), with no per-sample collate."""
+    for), with no per-sample collate. A file that does not decode is recorded (`Skipped`)
+    and its slot takes the next readable image of the data set: batches keep their shape,
+    and the same files give the same batches."""
 
     returns_batches = True  # __getitems__ returns the collated batch (saturate.loader)
 
-    def __init__(self, folder: Path, index: FolderIndex, chosen: np.ndarray, size: int, channels: int):
+    def __init__(self, folder: Path, index: FolderIndex, chosen: np.ndarray, size: int, channels: int, skipped: Skipped):
         self.folder, self.names, self.chosen = str(folder), index.names, chosen  # sample i is file chosen[i] of the index
         self.labels = torch.as_tensor(index.labels[chosen])
-        self.size, self.channels = size, channels
+        self.size, self.channels, self.skipped, self.notes = size, channels, skipped, skipped.notes
 
     def __len__(self) -> int:
         return len(self.chosen)
@@ -36,31 +79,66 @@ class ImageFiles(Dataset):
     def path(self, index: int) -> str:
         return os.path.join(self.folder, self.names[int(self.chosen[index])])
 
-    def _bytes(self, index: int) -> bytes:
-        path = self.path(index)
-        try:
-            return read(path)
-        except OSError as e:
-            raise DataError(f"cannot read {path} ({type(e).__name__}: {e}); it was listed at start-up: was it moved?") from None
+    def poll(self) -> None:
+        """Called by the loader in the main process after each batch: names the files skipped since."""
+        self.skipped.poll()
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = self.__getitems__([index])
         return x[0].contiguous(), y[0]
 
+    def _read(self, file: int) -> bytes | OSError:
+        try:
+            return read(os.path.join(self.folder, self.names[file]))
+        except OSError as e:
+            return e
+
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch (N, C, H, W): channels last in memory when the files are already at
-        image_size, contiguous when they are resized (saturate.data.decode.batch_tensor)."""
+        image_size, contiguous when they are resized (saturate.data.decode.batch_tensor).
+        All files are read, then decoded: about 1.2x the images/s of reading and decoding
+        in turn (measured in one process, 64 px JPEGs: 20,800 against 17,500)."""
+        files = self.chosen[indices].tolist()
+        encoded = [self._read(file) for file in files]
+        first = next((data for data in encoded if isinstance(data, bytes)), b"")
+        batch, used = batch_tensor(len(indices), self.size, self.channels, first), list(indices)
+        for j, data in enumerate(encoded):
+            if files[j] not in self.skipped.files:
+                try:
+                    if isinstance(data, bytes):
+                        decode_into(data, batch[j])
+                        continue
+                except UNREADABLE as e:
+                    data = e
+                self.skipped.record(files[j], data)
+            used[j] = self._next_readable(indices[j], batch[j])
+        return batch, self.labels[torch.as_tensor(used, dtype=torch.int64)]
 
-        def failure(j: int, e: Exception) -> DataError:
-            return DataError(f"cannot read {self.path(indices[j])} ({type(e).__name__}: {e}); its first and last bytes looked whole "
-                             "at start-up: remove or replace it")  # fmt: skip
-
-        batch = decode_batch([self._bytes(i) for i in indices], self.size, self.channels, failure)
-        return batch, self.labels[torch.as_tensor(indices, dtype=torch.int64)]
+    def _next_readable(self, position: int, slot: torch.Tensor) -> int:
+        """Decode the first readable image after `position` into `slot`; its position."""
+        for _ in range(len(self) - 1):
+            position = (position + 1) % len(self)
+            file = int(self.chosen[position])
+            if file in self.skipped.files:
+                continue
+            data = self._read(file)
+            try:
+                if isinstance(data, bytes):
+                    decode_into(data, slot)
+                    return position
+            except UNREADABLE as e:
+                data = e
+            self.skipped.record(file, data)
+        raise DataError(f"data.root: none of the {len(self)} images in {self.folder} can be read (skipped: see the warnings)")
 
     def materialize(self) -> InMemory:
-        """Decode every file now, into one uint8 tensor in memory (for the resident loader)."""
+        """Decode every file now, into one uint8 tensor in memory (for the resident loader);
+        files that do not decode are left out."""
         images, labels = self.__getitems__(list(range(len(self))))
+        self.poll()
+        if self.skipped.files:
+            keep = torch.as_tensor(np.flatnonzero(~np.isin(self.chosen, list(self.skipped.files))))
+            images, labels = images[keep], labels[keep]
         return InMemory(images.contiguous(), labels)
 
 
@@ -79,35 +157,44 @@ def _split(labels: np.ndarray, classes: int, val_fraction: float, split_seed: in
     return np.flatnonzero(~is_val), np.flatnonzero(is_val)
 
 
-def _stats(dataset: ImageFiles, index: FolderIndex, cache: IndexCache, split: str) -> None:
-    """Per-channel mean/std from a fixed sample of the training images, one image at a time
-    (constant memory in the image size), cached with the folder's index under the image size
-    and the split that chose the training images."""
+def _stats(dataset: ImageFiles, index: FolderIndex, split: str) -> None:
+    """Per-channel mean/std from a fixed sample of the training images, decoded a batch at a
+    time (memory bounded in the image size), kept with the folder's index under the image
+    size and the split that chose the training images."""
     key = f"{dataset.size} {split}"
     if key not in index.stats:
         chosen = random.Random(0).sample(range(len(dataset)), min(len(dataset), STATS_SAMPLES))
-        mean, std = channel_stats(dataset[i][0] for i in chosen)
-        index.stats[key] = [list(mean), list(std)]
-        cache.store(index)
+        chunk = max(1, (1 << 20) // (dataset.channels * dataset.size**2))  # about 1 MB of pixels at a time
+        mean, std = channel_stats(dataset.__getitems__(chosen[i : i + chunk])[0] for i in range(0, len(chosen), chunk))
+        index.stats[key], index.dirty = [list(mean), list(std)], True
     dataset.mean, dataset.std = (tuple(v) for v in index.stats[key])
 
 
 def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction: float, split_seed: int, strict: bool,
-                      index_cache: str | None = None) -> tuple[ImageFiles, ImageFiles]:  # fmt: skip
+                      check: bool = False, index_cache: str | None = None) -> tuple[ImageFiles, ImageFiles]:  # fmt: skip
     """Class sub-folders under `data.root` (root/<class>/*.png|jpg|...). If root has train/
-    and val/ sub-folders, those are the split; otherwise a stratified `val_fraction` split.
-    Every file is checked at start-up (saturate.data.image_index: its first and last bytes,
-    a full decode where they do not look whole; cached, so the next run checks only what
-    changed): unreadable, truncated or non-image files are skipped, each named in a warning
-    and counted (metrics `data/skipped_files`), or with data.strict=true the first one is an
-    error naming the file. `index_cache`: where the check results and colour statistics
-    are kept (null: ~/.cache/saturate/image_index, "": nowhere)."""
+    and val/ sub-folders, those are the split; otherwise a stratified `val_fraction` split
+    of every file listed (so the split does not move when a broken file is found).
+
+    Files are listed, not opened, at start-up (saturate.data.image_index; cached, so the
+    next run lists only directories that changed). An unreadable, truncated or non-image
+    file is skipped when it is first decoded (its slot takes the next readable image), named
+    in a warning and counted (metrics `data/skipped_files`), and left out from the next
+    start on. With data.check=true every file is checked at start-up instead (its first and
+    last bytes, a full decode where they do not look whole; once per file, cached), so broken
+    files are named before training; with data.strict=true too, and the first broken one is
+    an error naming it (a file that breaks later is an error when it is read).
+    `index_cache`: where the index, what is known of its files and the colour statistics are
+    kept (null: ~/.cache/saturate/image_index, "": nowhere)."""
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
         raise ConfigError([Problem("data.image_size", image_size, "an integer >= 1")])
     if channels not in (1, 3):
         raise ConfigError([Problem("data.channels", channels, "one of 1, 3")])
     fraction("val_fraction", val_fraction)
     seed("split_seed", split_seed)
+    for key, value in (("check", check), ("strict", strict)):
+        if not isinstance(value, bool):
+            raise ConfigError([Problem(f"data.{key}", value, "true or false")])
     if not str(root).strip():
         raise ConfigError([Problem("data.root", root, "a folder of class sub-folders (empty: it would scan the working directory)")])
     given, root = root, Path(root).expanduser()
@@ -123,22 +210,31 @@ def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction
         raise DataError(f"data.root={given!r}: found {len(classes)} class sub-folder(s) in {base}; need at least 2")
     cache_dir = default_cache() if index_cache is None else (Path(index_cache).expanduser() if str(index_cache).strip() else None)
     cache = IndexCache(cache_dir, base, channels)
-    index = index_folder(base, classes, cache, strict=strict, channels=channels)
-    readable = index.readable()
-    skipped = len(index.bad)
+    index = index_folder(base, classes, cache, strict=strict, channels=channels, check=check)
+    notes = {"data/skipped_files": len(index.bad)}
+    skipped = Skipped(base, index, cache.skip_log, notes, strict=strict)
     if split:
-        val_index = index_folder(root / "val", classes, IndexCache(cache_dir, root / "val", channels), strict=strict, channels=channels)
-        train_chosen, val_chosen, val_base = readable, val_index.readable(), root / "val"
-        skipped += len(val_index.bad)
+        val_cache = IndexCache(cache_dir, root / "val", channels)
+        val_index = index_folder(root / "val", classes, val_cache, strict=strict, channels=channels, check=check)
+        notes["data/skipped_files"] += len(val_index.bad)
+        train_chosen, val_chosen, val_base = index.readable(), val_index.readable(), root / "val"
+        val_skipped = Skipped(val_base, val_index, val_cache.skip_log, notes, strict=strict)
+        if val_index.dirty:
+            val_cache.store(val_index)
     else:
-        train_at, val_at = _split(index.labels[readable], len(classes), val_fraction, split_seed)
-        train_chosen, val_chosen, val_base, val_index = readable[train_at], readable[val_at], base, index
+        train_at, val_at = _split(index.labels, len(classes), val_fraction, split_seed)
+        train_chosen, val_chosen = train_at[index.good[train_at]], val_at[index.good[val_at]]
+        val_base, val_index, val_skipped = base, index, skipped
     if not len(train_chosen) or not len(val_chosen):
         raise DataError(f"data.root={given!r}: no readable images for {'training' if not len(train_chosen) else 'validation'}")
 
-    train = ImageFiles(base, index, train_chosen, image_size, channels)
-    val = ImageFiles(val_base, val_index, val_chosen, image_size, channels)
-    train.classes, train.notes = classes, {"data/skipped_files": skipped}
-    _stats(train, index, cache, "train/" if split else f"{val_fraction} {split_seed}")
-    log.info("image_folder: %d classes, %d train / %d val images, %d skipped", len(classes), len(train), len(val), skipped)
+    train = ImageFiles(base, index, train_chosen, image_size, channels, skipped)
+    val = ImageFiles(val_base, val_index, val_chosen, image_size, channels, val_skipped)
+    train.classes = classes
+    _stats(train, index, "train/" if split else f"{val_fraction} {split_seed}")
+    if index.dirty:
+        cache.store(index)
+    train.poll()  # broken files among those the statistics read
+    log.info("image_folder: %d classes, %d train / %d val images, %d skipped so far", len(classes), len(train), len(val),
+             notes["data/skipped_files"])  # fmt: skip
     return train, val

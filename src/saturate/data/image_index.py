@@ -1,19 +1,22 @@
-"""What an image folder holds: every file of every class, which of them are readable images,
-and their colour statistics. Found in O(files), checked cheaply, cached per folder.
+"""What an image folder holds: every file of every class, which of them are known to be
+unreadable, and their colour statistics. Found in O(files) and cached per folder.
 
-The check reads each file's first and last bytes: a JPEG that starts with its SOI marker and
-ends with its EOI marker, or a PNG that starts with its signature and ends with its IEND
-chunk, is taken as whole (a truncated file loses its end marker). Any other file, and any
-that fails, is decoded in full, which decides: a broken one is skipped and named in a
-warning (data.strict=true: the first is an error).
+Files are not opened at start-up: the DataLoader's workers meet a broken file when they
+decode it, skip it (its slot in the batch takes the next readable image, so batches keep
+their shape) and record it in the folder's skip log (`SkipLog`), from which the main process
+names it in a warning and counts it (`data/skipped_files`); the next start leaves it out.
+With `data.check=true` every file not yet checked is checked at start-up instead (with
+`data.strict=true` too, and the first broken one is an error). The check reads each file's
+first and last bytes: a JPEG that starts with its SOI marker and ends with its EOI marker, or
+a PNG that starts with its signature and ends with its IEND chunk, is taken as whole (a
+truncated file loses its end marker). Any other file, and any that fails, is decoded in
+full, which decides.
 
 The listing and the results are cached (`<cache>/<folder key>.npz`, plain arrays: nothing in
 it can run code) with the modification time of every directory listed. A directory whose
 time is unchanged has the same entries (adding, removing or renaming a file changes it), so
 the next run reads the cache instead of the folder: one stat per directory, none per file.
-Where a directory changed, it is listed again and only files new to the cache are checked.
-A file rewritten in place keeps its directory's time: if it no longer decodes, the worker
-that meets it stops the run with a message naming it.
+Where a directory changed, it is listed again and files the cache knows keep what is known.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +36,7 @@ from saturate.errors import DataError
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
 PNG_SIGNATURE, PNG_END = b"\x89PNG\r\n\x1a\n", b"\x00\x00\x00\x00IEND\xaeB`\x82"
 
 
@@ -67,14 +71,19 @@ class FolderIndex:
 
     names: PathTable
     labels: np.ndarray  # int64, per file
-    good: np.ndarray | None = None  # bool, per file: a readable image
+    good: np.ndarray | None = None  # bool, per file: not known to be unreadable
+    checked: np.ndarray | None = None  # bool, per file: checked (data.check or strict), or found unreadable
     bad: dict[str, str] = field(default_factory=dict)  # relative path -> why it is not a readable image
     directories: dict[str, int] = field(default_factory=dict)  # relative path -> st_mtime_ns, every directory listed
     stats: dict[str, list] = field(default_factory=dict)  # image size -> [mean, std]
+    dirty: bool = False  # changed since it was read from the cache
 
     def readable(self) -> np.ndarray:
-        """Indices of the files that are readable images."""
+        """Indices of the files not known to be unreadable."""
         return np.flatnonzero(self.good)
+
+    def mark_bad(self, i: int, reason: str) -> None:
+        self.bad[self.names[i]], self.good[i], self.checked[i], self.dirty = reason, False, True, True
 
 
 def _unlisted(path: str, error: OSError) -> DataError:
@@ -85,17 +94,27 @@ def _walk(folder: str, relative: str, names: list[str], directories: dict[str, i
     """Every regular file below folder/relative, sorted, into `names`; each directory's
     modification time into `directories`. No stat per file: scandir's entry types."""
     path = os.path.join(folder, relative)
+    files, subdirectories = [], []
     try:
         directories[relative] = os.stat(path).st_mtime_ns
         with os.scandir(path) as it:
-            entries = sorted(it, key=lambda e: e.name)
+            for entry in it:
+                if entry.is_dir():
+                    subdirectories.append(entry.name)
+                elif entry.is_file():
+                    files.append(entry.name)
     except OSError as e:
         raise _unlisted(path, e) from None
-    for entry in entries:
-        if entry.is_dir():
-            _walk(folder, os.path.join(relative, entry.name), names, directories)
-        elif entry.is_file():
-            names.append(os.path.join(relative, entry.name))
+    prefix = relative + os.sep if relative else ""
+    if not subdirectories:
+        names.extend([prefix + name for name in sorted(files)])
+        return
+    below = set(subdirectories)
+    for name in sorted(files + subdirectories):  # one order for both, as a listing sorted by name
+        if name in below:
+            _walk(folder, prefix + name, names, directories)
+        else:
+            names.append(prefix + name)
 
 
 def list_classes(folder: Path, classes: list[str]) -> tuple[FolderIndex, list[str]]:
@@ -147,12 +166,63 @@ def unreadable(path: str, mode: str) -> str | None:
         return f"{type(e).__name__}: {e}"
 
 
+class SkipLog:
+    """Files found unreadable after start-up, by whichever process read them (a DataLoader
+    worker cannot update the index): one JSON line `[file, name, why]` each, appended with
+    O_APPEND (a short write lands whole, from any process or rank). The main process reads
+    what is new as the run goes (`new()`); the next start merges the log into the index
+    (`merge`: kept with the cache) or only skips what an earlier run left in it."""
+
+    def __init__(self, path: str, *, merge: bool):
+        self.path, self.merge, self.offset = path, merge, 0
+
+    def append(self, file: int, name: str, reason: str) -> bool:
+        """Record one file; False if the log cannot be written."""
+        line = (json.dumps([file, name, reason]) + "\n").encode()
+        try:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+            return True
+        except OSError:
+            return False
+
+    def new(self) -> list[tuple[int, str, str]]:
+        """The entries written since the last call: one stat when there are none."""
+        try:
+            if os.stat(self.path).st_size <= self.offset:
+                return []
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        whole = data[: data.rfind(b"\n") + 1]  # a line still being written is read next time
+        self.offset += len(whole)
+        entries = []
+        for line in whole.splitlines():
+            try:
+                file, name, reason = json.loads(line)
+                entries.append((int(file), str(name), str(reason)))
+            except (ValueError, TypeError):  # a damaged line names nothing: ignored
+                continue
+        return entries
+
+
 class IndexCache:
     """Where a folder's index is kept: keyed by the folder's absolute path and the channels."""
 
     def __init__(self, directory: Path | None, folder: Path, channels: int):
         key = hashlib.sha256(f"{folder.resolve()}\0{channels}".encode()).hexdigest()[:24]
         self.path = directory / f"{key}.npz" if directory is not None else None
+        if directory is not None:
+            self.skip_log = SkipLog(str(directory / f"{key}.skipped.jsonl"), merge=True)
+        else:  # the run's own log, in the temporary directory: one per process, or per torchrun launch (its ranks share it)
+            run = os.getppid() if "LOCAL_RANK" in os.environ else os.getpid()
+            self.skip_log = SkipLog(os.path.join(tempfile.gettempdir(), f"saturate-{key}-{run}.skipped.jsonl"), merge=False)
 
     def load(self) -> FolderIndex | None:
         if self.path is None or not self.path.is_file():
@@ -162,8 +232,9 @@ class IndexCache:
                 if int(saved["version"]) != VERSION:
                     return None
                 meta = json.loads(saved["meta"].tobytes())
-                return FolderIndex(PathTable(saved["buffer"], saved["offsets"]), saved["labels"], good=saved["good"], bad=meta["bad"],
-                                   directories=meta["directories"], stats=meta["stats"])  # fmt: skip
+                return FolderIndex(PathTable(saved["buffer"], saved["offsets"]), saved["labels"], good=saved["good"].copy(),
+                                   checked=saved["checked"].copy(), bad=meta["bad"], directories=meta["directories"],
+                                   stats=meta["stats"])  # fmt: skip
         except Exception as e:  # noqa: BLE001 (damaged, truncated or foreign: rebuilt, never fatal)
             log.warning("image index cache %s is unreadable (%s); checking the folder again", self.path, e)
             return None
@@ -176,9 +247,16 @@ class IndexCache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp.npz")
-            arrays = {"buffer": index.names.buffer, "offsets": index.names.offsets, "labels": index.labels, "good": index.good}
+            arrays = {
+                "buffer": index.names.buffer,
+                "offsets": index.names.offsets,
+                "labels": index.labels,
+                "good": index.good,
+                "checked": index.checked,
+            }
             np.savez(tmp, version=np.array(VERSION), meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
             os.replace(tmp, self.path)
+            index.dirty = False
         except OSError as e:
             log.warning("image index cache %s cannot be written (%s); the next run checks the folder again", self.path, e)
 
@@ -197,33 +275,53 @@ def _unchanged(folder: Path, classes: list[str], cached: FolderIndex) -> bool:
     return True
 
 
-def index_folder(folder: Path, classes: list[str], cache: IndexCache, *, strict: bool, channels: int) -> FolderIndex:
-    """The folder's index: from the cache when no directory changed, else listed and
-    checked (files the cache knows keep their verdict). Broken files are named in a
-    warning, or with `strict` the first is an error."""
+def _check(folder: Path, name: str, mode: str) -> str | None:
+    path = os.path.join(folder, name)
+    return None if _looks_whole(path) else unreadable(path, mode)
+
+
+def index_folder(folder: Path, classes: list[str], cache: IndexCache, *, strict: bool, channels: int, check: bool = False) -> FolderIndex:
+    """The folder's index: from the cache when no directory changed, else listed (files the
+    cache knows keep what is known of them), with what the skip log recorded since. With
+    `check` or `strict`, every file not yet checked is checked now (`strict`: the first broken
+    one is an error); otherwise files are checked when they are decoded. Files known to be
+    broken are named in a warning. The caller stores the index when it is `dirty`."""
     cached = cache.load()
     if cached is not None and _unchanged(folder, classes, cached):
         index = cached
     else:
         index, names = list_classes(folder, classes)
-        known = set()
+        index.good, index.checked, index.dirty = np.ones(len(names), dtype=bool), np.zeros(len(names), dtype=bool), True
         if cached is not None:
-            known = {cached.names[i] for i in range(len(cached.names))}
-            index.stats = cached.stats if set(names) == known else {}
+            known = {cached.names[i]: i for i in range(len(cached.names))}
+            for i, name in enumerate(names):
+                j = known.get(name)
+                if j is not None:
+                    index.checked[i] = cached.checked[j]
+                    if name in cached.bad:
+                        index.mark_bad(i, cached.bad[name])
+            index.stats = cached.stats if len(known) == len(names) and all(name in known for name in names) else {}
+    log_entries = cache.skip_log.new()  # everything an earlier run recorded: the offset is now at the end
+    if cache.skip_log.merge and log_entries:
+        position = {index.names[i]: i for i in range(len(index.names))}
+        for _, name, reason in log_entries:
+            if name in position and name not in index.bad:
+                index.mark_bad(position[name], reason)
+    if strict:
+        for name, reason in sorted(index.bad.items())[:1]:
+            raise DataError(f"data.strict=true: {os.path.join(folder, name)} is not a readable image ({reason})")
+    if strict or check:
         mode = "L" if channels == 1 else "RGB"
-        index.good = np.ones(len(names), dtype=bool)
-        for i, name in enumerate(names):
-            if name in known:
-                reason = cached.bad.get(name)
-            else:
-                path = os.path.join(folder, name)
-                reason = None if _looks_whole(path) else unreadable(path, mode)
-            if reason is not None:
-                index.bad[name], index.good[i] = reason, False
-        cache.store(index)
+        for i in np.flatnonzero(~index.checked):
+            name = index.names[int(i)]
+            reason = _check(folder, name, mode)
+            if reason is None:
+                index.checked[i], index.dirty = True, True
+                continue
+            index.mark_bad(int(i), reason)
+            if strict:
+                cache.store(index)  # what was checked so far is kept
+                raise DataError(f"data.strict=true: {os.path.join(folder, name)} is not a readable image ({reason})")
     for name, reason in sorted(index.bad.items()):
-        path = os.path.join(folder, name)
-        if strict:
-            raise DataError(f"data.strict=true: {path} is not a readable image ({reason})")
-        log.warning("skipping %s: not a readable image (%s)", path, reason)
+        log.warning("skipping %s: not a readable image (%s)", os.path.join(folder, name), reason)
     return index
