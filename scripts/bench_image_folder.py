@@ -4,6 +4,7 @@ measured side by side in one run (the two interleaved, best of the rounds).
     python scripts/bench_image_folder.py --files 20000 --size 64     # JPEGs of 64x64
     python scripts/bench_image_folder.py --files 2000 --size 224     # JPEGs of 500x375, read at 224
     python scripts/bench_image_folder.py --root /data/imagenet/train --size 224
+    python scripts/bench_image_folder.py --files 20000 --size 64 --cold   # images/s read from the disk
 
 Prints, for each system: start-up (the data set built: listed, checked, split; saturate's
 first start with an empty index cache and its cached start), the peak memory that start-up
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -120,6 +122,19 @@ def loaders(root: Path, size: int, workers: int, batch: int, scratch: Path) -> d
     return found
 
 
+def evict(root: Path) -> None:
+    """Drop the folder's files from the page cache (posix_fadvise DONTNEED on each: no root
+    needed), so the next pass reads them from the disk, as the first epoch over a folder
+    larger than memory does."""
+    for folder, _, names in os.walk(root):
+        for name in names:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def images_per_s(loader, batches: int) -> float:
     it = iter(loader)
     next(it)  # workers started, first batch in
@@ -140,6 +155,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--batches", type=int, default=10, help="timed batches per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cold", action="store_true", help="images/s with the files dropped from the page cache before each pass")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -177,8 +193,12 @@ def main() -> None:
         rates: dict[str, list[float]] = {name: [] for name in found}
         for _ in range(args.rounds):
             for name, loader in found.items():
+                if args.cold:
+                    evict(root)
+                    evict(Path(scratch) / "shards")
                 rates[name].append(images_per_s(loader, args.batches))
-        print(f"\nimages/s, {args.workers} workers, batch {args.batch}, uint8 {args.size}x{args.size} (best of {args.rounds}):")
+        where = ", files out of the page cache" if args.cold else ""
+        print(f"\nimages/s, {args.workers} workers, batch {args.batch}, uint8 {args.size}x{args.size}{where} (best of {args.rounds}):")
         for name, r in rates.items():
             others = "".join(f", {max(r) / max(o):.2f}x {n}" for n, o in rates.items() if n != name and name.startswith("saturate"))
             print(f"  {name:24s} {max(r):8.0f}{others}")

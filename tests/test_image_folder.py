@@ -249,11 +249,16 @@ def test_the_benchmark_prints_start_up_memory_and_images_per_second():
 
     from tests.conftest import ROOT
 
-    args = ["--files", "300", "--classes", "4", "--rounds", "1", "--batches", "1", "--batch", "16", "--workers", "0"]
+    args = ["--files", "300", "--classes", "4", "--rounds", "1", "--batches", "1", "--batch", "16", "--workers", "0", "--cold"]
     script = str(ROOT / "scripts/bench_image_folder.py")
     result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    for line in ("saturate first", "saturate cached", "projected to 1,281,167 files", "images/s, 0 workers, batch 16"):
+    for line in (
+        "saturate first",
+        "saturate cached",
+        "projected to 1,281,167 files",
+        "images/s, 0 workers, batch 16, uint8 64x64, files out of the page cache",
+    ):
         assert line in result.stdout, result.stdout
 
 
@@ -266,8 +271,8 @@ def test_cached_statistics_belong_to_the_split_that_chose_the_training_images(tm
 
 
 def test_a_file_that_cannot_be_opened_is_skipped_and_named(tmp_path, caplog, monkeypatch):
-    """As root (CI) permissions do not stop reads, so the refusal is injected where a batch
-    reads the file and where the strict check and its full decode open it."""
+    """As root (CI) permissions do not stop reads, so the refusal is injected where files
+    are opened (os.open: a batch's reads and the strict check; PIL's open: the full decode)."""
     root = make_folder(tmp_path / "imgs")
     locked = str(root / "dog" / "02.jpg")
     real_read, real_open, real_pil = image_folder.read, os.open, Image.open
@@ -304,3 +309,17 @@ def test_the_batch_layout_follows_what_the_decoder_writes(tmp_path, stored, chan
     x, _ = train.__getitems__([0, 1, 2])
     assert x.shape == (3, 3, 16, 16) and x.is_contiguous(memory_format=torch.channels_last) == channels_last
     assert x.is_contiguous() != channels_last and all(torch.equal(x[k], train[k][0]) for k in range(3))
+
+
+def test_read_many_returns_each_files_bytes_or_its_error_in_order(tmp_path):
+    from saturate.data.decode import read_many
+
+    paths = []
+    for i in range(5):
+        (tmp_path / f"{i}.bin").write_bytes(bytes([i]) * (i + 1))
+        paths.append(str(tmp_path / f"{i}.bin"))
+    paths.insert(2, str(tmp_path / "missing.bin"))
+    open_before = len(os.listdir("/proc/self/fd"))
+    out = read_many(paths, window=2)  # more files than one window holds open
+    assert isinstance(out[2], FileNotFoundError) and out[:2] + out[3:] == [bytes([i]) * (i + 1) for i in range(5)]
+    assert len(os.listdir("/proc/self/fd")) == open_before  # every descriptor closed

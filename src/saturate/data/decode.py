@@ -12,6 +12,7 @@ as PIL's decode + `resize(BILINEAR)`. Measured in docs/benchmarks.md (image fold
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -116,6 +117,43 @@ def decode(data: bytes, size: int, channels: int) -> torch.Tensor:
 def read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
+
+
+def read_many(paths: list[str], window: int = 64) -> list[bytes | OSError]:
+    """Each file's bytes, or the error that reading it raised. Files are opened `window` at a
+    time and announced to the kernel (posix_fadvise WILLNEED) before any is read, so files
+    not in the page cache are fetched with many requests in flight rather than one by one.
+    Measured on 2,560 64 px JPEGs out of the page cache, read and decoded 128 at a time in
+    one process: 5,400-6,700 images/s read in turn, 15,700-18,400 announced first; in the
+    page cache, no difference (23,000-27,000 against 27,900-28,900)."""
+    out: list[bytes | OSError] = [b""] * len(paths)
+    for start in range(0, len(paths), window):
+        opened = []
+        for i in range(start, min(start + window, len(paths))):
+            try:
+                fd = os.open(paths[i], os.O_RDONLY)
+            except OSError as e:
+                out[i] = e
+                continue
+            opened.append((i, fd))
+            if hasattr(os, "posix_fadvise"):
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                except OSError:  # a file system without read-ahead advice: read as it comes
+                    pass
+        for i, fd in opened:
+            try:
+                f = os.fdopen(fd, "rb")
+            except OSError as e:
+                os.close(fd)
+                out[i] = e
+                continue
+            try:
+                with f:
+                    out[i] = f.read()
+            except OSError as e:
+                out[i] = e
+    return out
 
 
 def decode_file(path: str, size: int, channels: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ from PIL import UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from saturate.data.base import STATS_SAMPLES, InMemory, channel_stats, fraction, seed
-from saturate.data.decode import UNREADABLE, batch_tensor, decode_into, read
+from saturate.data.decode import UNREADABLE, batch_tensor, decode_into, read, read_many
 from saturate.data.image_index import FolderIndex, IndexCache, SkipLog, default_cache, index_folder
 from saturate.errors import ConfigError, DataError, Problem
 
@@ -99,7 +99,7 @@ class ImageFiles(Dataset):
         All files are read, then decoded: about 1.2x the images/s of reading and decoding
         in turn (measured in one process, 64 px JPEGs: 20,800 against 17,500)."""
         files = self.chosen[indices].tolist()
-        encoded = [self._read(file) for file in files]
+        encoded = read_many([os.path.join(self.folder, self.names[file]) for file in files])
         first = next((data for data in encoded if isinstance(data, bytes)), b"")
         batch, used = batch_tensor(len(indices), self.size, self.channels, first), list(indices)
         for j, data in enumerate(encoded):
