@@ -13,13 +13,19 @@ interleaved, in this one process.
    normalised tensors, when lightning is installed (`pip install -e ".[bench]"`); with
    `--fast`, bf16-mixed and a compiled model, like the others.
 
-Each round runs every way for `--steps` steps, starting with a different one each round; a
-step's time is the interval between the ends of consecutive steps (its share of everything
-the loop does), the first `--warmup` steps of each round left out. The table gives the
-median over all rounds, and the median over rounds of each round's ratio to the hand loop
-(a paired comparison: shared-machine drift moves both sides of a round alike). With `--fast`
-(GPU) the hand loop also uses bf16 autocast, channels_last and torch.compile, saturate
-runs `experiment=fast`, and eager vs compiled airbench is timed, compile time apart.
+Each round runs every way for `--steps` steps, starting with a different one each round. A
+round's figure is the time from the end of step `--warmup` to the end of the last step,
+divided by the steps between: the device is synchronised at both ends (on a GPU the host
+runs ahead of the device, so the interval between two step ends on the host measures
+launches, not steps), and everything the loop does in between counts. The data set holds
+more samples than the steps take, so no epoch ends (and no evaluation runs) inside the timed
+steps. The table gives the median over rounds, and the median over rounds of each round's
+ratio to the hand loop (a paired comparison: shared-machine drift moves both sides of a
+round alike). Lightning gets whole batches gathered on the device by index, as the other
+two loops do (a DataLoader over a TensorDataset would stack device tensors sample by
+sample). With `--fast` (GPU) the hand loop also uses bf16 autocast, channels_last and
+torch.compile, saturate runs `experiment=fast`, and eager vs compiled airbench is timed,
+compile time apart.
 """
 
 from __future__ import annotations
@@ -54,60 +60,89 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def hand_loop(model, x, y, *, batch: int, steps: int, lr: float, fast: bool, compiled=None) -> list[tuple[float, float]]:
+class Window:
+    """The timed steps of one run: the clock starts at the end of step `warmup` and stops at
+    the end of step `steps`, the device synchronised at both (host and device agree there)."""
+
+    def __init__(self, device: torch.device, warmup: int, steps: int):
+        self.device, self.warmup, self.steps, self.done = device, warmup, steps, 0
+        self.start = self.end = None
+
+    def step_done(self) -> None:
+        self.done += 1
+        if self.done in (self.warmup, self.steps):
+            sync(self.device)
+            mark = (time.perf_counter(), time.process_time())
+            if self.done == self.warmup:
+                self.start = mark
+            if self.done == self.steps:
+                self.end = mark
+
+    def per_step(self) -> tuple[float, float]:
+        """(wall, CPU) seconds per timed step. CPU time (all of this process's threads) is not
+        inflated by other tenants of a shared machine; wall time is what a user waits."""
+        count = self.steps - self.warmup
+        return (self.end[0] - self.start[0]) / count, (self.end[1] - self.start[1]) / count
+
+
+def medians(figures: list[tuple[float, float]]) -> tuple[float, float]:
+    return statistics.median(w for w, _ in figures), statistics.median(c for _, c in figures)
+
+
+def hand_loop(model, x, y, *, batch: int, window: Window, lr: float, fast: bool, compiled=None) -> tuple[float, float]:
     """The bound: tensors already normalised on the device, nothing but the step. `fast`:
     bf16 autocast and torch.compile (or the already compiled `compiled`)."""
     device = x.device
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
     step_model = compiled or (torch.compile(model) if fast else model)
     order = torch.randperm(len(x), device=device)
-    ends = [(time.perf_counter(), time.process_time())]
-    for i in range(steps):
+    for i in range(window.steps):
         index = order[(i * batch) % (len(x) - batch) :][:batch]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=fast):
             loss = F.cross_entropy(step_model(x[index]), y[index])
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        ends.append((time.perf_counter(), time.process_time()))
-    sync(device)
-    ends[-1] = (time.perf_counter(), time.process_time())
-    return intervals(ends)
-
-
-def medians(steps: list[tuple[float, float]]) -> tuple[float, float]:
-    return statistics.median(w for w, _ in steps), statistics.median(c for _, c in steps)
-
-
-def intervals(ends: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(wall, CPU) seconds between consecutive step ends. CPU time (all of this process's
-    threads) is not inflated by other tenants of a shared machine; wall time is what a user
-    waits."""
-    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(ends, ends[1:], strict=False)]
+        window.step_done()
+    return window.per_step()
 
 
 class StepClock:
     """Stands in for saturate's NoProfiler: the engine calls step() once per training step."""
 
-    ends: list[float] = []
+    window: Window | None = None
 
     def step(self) -> None:
-        StepClock.ends.append((time.perf_counter(), time.process_time()))
+        StepClock.window.step_done()
 
     def close(self) -> None:
         pass
 
 
-def saturate_loop(overrides: list[str], run_dir: str, steps: int) -> list[float]:
-    StepClock.ends = []
-    saturate.run.NoProfiler = StepClock  # record the end of every step the engine takes
+def saturate_loop(overrides: list[str], run_dir: str, window: Window) -> tuple[float, float]:
+    StepClock.window = window
+    saturate.run.NoProfiler = StepClock  # the engine marks the end of every step it takes
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides, f"trainer.max_steps={steps}", f"run_dir={run_dir}"])
+        cfg = compose("config", overrides=[*overrides, f"trainer.max_steps={window.steps}", f"run_dir={run_dir}"])
     saturate.train(cfg)
-    return intervals(StepClock.ends)
+    return window.per_step()
 
 
-def lightning_loop(model, x, y, *, batch: int, steps: int, lr: float, fast: bool) -> list[tuple[float, float]] | None:
+class Batches(torch.utils.data.Dataset):
+    """Whole batches gathered on the device by index (a BatchSampler's lists of indices)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(indices, device=self.x.device)
+        return self.x[index], self.y[index]
+
+
+def lightning_loop(model, x, y, *, batch: int, window: Window, lr: float, fast: bool) -> tuple[float, float] | None:
     try:
         import lightning as L
     except ImportError:
@@ -126,26 +161,23 @@ def lightning_loop(model, x, y, *, batch: int, steps: int, lr: float, fast: bool
             return torch.optim.SGD(self.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
 
     class Clock(L.Callback):
-        ends: list[float] = []
-
         def on_train_batch_end(self, *args):
-            self.ends.append((time.perf_counter(), time.process_time()))
+            window.step_done()
 
-    clock = Clock()
-    clock.ends = []
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch, shuffle=True, drop_last=True)
-    trainer = L.Trainer(max_steps=steps, accelerator=x.device.type, devices=1, logger=False, enable_checkpointing=False,
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(range(len(x))), batch, drop_last=True)
+    loader = torch.utils.data.DataLoader(Batches(x, y), sampler=sampler, batch_size=None)
+    trainer = L.Trainer(max_steps=window.steps, accelerator=x.device.type, devices=1, logger=False, enable_checkpointing=False,
                         precision="bf16-mixed" if fast else "32-true",
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[clock], num_sanity_val_steps=0)  # fmt: skip
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[Clock()], num_sanity_val_steps=0)  # fmt: skip
     trainer.fit(Module(), loader)
-    return intervals(clock.ends)
+    return window.per_step()
 
 
-def compile_speedup(model, x, y, *, batch: int, steps: int) -> None:
+def compile_speedup(model, x, y, *, batch: int, steps: int, warmup: int) -> None:
     """Eager vs torch.compile for the same model, both in bf16 autocast (the --fast target),
     the compilation timed apart on a warm-up step."""
     eager_model = copy.deepcopy(model)
-    eager = hand_loop(eager_model, x, y, batch=batch, steps=steps, lr=0.1, fast=True, compiled=eager_model)
+    eager, _ = hand_loop(eager_model, x, y, batch=batch, window=Window(x.device, warmup, steps), lr=0.1, fast=True, compiled=eager_model)
     compiled_model = copy.deepcopy(model)
     compiled_fn = torch.compile(compiled_model)
     start = time.perf_counter()
@@ -153,10 +185,10 @@ def compile_speedup(model, x, y, *, batch: int, steps: int) -> None:
         F.cross_entropy(compiled_fn(x[:batch]), y[:batch]).backward()
     sync(x.device)
     compile_s = time.perf_counter() - start
-    compiled = hand_loop(compiled_model, x, y, batch=batch, steps=steps, lr=0.1, fast=True, compiled=compiled_fn)
-    e, c = statistics.median(t for t, _ in eager[3:]), statistics.median(t for t, _ in compiled[3:])
-    print(f"\ntorch.compile on {type(model).__name__}: eager {1000 * e:.2f} ms/step, compiled {1000 * c:.2f} ms/step, "
-          f"speed-up {e / c:.2f}x; compile time {compile_s:.1f} s (not in the step times)")  # fmt: skip
+    compiled, _ = hand_loop(compiled_model, x, y, batch=batch, window=Window(x.device, warmup, steps), lr=0.1, fast=True,
+                            compiled=compiled_fn)  # fmt: skip
+    print(f"\ntorch.compile on {type(model).__name__}: eager {1000 * eager:.2f} ms/step, compiled {1000 * compiled:.2f} ms/step, "
+          f"speed-up {eager / compiled:.2f}x; compile time {compile_s:.1f} s (not in the step times)")  # fmt: skip
 
 
 def main() -> None:
@@ -177,13 +209,16 @@ def main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    data = ["data=synthetic", f"data.num_train={args.samples}", "data.num_val=256", f"data.height={args.size}", f"data.width={args.size}"]
+    if args.warmup < 1 or args.steps <= args.warmup:
+        parser.error("--warmup must be at least 1 and less than --steps")
+    samples = max(args.samples, args.batch * (args.steps + 1))  # no epoch end inside the timed steps
+    data = ["data=synthetic", f"data.num_train={samples}", "data.num_val=256", f"data.height={args.size}", f"data.width={args.size}"]
     common = [*data, f"model={args.model}", f"loader.batch_size={args.batch}", "trainer.progress=false", "optim.warmup_epochs=0"]
     setting = ["experiment=fast", "augmentation=none"] if args.fast else ["loader=resident", "augmentation=none", "precision=fp32"]
     with tempfile.TemporaryDirectory() as tmp:
         # the same data, model and lr as the saturate run, built from the same option files
         node = OmegaConf.load(CONF / "data" / "synthetic.yaml")
-        node.update(num_train=args.samples, num_val=256, height=args.size, width=args.size)
+        node.update(num_train=samples, num_val=256, height=args.size, width=args.size)
         train_set, _ = make_synthetic(**{k: v for k, v in node.items() if k != "_target_"})
         mean, std = (torch.tensor(v, device=device).view(1, -1, 1, 1) for v in channel_stats(train_set.images))
         x = (train_set.images.to(device).float() / 255 - mean) / std
@@ -196,33 +231,33 @@ def main() -> None:
             model = model.to(memory_format=torch.channels_last)
         lr = OmegaConf.load(CONF / "optim" / "sgd.yaml").optimizer.lr
 
+        def window() -> Window:
+            return Window(device, args.warmup, args.steps)
+
         runners = {
-            "hand loop": lambda r: hand_loop(copy.deepcopy(model), x, y, batch=args.batch, steps=args.steps, lr=lr, fast=args.fast),
-            "saturate": lambda r: saturate_loop([*common, *setting, *args.overrides], f"{tmp}/run{r}", args.steps),
-            "lightning": lambda r: lightning_loop(copy.deepcopy(model), x, y, batch=args.batch, steps=args.steps, lr=lr, fast=args.fast),
+            "hand loop": lambda r: hand_loop(copy.deepcopy(model), x, y, batch=args.batch, window=window(), lr=lr, fast=args.fast),
+            "saturate": lambda r: saturate_loop([*common, *setting, *args.overrides], f"{tmp}/run{r}", window()),
+            "lightning": lambda r: lightning_loop(copy.deepcopy(model), x, y, batch=args.batch, window=window(), lr=lr, fast=args.fast),
         }
-        times: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
-        per_round: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}  # each round's medians
+        per_round: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}  # (wall, CPU) s per step, each round
         names = list(runners)
         for r in range(args.rounds):  # interleaved, and each round starts with the next runner: no one always goes first
             for name in names[r % 3 :] + names[: r % 3]:
-                steps = runners[name](r)
-                if steps is not None:  # None: lightning is not installed
-                    kept = steps[args.warmup :]
-                    times[name] += kept
-                    per_round[name].append(medians(kept))
+                per_step = runners[name](r)
+                if per_step is not None:  # None: lightning is not installed
+                    per_round[name].append(per_step)
                     if args.verbose:
-                        print(f"round {r}: {name:<10} median {1000 * per_round[name][-1][0]:.2f} ms wall, "
-                              f"{1000 * per_round[name][-1][1]:.2f} ms CPU", flush=True)  # fmt: skip
+                        print(f"round {r}: {name:<10} {1000 * per_step[0]:.2f} ms wall, {1000 * per_step[1]:.2f} ms CPU per step",
+                              flush=True)  # fmt: skip
 
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({platform.machine()}, {os.cpu_count()} CPUs)"
     mode = "experiment=fast" if args.fast else "loader=resident fp32"
     print(f"\n{args.model}, synthetic 3x{args.size}x{args.size}, batch {args.batch}, {mode}; {where}, torch {torch.__version__}; "
-          f"median of {args.rounds} rounds x {args.steps - args.warmup} steps\n")  # fmt: skip
-    hand = medians(times["hand loop"])
+          f"median of {args.rounds} rounds of {args.steps - args.warmup} timed steps each\n")  # fmt: skip
+    hand = medians(per_round["hand loop"])
     print("| loop | step ms (wall) | samples/s | vs hand loop (wall) | paired by round (wall) | step ms (CPU) | vs hand loop (CPU) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, t in times.items():
+    for name, t in per_round.items():
         if not t:
             continue
         wall, cpu = medians(t)
@@ -230,10 +265,10 @@ def main() -> None:
         paired = statistics.median(m[0] / h[0] for m, h in zip(per_round[name], per_round["hand loop"], strict=True))
         print(f"| {name} | {1000 * wall:.2f} | {args.batch / wall:,.0f} | {wall / hand[0]:.3f}x | {paired:.3f}x | "
               f"{1000 * cpu:.2f} | {cpu / hand[1]:.3f}x |")  # fmt: skip
-    if not times["lightning"]:
+    if not per_round["lightning"]:
         print("\n(lightning is not installed: pip install -e '.[bench]')")
     if args.fast:
-        compile_speedup(model, x, y, batch=args.batch, steps=args.steps)
+        compile_speedup(model, x, y, batch=args.batch, steps=args.steps, warmup=args.warmup)
 
 
 if __name__ == "__main__":

@@ -180,11 +180,13 @@ def test_benchmark_scripts_run_and_print_their_tables(script):
     args = {
         "bench_engine.py": ["--steps", "5", "--warmup", "1", "--rounds", "1", "--samples", "512", "--batch", "32"],
         "bench_loader.py": ["--batches", "5", "--rounds", "1", "--samples", "1024"],
-        "bench_augment.py": ["--batches", "2", "--rounds", "1", "--workers", "0", "1"],
+        "bench_augment.py": ["--batches", "2", "--rounds", "1", "--workers", "0", "1", "--batch", "32", "--model", "small_cnn"],
     }[script]
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| loop |" in result.stdout or "| loader " in result.stdout or "| placement " in result.stdout
+    if script == "bench_augment.py":  # the model step it is compared with, and how that step was set up
+        assert "small_cnn step at batch 32 (fp32, channels_last, eager)" in result.stdout and "% of the step" in result.stdout
 
 
 def test_progress_is_one_line_per_epoch_in_train_log_when_output_is_a_pipe(tmp_path):
