@@ -42,7 +42,11 @@ def poison_loss(monkeypatch, bad_steps: set[int]) -> list[int]:
     return seen
 
 
-def test_a_non_finite_step_is_skipped_counted_and_leaves_weights_and_schedule_alone(make_cfg, monkeypatch):
+@pytest.mark.parametrize("fused", [True, False], ids=["decided-on-the-device", "read-per-step"])
+def test_a_non_finite_step_is_skipped_counted_and_leaves_the_weights_alone(make_cfg, monkeypatch, fused):
+    """The presets' fused optimizer skips on the device (the schedule advances over the
+    skipped step, as over an fp16 overflow); another optimizer is told per step (the
+    schedule holds)."""
     snapshots = {}
     original = TrainStep.__call__
 
@@ -55,15 +59,15 @@ def test_a_non_finite_step_is_skipped_counted_and_leaves_weights_and_schedule_al
 
     monkeypatch.setattr(TrainStep, "__call__", call)
     poison_loss(monkeypatch, {2})
-    cfg = make_cfg("trainer.max_epochs=2", "optim.warmup_epochs=0")
+    cfg = make_cfg("trainer.max_epochs=2", "optim.warmup_epochs=0", f"optim.optimizer.fused={str(fused).lower()}")
     metrics = saturate.train(cfg)
-    assert snapshots[2] == (True, False)  # weights and momentum untouched; not a step for the schedule
+    assert snapshots[2] == (True, fused)  # weights and momentum untouched; a step for the schedule only when decided on the device
     assert snapshots[1] == (False, True) and snapshots[3] == (False, True)
     assert metrics["train/nonfinite_steps"] == 1 and math.isfinite(metrics["train/loss"])
     acc = events(cfg.run_dir)
     assert [(e.step, e.value) for e in acc.Scalars("train/nonfinite_steps")][:2] == [(1, 0), (2, 1)]  # logged when it changes
     lrs = [e.value for e in acc.Scalars("train/lr")]
-    assert lrs[1] == lrs[0] and lrs[2] < lrs[1]  # the schedule did not advance on step 2
+    assert (lrs[1] < lrs[0]) if fused else (lrs[1] == lrs[0] and lrs[2] < lrs[1])
 
 
 def test_consecutive_non_finite_steps_stop_with_the_last_good_state(make_cfg, monkeypatch):
@@ -113,7 +117,11 @@ def test_fp16_overflow_skipped_by_the_scaler_does_not_count_as_a_step():
     assert precision.step(opt, apply=True) is True and not torch.equal(model.weight, before)
 
 
-def test_fp16_run_does_not_advance_the_schedule_on_a_step_the_scaler_skipped(make_cfg, monkeypatch):
+@pytest.mark.parametrize("fused", [False, True], ids=["read-per-step", "decided-on-the-device"])
+def test_fp16_overflow_is_skipped_and_the_schedule_holds_unless_decided_on_the_device(make_cfg, monkeypatch, fused):
+    """The scaler skips an overflow step. A fused optimizer takes the scaler's verdict on the
+    device (no host read), so the host cannot hold the schedule: it advances, as in a plain
+    torch.amp loop; another optimizer's step is skipped on the host and the schedule holds."""
     calls = []
     original = torch.amp.GradScaler.unscale_
 
@@ -124,10 +132,11 @@ def test_fp16_run_does_not_advance_the_schedule_on_a_step_the_scaler_skipped(mak
         return original(self, optimizer)
 
     monkeypatch.setattr(torch.amp.GradScaler, "unscale_", unscale_)
-    cfg = make_cfg("precision=fp16", "optim.warmup_epochs=0", "optim.schedule=cosine")
+    cfg = make_cfg("precision=fp16", "optim.warmup_epochs=0", "optim.schedule=cosine", f"optim.optimizer.fused={str(fused).lower()}")
     metrics = saturate.train(cfg)
     lrs = [e.value for e in events(cfg.run_dir).Scalars("train/lr")]
-    assert lrs[1] == lrs[0] and lrs[2] < lrs[1]  # the skipped step 2 kept the LR where it was
+    assert (lrs[1] < lrs[0]) if fused else (lrs[1] == lrs[0] and lrs[2] < lrs[1])  # without fused: step 2 kept the LR
+    assert len(calls) == 3 and metrics["progress/step"] == 3
     assert metrics["train/nonfinite_steps"] == 0  # an overflow is the scaler's business, not a non-finite step
 
 

@@ -83,7 +83,14 @@ def test_no_host_reads_between_log_steps(make_cfg, host_reads, setting):
     assert host_reads == []
 
 
-def test_the_non_finite_guard_reads_one_scalar_per_step(make_cfg, host_reads):
+def test_the_default_non_finite_guard_decides_on_the_device(make_cfg, host_reads):
     cfg = make_cfg("loader=resident", "trainer.skip_nonfinite=true", "trainer.log_interval=5", "trainer.limit_train_batches=10")
+    assert saturate.train(cfg)["progress/step"] == 10
+    assert host_reads == []  # the presets' fused optimizer skips a bad step itself
+
+
+def test_the_non_finite_guard_reads_one_scalar_per_step_without_a_fused_optimizer(make_cfg, host_reads):
+    cfg = make_cfg("loader=resident", "trainer.skip_nonfinite=true", "optim.optimizer.fused=false", "trainer.log_interval=5",
+                   "trainer.limit_train_batches=10")  # fmt: skip
     saturate.train(cfg)
     assert host_reads == ["item"] * 10  # the documented price of skipping a bad step before the optimizer takes it

@@ -179,7 +179,7 @@ class TrainerConfig:
     progress: bool = True  # progress bar
     log_level: str = "INFO"
     resume: str | None = None  # "auto" (newest checkpoint in this run dir), a .pt file or a run dir
-    skip_nonfinite: bool = True  # skip steps with a non-finite loss/gradient (one host read per step)
+    skip_nonfinite: bool = True  # skip non-finite steps (decided on the device by a fused optimizer, else one host read per step)
     max_nonfinite_steps: int = 10  # this many in a row stop the run
     sync_batchnorm: bool = False  # under DDP on GPUs: BatchNorm statistics over the global batch
     profile: bool = False  # record a torch.profiler trace of a few steady-state steps

@@ -84,6 +84,15 @@ class Dist:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
+    def all_true(self, flag: torch.Tensor) -> torch.Tensor:
+        """A bool tensor and-ed across the ranks where it lives (on the GPU under NCCL: no
+        host read)."""
+        if self.world_size == 1:
+            return flag
+        t = flag.to(torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return t.bool()
+
     def minimum(self, value: int) -> int:
         if self.world_size == 1:
             return value

@@ -5,7 +5,8 @@ checkpointer, tracker, callbacks, timer, stop signal) and never asks which optio
 them. Callbacks see what happened (logged metrics, evaluations, checkpoints); they never
 steer the loop. It
 touches the host only at log steps (the loss is summed on the device and read there),
-apart from the non-finite guard's one scalar per step when that is on.
+apart from the non-finite guard's one scalar per step with an optimizer that cannot skip a
+step on the device (not one of torch's fused optimizers: saturate.faults.NonFiniteGuard).
 """
 
 from __future__ import annotations
@@ -156,7 +157,8 @@ class Engine:
         if window is None:
             return
         self.guard.read()
-        train_loss = self.loss_sum.item() / self.loss_count if self.loss_count else float("nan")
+        count = int(self.loss_count)  # steps applied (a device count when steps decide on the device)
+        train_loss = self.loss_sum.item() / count if count else float("nan")
         shared = self.dist.mean({"train/loss": train_loss, **window.metrics()}, sum_keys=("perf/samples_per_s",))
         metrics = {
             **shared,

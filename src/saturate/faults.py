@@ -58,27 +58,38 @@ class StopSignal:
 
 class NonFiniteGuard:
     """Decides, per step, whether the optimizer may step: not when the loss or the gradient
-    norm is non-finite. Such steps are skipped (weights, optimizer state and schedule
-    untouched), counted and logged with their step; `max_consecutive` in a row fail the run.
+    norm is non-finite. Such steps are skipped (weights, optimizer state and buffers
+    untouched), counted and logged; `max_consecutive` in a row fail the run.
 
     With fp16 the gradient norm is the GradScaler's business (an overflow there is routine
     and the scaler skips the step itself), so only the loss is checked.
 
-    `skip=True` costs one host read of a scalar per step: the price of knowing before the
-    optimizer steps. With `skip=False` nothing is read per step: non-finite steps are
-    counted on the device and found at the next log step, which fails the run (the weights
-    are no longer trustworthy; the last saved checkpoint is)."""
+    Where the optimizer can skip a step on the device (torch's fused Adam, AdamW and SGD:
+    the presets' default), the step decides there and nothing is read per step
+    (`skipped_on_device`): skipped steps are counted on the device and named at the next log
+    step, and the LR schedule advances over them, as it does over fp16 overflow steps.
+    Otherwise `skip=True` costs one host read of a scalar per step (`ok`), and a skipped
+    step does not advance the schedule. With `skip=False` nothing is read per step:
+    non-finite steps are counted on the device and found at the next log step, which fails
+    the run (the weights are no longer trustworthy; the last saved checkpoint is)."""
 
     def __init__(self, *, skip: bool, check_grads: bool, max_consecutive: int, device: torch.device, agree=lambda ok: ok):
         self.skip, self.check_grads, self.max_consecutive = skip, check_grads, max_consecutive
         self.agree = agree  # across ranks: every rank skips when any rank must
+        self.on_device = False  # set by the step when its optimizer skips on the device
         self.count = 0  # non-finite steps so far
         self.consecutive = 0
         self.first_bad_step: int | None = None  # of the current streak
-        self.unread = torch.zeros((), dtype=torch.int64, device=device)  # skip=False: counted on the device
+        # counted on the device, read at log steps: steps not yet read, the current streak and
+        # its first step, the longest streak since the last read and its first step
+        zeros = [torch.zeros((), dtype=torch.int64, device=device) for _ in range(5)]
+        self.unread, self.streak, self.streak_from, self.longest, self.longest_from = zeros
+
+    def finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        return torch.isfinite(loss) & torch.isfinite(grad_norm) if self.check_grads else torch.isfinite(loss)
 
     def ok(self, loss: torch.Tensor, grad_norm: torch.Tensor, step: int) -> bool:
-        finite = torch.isfinite(loss) & torch.isfinite(grad_norm) if self.check_grads else torch.isfinite(loss)
+        finite = self.finite(loss, grad_norm)
         if not self.skip:
             self.unread += ~finite
             return True
@@ -93,9 +104,32 @@ class NonFiniteGuard:
         )
         return False
 
+    def skipped_on_device(self, finite: torch.Tensor, step: int) -> None:
+        """Count a step the optimizer decided on the device (skipped where `finite` is
+        False), without reading anything."""
+        bad = (~finite).to(torch.int64)
+        self.unread += bad
+        self.streak.mul_(bad).add_(bad)  # +1 while non-finite, 0 after a finite step
+        self.streak_from.copy_(torch.where(self.streak == 1, step, self.streak_from))
+        longer = self.streak > self.longest
+        self.longest_from.copy_(torch.where(longer, self.streak_from, self.longest_from))
+        torch.maximum(self.longest, self.streak, out=self.longest)
+
     def read(self) -> None:
-        """At log steps: take in what was counted on the device (skip=False)."""
-        if not self.skip:
+        """At log steps: take in what was counted on the device (skip=False, or decided on
+        the device)."""
+        if self.on_device:
+            figures = torch.stack([self.unread, self.longest, self.longest_from, self.streak, self.streak_from]).tolist()
+            unread, longest, longest_from, streak, streak_from = figures
+            self.consecutive, self.first_bad_step = longest, longest_from
+            if unread:
+                self.count += unread
+                log.warning("%d non-finite step(s) skipped since the last log step (a non-finite loss or gradient norm); the "
+                            "longest run: %d in a row from step %d", unread, longest, longest_from)  # fmt: skip
+            self.unread.zero_()
+            self.longest.fill_(streak)  # a streak still running goes on counting
+            self.longest_from.fill_(streak_from)
+        elif not self.skip:
             unread = int(self.unread.item())
             if unread:
                 self.count += unread
@@ -108,7 +142,8 @@ class NonFiniteGuard:
 
     def error(self, step: int, checkpoint: str, resume_hint: str = "") -> TrainingDiverged:
         if self.skip:
-            what = f"{self.consecutive} non-finite steps in a row (from step {self.first_bad_step} to {step})"
+            last = step if not self.on_device else self.first_bad_step + self.consecutive - 1
+            what = f"{self.consecutive} non-finite steps in a row (from step {self.first_bad_step} to {last})"
             saved = f"every one was skipped; the last good state is {checkpoint}"
         else:
             what = f"non-finite steps before step {step} (trainer.skip_nonfinite=false: they were applied)"

@@ -48,6 +48,11 @@ class TrainStep:
         self.model, self.optimizer, self.precision, self.guard, self.loss = model, optimizer, precision, guard, loss
         self.distributed = dist is not None and dist.world_size > 1
         self.agree = dist.agree if self.distributed else _alone  # True only if every rank's answer is True
+        self.dist = dist
+        # torch's fused optimizers skip a step on the device when told `found_inf` (GradScaler's
+        # protocol): the guard's decision then needs no host read (fp16 keeps the scaler's own)
+        guard.on_device = self.on_device = (guard.skip and guard.check_grads and not precision.scaler.is_enabled()
+                                            and bool(getattr(optimizer, "_step_supports_amp_scaling", False)))  # fmt: skip
         self.params = [p for p in model.parameters() if p.requires_grad]
         # A skipped step must leave the buffers as they were too: the forward pass has
         # already moved BatchNorm's running statistics (NaN in, NaN kept). They are copied
@@ -58,14 +63,16 @@ class TrainStep:
         self.micro_batches, self.recover_oom = micro_batches, recover_oom
         self.oom_recoveries = 0
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[torch.Tensor, bool, bool]:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[torch.Tensor, bool | torch.Tensor, bool]:
         """Returns (loss on the device, or zero if the step was skipped as non-finite;
-        whether the guard let it through; whether the weights moved, which is when the
-        caller advances the LR schedule)."""
+        whether the guard let it through (a bool, or a device tensor when the step decided
+        on the device); whether the caller advances the LR schedule)."""
         if self.buffers:
             torch._foreach_copy_(self.kept, self.buffers)
         while (loss := self._forward_backward(x, y)) is None:
             self._after_oom(step, len(y))
+        if self.on_device:
+            return self._step_on_device(loss, step)
         try:
             scaler = self.precision.scaler
             scaler.unscale_(self.optimizer)
@@ -82,6 +89,29 @@ class TrainStep:
             raise OutOfMemory(_AFTER_BACKWARD.format(step=step)) from None
         self.optimizer.zero_grad(set_to_none=True)
         return (loss if applied else torch.zeros_like(loss)), applied, stepped
+
+    def _step_on_device(self, loss: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """The guarded step with nothing read: the optimizer skips it on the device when the
+        loss or the gradient norm is not finite (on any rank), and the buffers the forward
+        pass moved are put back there. Returns (the loss, or zero if skipped; whether it was
+        applied, as a device tensor; True: the LR schedule advances either way)."""
+        try:
+            finite = self.guard.finite(loss, self._grad_norm())
+            if self.distributed:
+                finite = self.dist.all_true(finite)
+            for buffer, kept in zip(self.buffers, self.kept, strict=True):
+                buffer.copy_(torch.where(finite, buffer, kept))
+            self.optimizer.grad_scale, self.optimizer.found_inf = None, (~finite).to(torch.float32)
+            self.optimizer.step()
+            self.guard.skipped_on_device(finite, step)
+        except Exception as e:
+            if not (self.recover_oom and is_oom(e)):
+                raise
+            self.optimizer.zero_grad(set_to_none=True)
+            free_device_memory()
+            raise OutOfMemory(_AFTER_BACKWARD.format(step=step)) from None
+        self.optimizer.zero_grad(set_to_none=True)
+        return torch.where(finite, loss, torch.zeros_like(loss)), finite, True
 
     def _grad_norm(self) -> torch.Tensor:
         """The gradients' total norm (for the non-finite guard), clipping them to grad_clip if
