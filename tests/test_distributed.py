@@ -111,8 +111,8 @@ def cross_entropy(logits, y, *args, **kwargs):
     loss = original_loss(logits, y, *args, **kwargs)
     if logits.requires_grad and os.environ["RANK"] == "1":
         calls["loss"] += 1
-        if calls["loss"] == 8:  # and its loss alone is NaN once, later
-            return loss * float("nan")
+        if calls["loss"] == 8:  # and its loss alone is NaN once, later: its gradients stay finite, so only
+            return loss + torch.full_like(loss, float("nan")).detach()  # agreement makes rank 0 skip too
     return loss
 
 SmallCNN.forward = forward
