@@ -136,8 +136,9 @@ def faults_on_rank_1(tmp_path, *overrides):
     return torchrun(*args, cwd=tmp_path, script=script, env={"TRAIN_PY": str(ROOT / "train.py")}, timeout=120)
 
 
-def test_out_of_memory_and_non_finite_decisions_are_agreed_across_ranks(tmp_path):
-    result = faults_on_rank_1(tmp_path, "trainer.accumulate=2")
+@pytest.mark.parametrize("fused", ["true", "false"], ids=["skip-decided-on-the-device", "skip-read-per-step"])
+def test_out_of_memory_and_non_finite_decisions_are_agreed_across_ranks(tmp_path, fused):
+    result = faults_on_rank_1(tmp_path, "trainer.accumulate=2", f"optim.optimizer.fused={fused}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["distributed/params_identical"] == 1.0  # nobody stepped alone, nobody waited forever
