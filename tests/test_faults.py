@@ -190,3 +190,23 @@ def test_a_worker_dying_mid_send_is_the_same_clear_error():
     assert loader_failure(EOFError(), 3, workers=2) is not None
     assert loader_failure(ConnectionResetError(104, "Connection reset by peer"), 3, workers=0) is None
     assert loader_failure(ConnectionError("Caught ConnectionError in DataLoader worker process 0."), 3, workers=2) is None
+
+
+class RefusesItem20(Stalls):
+    """A data set whose own check refuses item 20 with a DataError, in a worker."""
+
+    def __getitem__(self, index):
+        if index == 20 and torch.utils.data.get_worker_info() is not None:
+            raise DataError("data: item 20 is broken (the data set's own words)")
+        return super().__getitem__(index)
+
+
+def test_a_user_error_raised_in_a_worker_keeps_its_own_words(tmp_path):
+    """DataLoader re-raises a worker's exception with the worker's traceback in its message;
+    a UserError reaches the user as its own one-line message."""
+    from saturate.models import SmallCNN
+
+    overrides = [*TINY, "loader.num_workers=2", "loader.batch_size=8", "trainer.limit_train_batches=-1"]
+    with pytest.raises(DataError) as err:
+        saturate.fit(SmallCNN(1, 10, width=8), RefusesItem20("die"), RefusesItem20("die"), overrides=overrides, run_dir=tmp_path)
+    assert str(err.value) == "data: item 20 is broken (the data set's own words)"

@@ -249,6 +249,8 @@ class StreamLoader:
         workers_iter = iter(self.loader)
         try:
             yield from watched(itertools.islice(workers_iter, count), self.timeout_s)
+        except UserError as e:  # the data set's own words, without the worker's traceback DataLoader adds
+            raise own_words(e) from None
         except RuntimeError:
             from torch.utils.data._utils.signal_handling import _remove_worker_pids
 
@@ -303,6 +305,21 @@ def watched(batches: Iterator[HostBatch], timeout_s: float) -> Iterator[HostBatc
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def own_words(error: UserError) -> UserError:
+    """A UserError re-raised by DataLoader from a worker carries "Caught X in DataLoader
+    worker process N" and the worker's traceback as its message; the user gets the original
+    message (the traceback's last line, after "module.X: "), as without workers."""
+    text = str(error)
+    marker = f"{type(error).__module__}.{type(error).__qualname__}: "
+    if not text.startswith("Caught ") or marker not in text:
+        return error
+    message = text[text.rindex(marker) + len(marker) :].strip()
+    try:
+        return type(error)(message)
+    except TypeError:  # a UserError built from other arguments (ConfigError): the message as a plain one
+        return UserError(message)
 
 
 def loader_failure(error: Exception, timeout_s: float, workers: int) -> DataError | None:
