@@ -70,6 +70,7 @@ def test_a_sweep_of_four_jobs_leaves_four_runs_hparams_and_a_report(tmp_path):
         assert (root / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # a second real multirun (11 s): the default run keeps the four-job sweep
 def test_a_failing_job_does_not_lose_the_others(tmp_path):
     result = run_cli("-m", "loader.batch_size=auto,5000", "batch_search.steps=1", "batch_search.cache=", *QUICK, cwd=tmp_path)
     assert result.returncode == 1  # the sweep as a whole failed ...
