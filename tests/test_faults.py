@@ -3,6 +3,7 @@ or dies)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import os
@@ -210,3 +211,118 @@ def test_a_user_error_raised_in_a_worker_keeps_its_own_words(tmp_path):
     with pytest.raises(DataError) as err:
         saturate.fit(SmallCNN(1, 10, width=8), RefusesItem20("die"), RefusesItem20("die"), overrides=overrides, run_dir=tmp_path)
     assert str(err.value) == "data: item 20 is broken (the data set's own words)"
+
+
+# -- a skipped first step (issue 25, item 1): torch's fused SGD makes its momentum buffers with
+# empty_like on the first step and, told found_inf, never writes them; step 2 then read garbage
+
+
+@contextlib.contextmanager
+def deterministic_mode(on: bool):
+    """torch.use_deterministic_algorithms for the block: torch.empty then fills with NaN, so
+    memory left unwritten shows."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(on)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+OPTIMIZERS = {
+    "SGD": {"_target_": "torch.optim.SGD", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4},
+    "AdamW": {"_target_": "torch.optim.AdamW", "lr": 3e-3, "weight_decay": 0.05},
+    "Adam": {"_target_": "torch.optim.Adam", "lr": 3e-3},
+}
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "not-deterministic"])
+@pytest.mark.parametrize("kind", ["fused", "foreach"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_skipped_first_step_leaves_the_optimizer_as_new(name, kind, deterministic):
+    """Step 1 non-finite and skipped (on the device for a fused optimizer, by the host read
+    otherwise), then step 2: weights and optimizer state exactly those of a new optimizer
+    that only ever took step 2."""
+    from saturate.config import OptimConfig
+    from saturate.optim import setup_optimizer
+
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))
+        node = {**OPTIMIZERS[name], "_partial_": True, kind: True}
+        cfg = OptimConfig(optimizer=node, schedule="constant", warmup_epochs=0)
+        return model, setup_optimizer(cfg, model, steps_per_epoch=10, total_steps=10, global_batch=8)[0]
+
+    def train_step(model, optimizer):
+        guard = NonFiniteGuard(skip=True, check_grads=True, max_consecutive=3, device=torch.device("cpu"))
+        precision = Precision("fp32", "cpu", None, torch.amp.GradScaler("cpu", enabled=False))
+        return TrainStep(model, optimizer, precision, guard, loss=lambda out, y: F.cross_entropy(out, y) * nan[0], grad_clip=0.0)
+
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(2)]
+    with deterministic_mode(deterministic):
+        model, optimizer = build()
+        step = train_step(model, optimizer)
+        assert step.on_device == (kind == "fused")
+        nan = [float("nan")]
+        step(*batches[0], 1)  # skipped
+        nan[0] = 1.0
+        step(*batches[1], 2)
+        fresh_model, fresh_optimizer = build()
+        train_step(fresh_model, fresh_optimizer)(*batches[1], 1)
+    assert step.guard.count + int(step.guard.unread) == 1
+    for p, q in zip(model.parameters(), fresh_model.parameters(), strict=True):
+        assert torch.equal(p, q)
+        state, fresh = optimizer.state[p], fresh_optimizer.state[q]
+        assert state.keys() == fresh.keys()
+        for key in state:
+            assert torch.equal(torch.as_tensor(state[key]), torch.as_tensor(fresh[key])), key
+    for b, c in zip(model.buffers(), fresh_model.buffers(), strict=True):
+        assert torch.equal(b, c)
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "not-deterministic"])
+def test_a_run_whose_first_step_is_skipped_trains_on(make_cfg, monkeypatch, deterministic):
+    """The issue's run: the default fused SGD, step 1 non-finite. Before the fix, deterministic
+    mode's NaN momentum made every later step non-finite; without it the garbage wrecked the
+    weights. It now ends as the read-per-step run (which never calls the optimizer for a
+    skipped step) does, up to the two kernels' rounding."""
+    runs = {}
+    for fused in ("true", "false"):
+        poison_loss(monkeypatch, {1})
+        cfg = make_cfg("optim.warmup_epochs=0", "optim.schedule=constant", f"trainer.deterministic={str(deterministic).lower()}",
+                       "trainer.max_epochs=2", f"optim.optimizer.fused={fused}")  # fmt: skip
+        metrics = saturate.train(cfg)
+        assert metrics["train/nonfinite_steps"] == 1 and math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["val/loss"])
+        runs[fused] = torch.load(Path(cfg.run_dir) / "checkpoints" / "last.pt", weights_only=True)["model"]
+    for name, value in runs["true"].items():
+        torch.testing.assert_close(value, runs["false"][name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "not-deterministic"])
+def test_an_fp16_overflow_at_the_first_step_leaves_fused_sgd_momentum_clean(deterministic):
+    """fp16's first step overflows in most runs (GradScaler starts at 2^16); GradScaler hands a
+    fused optimizer `found_inf` on the device, the same path as the guard's."""
+    from saturate.config import OptimConfig
+    from saturate.optim import setup_optimizer
+
+    with deterministic_mode(deterministic):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 8)
+        node = {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1, "momentum": 0.9, "fused": True}
+        cfg = OptimConfig(optimizer=node, schedule="constant", warmup_epochs=0)
+        opt, _ = setup_optimizer(cfg, model, steps_per_epoch=10, total_steps=10, global_batch=8)
+        precision = fp16_precision()
+        precision.scaler.scale(model(torch.randn(3, 64)).sum()).backward()
+        model.weight.grad[0, 0] = float("inf")  # the overflow of the first backward pass
+        precision.scaler.unscale_(opt)
+        weights = [p.detach().clone() for p in model.parameters()]
+        precision.step(opt, apply=True)  # the fused optimizer takes the scaler's found_inf and skips on the device
+        assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
+        opt.zero_grad()
+        precision.scaler.scale(model(torch.randn(3, 64)).sum()).backward()
+        precision.scaler.unscale_(opt)
+        grads = [p.grad.clone() for p in model.parameters()]
+        precision.step(opt, apply=True)
+        for p, g in zip(model.parameters(), grads, strict=True):
+            assert torch.equal(opt.state[p]["momentum_buffer"], g)  # the first applied step: the buffer is that step's gradient

@@ -41,6 +41,28 @@ def scaled_lr(cfg: OptimConfig, lr: float, global_batch: int) -> float:
     return lr * (global_batch / cfg.base_batch_size) ** exponent
 
 
+def prime_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give state that a skipped first step would leave uninitialised its value now.
+
+    torch's fused SGD makes its momentum buffers with `empty_like` at its first step and
+    copies the gradient in; told `found_inf` (a non-finite step skipped on the device, or
+    fp16's first-step overflow through GradScaler) it writes nothing, and the next step
+    reads uninitialised memory (NaN in deterministic mode, anything otherwise). A zero buffer
+    gives the same first update, bit for bit: momentum x 0 + (1 - dampening) x grad, the
+    gradient itself with the default dampening of 0 (with dampening d, (1 - d) x grad
+    instead of the gradient, as on every later step). torch's Adam and AdamW (fused or not)
+    start from zeros and take back their step count when skipped: nothing to do there
+    (tests/test_faults.py checks all three)."""
+    if not isinstance(optimizer, torch.optim.SGD):
+        return
+    for group in optimizer.param_groups:
+        if not group.get("fused") or group["momentum"] == 0:
+            continue
+        for p in group["params"]:
+            if p.requires_grad and "momentum_buffer" not in optimizer.state[p]:
+                optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
 def setup_optimizer(
     cfg: OptimConfig, model: nn.Module, *, steps_per_epoch: int, total_steps: int, global_batch: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
@@ -58,6 +80,7 @@ def setup_optimizer(
         raise UserError(f"optim.optimizer: cannot build {node['_target_']}: {e}") from None
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise UserError(f"optim.optimizer._target_={node['_target_']}: builds a {type(optimizer).__name__}, not a torch.optim.Optimizer")
+    prime_state(optimizer)
     warmup = round(cfg.warmup_epochs * steps_per_epoch)
     factor = functools.partial(lr_factor, warmup=warmup, total=total_steps, schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -62,7 +62,7 @@ from saturate.loader import (
 )
 from saturate.monitor import ResourceMonitor, device_memory_mb, peak_memory
 from saturate.naming import override_value, run_name, varied_keys
-from saturate.optim import setup_optimizer
+from saturate.optim import prime_state, setup_optimizer
 from saturate.precision import Precision, emulated, setup_precision
 from saturate.profiling import NoProfiler, StepProfiler
 from saturate.registration import UNSET_RUN_DIR, register
@@ -588,6 +588,7 @@ def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, task:
     start = time.perf_counter()
     order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(run.trainer.seed))
     optimizer = instantiate(run.optim.optimizer)(models.raw.parameters())  # the run's kind, thrown away afterwards
+    prime_state(optimizer)  # fp16's first trial step may overflow: fused SGD's momentum must not read garbage
     augment = device_augment(run.augmentation, run.trainer.seed)
     pipeline = build_pipeline(run.loader, spec, task.target_dtype, device, run.trainer, augment=augment)
     model = models.train if d.world_size == 1 else models.eval
