@@ -7,55 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from saturate.data.base import STATS_SAMPLES, InMemory, channel_stats, fraction, seed
-from saturate.data.decode import UNREADABLE, batch_tensor, decode_into, read, read_many, will_read
-from saturate.data.image_index import FolderIndex, IndexCache, SkipLog, default_cache, index_folder
-from saturate.errors import ConfigError, DataError, Problem
+from saturate.data.decode import batch_tensor, read, read_many, will_read
+from saturate.data.image_index import FolderIndex, IndexCache, default_cache, index_folder
+from saturate.data.skipped import Skipped, fill
+from saturate.errors import ConfigError, DataError, Problem, shown
 
 log = logging.getLogger(__name__)
-
-
-class Skipped:
-    """Broken files met after start-up in one folder: recorded by whichever process decodes
-    them (in the folder's skip log), named and counted by the main process (`poll`), left
-    out of later batches by the process that met them and, after a poll, by workers started
-    later. `notes` is the data set's, shared by its folders."""
-
-    def __init__(self, folder: Path, index: FolderIndex, skip_log: SkipLog, notes: dict, *, strict: bool):
-        self.folder, self.names, self.log, self.notes, self.strict = str(folder), index.names, skip_log, notes, strict
-        self.files: set[int] = set()  # files of the index found unreadable in this run
-        self.named: set[str] = set(index.bad)  # named at start-up
-
-    def path(self, file: int) -> str:
-        return os.path.join(self.folder, self.names[file])
-
-    def record(self, file: int, error: Exception) -> None:
-        """File `file` of the index does not read or decode: skipped and logged, or with
-        data.strict=true an error (it passed the check at start-up: it changed since)."""
-        reason = f"{type(error).__name__}: {error}"
-        if isinstance(error, UnidentifiedImageError):  # PIL's message names its in-memory buffer, not the file
-            reason = f"{type(error).__name__}: not an image format the decoders know"
-        if self.strict:
-            raise DataError(f"cannot read {self.path(file)} ({reason}); it was whole at start-up (data.strict=true): "
-                            "remove or replace it")  # fmt: skip
-        self.files.add(file)
-        if not self.log.append(file, self.names[file], reason):
-            raise DataError(f"cannot read {self.path(file)} ({reason}), and cannot record it as skipped ({self.log.path} "
-                            "is not writable): remove or replace it")  # fmt: skip
-
-    def poll(self) -> None:
-        """Name and count what the log holds that this process has not seen (one stat when nothing is new)."""
-        for file, name, reason in self.log.new():
-            if name in self.named:
-                continue
-            self.named.add(name)
-            if 0 <= file < len(self.names) and self.names[file] == name:
-                self.files.add(file)
-            log.warning("skipping %s: not a readable image (%s)", os.path.join(self.folder, name), reason)
-            self.notes["data/skipped_files"] = self.notes.get("data/skipped_files", 0) + 1
 
 
 class ImageFiles(Dataset):
@@ -101,35 +61,11 @@ class ImageFiles(Dataset):
         files = self.chosen[indices].tolist()
         encoded = read_many([os.path.join(self.folder, self.names[file]) for file in files])
         first = next((data for data in encoded if isinstance(data, bytes)), b"")
-        batch, used = batch_tensor(len(indices), self.size, self.channels, first), list(indices)
-        for j, data in enumerate(encoded):
-            if files[j] not in self.skipped.files:
-                try:
-                    if isinstance(data, bytes):
-                        decode_into(data, batch[j])
-                        continue
-                except UNREADABLE as e:
-                    data = e
-                self.skipped.record(files[j], data)
-            used[j] = self._next_readable(indices[j], batch[j])
+        batch = batch_tensor(len(indices), self.size, self.channels, first)
+        used = fill(
+            batch, list(indices), encoded, skipped=self.skipped, file_of=lambda i: int(self.chosen[i]), fetch=self._read, length=len(self)
+        )
         return batch, self.labels[torch.as_tensor(used, dtype=torch.int64)]
-
-    def _next_readable(self, position: int, slot: torch.Tensor) -> int:
-        """Decode the first readable image after `position` into `slot`; its position."""
-        for _ in range(len(self) - 1):
-            position = (position + 1) % len(self)
-            file = int(self.chosen[position])
-            if file in self.skipped.files:
-                continue
-            data = self._read(file)
-            try:
-                if isinstance(data, bytes):
-                    decode_into(data, slot)
-                    return position
-            except UNREADABLE as e:
-                data = e
-            self.skipped.record(file, data)
-        raise DataError(f"data.root: none of the {len(self)} images in {self.folder} can be read (skipped: see the warnings)")
 
     def materialize(self) -> InMemory:
         """Decode every file now, into one uint8 tensor in memory (for the resident loader);
@@ -206,20 +142,20 @@ def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction
     try:
         classes = sorted(p.name for p in base.iterdir() if p.is_dir())
     except OSError as e:
-        raise DataError(f"data.root={given!r}: cannot read {base} ({e.strerror})") from None
+        raise DataError(f"data.root={shown(given)!r}: cannot read {shown(base)} ({e.strerror})") from None
     if len(classes) < 2:
-        raise DataError(f"data.root={given!r}: found {len(classes)} class sub-folder(s) in {base}; need at least 2")
+        raise DataError(f"data.root={shown(given)!r}: found {len(classes)} class sub-folder(s) in {shown(base)}; need at least 2")
     cache_dir = default_cache() if index_cache is None else (Path(index_cache).expanduser() if str(index_cache).strip() else None)
     cache = IndexCache(cache_dir, base, channels)
     index = index_folder(base, classes, cache, strict=strict, channels=channels, check=check)
     notes = {"data/skipped_files": len(index.bad)}
-    skipped = Skipped(base, index, cache.skip_log, notes, strict=strict)
+    skipped = Skipped(base, index.names, cache.skip_log, notes, strict=strict, known=set(index.bad))
     if split:
         val_cache = IndexCache(cache_dir, root / "val", channels)
         val_index = index_folder(root / "val", classes, val_cache, strict=strict, channels=channels, check=check)
         notes["data/skipped_files"] += len(val_index.bad)
         train_chosen, val_chosen, val_base = index.readable(), val_index.readable(), root / "val"
-        val_skipped = Skipped(val_base, val_index, val_cache.skip_log, notes, strict=strict)
+        val_skipped = Skipped(val_base, val_index.names, val_cache.skip_log, notes, strict=strict, known=set(val_index.bad))
         if val_index.dirty:
             val_cache.store(val_index)
     else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -32,7 +33,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from saturate.errors import DataError
+from saturate.data.skipped import SkipLog
+from saturate.errors import DataError, shown
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,7 @@ class FolderIndex:
 
 
 def _unlisted(path: str, error: OSError) -> DataError:
-    return DataError(f"data.root: cannot read the folder {path} ({error.strerror}); its images would be lost")
+    return DataError(f"data.root: cannot read the folder {shown(path)} ({error.strerror}); its images would be lost")
 
 
 def _walk(folder: str, relative: str, names: list[str], directories: dict[str, int]) -> None:
@@ -127,29 +129,33 @@ def list_classes(folder: Path, classes: list[str]) -> tuple[FolderIndex, list[st
         before = len(names)
         _walk(str(folder), name, names, directories)
         if len(names) == before:
-            raise DataError(f"data.root: the class folder {folder / name} holds no files; remove it or add its images")
+            raise DataError(f"data.root: the class folder {shown(folder / name)} holds no files; remove it or add its images")
         labels += [label] * (len(names) - before)
     return FolderIndex(PathTable.of(names), np.asarray(labels, dtype=np.int64), directories=directories), names
 
 
 def _looks_whole(path: str) -> bool:
-    """A JPEG with both its markers, or a PNG with its signature and IEND chunk. Two preads
-    on one descriptor: 5.7 us per file against 9.3 us through open() (measured, 64 px JPEGs)."""
+    """A JPEG with both its markers, or a PNG with its signature, a size PIL will open (its
+    IHDR chunk) and its IEND chunk. Two preads on one descriptor: 5.7 us per file against
+    9.3 us through open() (measured, 64 px JPEGs). A PNG over PIL's decompression-bomb limit
+    is not whole: the full decode then names it (the reader would refuse it)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # unreadable: the full decode says why
         return False
     try:
-        head = os.pread(fd, 8, 0)
+        head = os.pread(fd, 24, 0)
         size = os.fstat(fd).st_size
-        if size < 20:
+        if size < 24:
             return False
         tail = os.pread(fd, 12, size - 12)
     finally:
         os.close(fd)
-    if head[:3] == b"\xff\xd8\xff":
+    if head[:3] == b"\xff\xd8\xff":  # decoded by libjpeg-turbo at any size (scaled down in the DCT domain)
         return tail[-2:] == b"\xff\xd9"
-    return head == PNG_SIGNATURE and tail == PNG_END
+    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    fits = Image.MAX_IMAGE_PIXELS is None or width * height <= 2 * Image.MAX_IMAGE_PIXELS  # where PIL raises DecompressionBombError
+    return head[:8] == PNG_SIGNATURE and head[12:16] == b"IHDR" and fits and tail == PNG_END
 
 
 def unreadable(path: str, mode: str) -> str | None:
@@ -166,57 +172,11 @@ def unreadable(path: str, mode: str) -> str | None:
         return f"{type(e).__name__}: {e}"
 
 
-class SkipLog:
-    """Files found unreadable after start-up, by whichever process read them (a DataLoader
-    worker cannot update the index): one JSON line `[file, name, why]` each, appended with
-    O_APPEND (a short write lands whole, from any process or rank). The main process reads
-    what is new as the run goes (`new()`); the next start merges the log into the index
-    (`merge`: kept with the cache) or only skips what an earlier run left in it."""
-
-    def __init__(self, path: str, *, merge: bool):
-        self.path, self.merge, self.offset = path, merge, 0
-
-    def append(self, file: int, name: str, reason: str) -> bool:
-        """Record one file; False if the log cannot be written."""
-        line = (json.dumps([file, name, reason]) + "\n").encode()
-        try:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
-            return True
-        except OSError:
-            return False
-
-    def new(self) -> list[tuple[int, str, str]]:
-        """The entries written since the last call: one stat when there are none."""
-        try:
-            if os.stat(self.path).st_size <= self.offset:
-                return []
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return []
-        whole = data[: data.rfind(b"\n") + 1]  # a line still being written is read next time
-        self.offset += len(whole)
-        entries = []
-        for line in whole.splitlines():
-            try:
-                file, name, reason = json.loads(line)
-                entries.append((int(file), str(name), str(reason)))
-            except (ValueError, TypeError):  # a damaged line names nothing: ignored
-                continue
-        return entries
-
-
 class IndexCache:
     """Where a folder's index is kept: keyed by the folder's absolute path and the channels."""
 
     def __init__(self, directory: Path | None, folder: Path, channels: int):
-        key = hashlib.sha256(f"{folder.resolve()}\0{channels}".encode()).hexdigest()[:24]
+        key = hashlib.sha256(f"{folder.resolve()}\0{channels}".encode("utf-8", "surrogateescape")).hexdigest()[:24]
         self.path = directory / f"{key}.npz" if directory is not None else None
         if directory is not None:
             self.skip_log = SkipLog(str(directory / f"{key}.skipped.jsonl"), merge=True)
@@ -225,6 +185,8 @@ class IndexCache:
             self.skip_log = SkipLog(os.path.join(tempfile.gettempdir(), f"saturate-{key}-{run}.skipped.jsonl"), merge=False)
 
     def load(self) -> FolderIndex | None:
+        """The cached index, or None when there is none or it does not hold together (a
+        damaged, truncated, foreign or tampered file: rebuilt with a warning naming it)."""
         if self.path is None or not self.path.is_file():
             return None
         try:
@@ -232,12 +194,16 @@ class IndexCache:
                 if int(saved["version"]) != VERSION:
                     return None
                 meta = json.loads(saved["meta"].tobytes())
-                return FolderIndex(PathTable(saved["buffer"], saved["offsets"]), saved["labels"], good=saved["good"].copy(),
-                                   checked=saved["checked"].copy(), bad=meta["bad"], directories=meta["directories"],
-                                   stats=meta["stats"])  # fmt: skip
+                index = FolderIndex(PathTable(saved["buffer"], saved["offsets"]), saved["labels"], good=saved["good"].copy(),
+                                    checked=saved["checked"].copy(), bad=meta["bad"], directories=meta["directories"],
+                                    stats=meta["stats"])  # fmt: skip
+            problem = _inconsistent(index)
         except Exception as e:  # noqa: BLE001 (damaged, truncated or foreign: rebuilt, never fatal)
-            log.warning("image index cache %s is unreadable (%s); checking the folder again", self.path, e)
-            return None
+            problem = f"{type(e).__name__}: {e}"
+        if problem is None:
+            return index
+        log.warning("image index cache %s is damaged (%s); checking the folder again", shown(self.path), shown(problem))
+        return None
 
     def store(self, index: FolderIndex) -> None:
         """Write atomically; a cache that cannot be written is a warning (the next run checks again)."""
@@ -259,6 +225,37 @@ class IndexCache:
             index.dirty = False
         except OSError as e:
             log.warning("image index cache %s cannot be written (%s); the next run checks the folder again", self.path, e)
+
+
+def _inconsistent(index: FolderIndex) -> str | None:
+    """What does not hold together in an index read from the cache (None: it does): arrays
+    of one length per file and of their dtypes, offsets that cut the names' buffer, labels
+    in range, and the metadata's types. A cache that fails is rebuilt."""
+    n, offsets = len(index.labels), index.names.offsets
+    arrays = {"labels": (index.labels, np.int64, n), "good": (index.good, np.bool_, n), "checked": (index.checked, np.bool_, n),
+              "offsets": (offsets, np.int64, n + 1), "buffer": (index.names.buffer, np.uint8, None)}  # fmt: skip
+    for name, (array, dtype, length) in arrays.items():
+        if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != 1 or (length is not None and len(array) != length):
+            return f"{name}: expected a 1-d {np.dtype(dtype).name} array" + (f" of {length} values" if length is not None else "")
+    if offsets[0] != 0 or offsets[-1] != len(index.names.buffer) or (np.diff(offsets) < 0).any():
+        return "offsets: they do not cut the names' buffer"
+    if n and (index.labels.min() < 0):
+        return "labels: a negative class index"
+    if not (isinstance(index.bad, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in index.bad.items())):
+        return "meta.bad: expected {name: reason}"
+    if not (isinstance(index.directories, dict) and all(isinstance(k, str) and type(v) is int for k, v in index.directories.items())):
+        return "meta.directories: expected {directory: modification time}"
+    if not (isinstance(index.stats, dict) and all(_mean_std(v) for v in index.stats.values())):
+        return "meta.stats: expected {size: [mean, std]} of finite numbers, std > 0"
+    return None
+
+
+def _mean_std(value) -> bool:
+    """[mean, std]: two lists of finite numbers, the std's positive."""
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(c, list) and c for c in value)):
+        return False
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for c in value for x in c)
+    return numbers and all(x > 0 for x in value[1])
 
 
 def _unchanged(folder: Path, classes: list[str], cached: FolderIndex) -> bool:
@@ -287,6 +284,10 @@ def index_folder(folder: Path, classes: list[str], cache: IndexCache, *, strict:
     one is an error); otherwise files are checked when they are decoded. Files known to be
     broken are named in a warning. The caller stores the index when it is `dirty`."""
     cached = cache.load()
+    if cached is not None and len(cached.labels) and cached.labels.max() >= len(classes):
+        log.warning("image index cache %s is damaged (labels: a class index >= %d classes); checking the folder again", shown(cache.path),
+                    len(classes))  # fmt: skip
+        cached = None
     if cached is not None and _unchanged(folder, classes, cached):
         index = cached
     else:
@@ -309,7 +310,7 @@ def index_folder(folder: Path, classes: list[str], cache: IndexCache, *, strict:
                 index.mark_bad(position[name], reason)
     if strict:
         for name, reason in sorted(index.bad.items())[:1]:
-            raise DataError(f"data.strict=true: {os.path.join(folder, name)} is not a readable image ({reason})")
+            raise DataError(f"data.strict=true: {shown(os.path.join(folder, name))} is not a readable image ({reason})")
     if strict or check:
         mode = "L" if channels == 1 else "RGB"
         for i in np.flatnonzero(~index.checked):
@@ -321,7 +322,7 @@ def index_folder(folder: Path, classes: list[str], cache: IndexCache, *, strict:
             index.mark_bad(int(i), reason)
             if strict:
                 cache.store(index)  # what was checked so far is kept
-                raise DataError(f"data.strict=true: {os.path.join(folder, name)} is not a readable image ({reason})")
+                raise DataError(f"data.strict=true: {shown(os.path.join(folder, name))} is not a readable image ({reason})")
     for name, reason in sorted(index.bad.items()):
-        log.warning("skipping %s: not a readable image (%s)", os.path.join(folder, name), reason)
+        log.warning("skipping %s: not a readable image (%s)", shown(os.path.join(folder, name)), shown(reason))
     return index

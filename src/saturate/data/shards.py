@@ -1,104 +1,236 @@
-"""Image data sets kept as WebDataset tar shards, read by index with `wids` (WebDataset's
-indexed reader): for data that has outgrown a folder of files, or lives on another disk.
+"""Image data sets kept as WebDataset tar shards, read by index: for data that has outgrown a
+folder of files.
 
-A data set is a wids index (JSON): its shards (`url`, `nsamples`; a relative url is
-relative to the index file), plus `classes` and the training images' `mean`/`std`, as
-`scripts/make_shards.py` writes them. Each sample is an image file's bytes under its
-extension (`jpg`, `png`, ...) and its class index as text under `cls` (the WebDataset
-convention). Samples are read by index, so saturate's samplers, its DDP sharding and its
-bit-exact resume work exactly as for image folders. A shard is opened (and, for a remote
-url, copied into `cache_dir` whole) the first time one of its samples is asked for; each
-worker keeps its 10 most recent shards open. Nothing is unpickled: bytes are decoded as
-images, `cls` as an integer.
+A data set is a wids index (JSON): its shards (`url`, `nsamples`), `classes`, and the
+training images' `mean`/`std`, as `scripts/make_shards.py` writes them. Each sample is an
+image file's bytes under its extension (`jpg`, `png`, ...) and its class index as text under
+`cls` (the WebDataset convention). Samples are read by index, so saturate's samplers, its DDP
+sharding and its bit-exact resume work exactly as for image folders. A shard is opened the
+first time one of its samples is asked for, with wids' indexed tar reader; each worker
+keeps its 10 most recent shards open.
+
+What an index may name is checked before anything is opened: every shard is a **local
+file**, its `url` a path relative to the index (or absolute), never a URL, a scheme or a
+command. (wids itself would run a `pipe:` url through the shell, and build a shell command
+for `http:`, `s3:` and `gs:` ones: saturate never hands it a url.) Every field is checked
+for its type and range, and a mistake is one message naming the index file and the field.
+Nothing in a shard is unpickled: bytes are decoded as images, `cls` as an integer.
+
+A sample whose image does not decode is skipped as an image folder's broken file is
+(saturate.data.skipped): its slot takes the next readable sample, it is named in a
+warning and counted in `data/skipped_files`, and from the next start on it is left out.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
+import hashlib
 import json
+import math
 import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from saturate.data.decode import decode_batch
-from saturate.errors import ConfigError, DataError, Problem
+from saturate.data.decode import batch_tensor
+from saturate.data.image_index import default_cache
+from saturate.data.skipped import SkipLog, Skipped, fill
+from saturate.errors import ConfigError, DataError, Problem, shown
 
 IMAGE_KEYS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
+OPEN_SHARDS = 10  # per process: the sampler reads from about 4 shards at a time (saturate.loader.GROUP_SPAN)
+SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # pipe:, http:, s3:, file:, ...: anything wids would not just open
 
 
-def _read_index(key: str, given: str) -> dict:
+@dataclass
+class ShardIndex:
+    """A checked index: shard files (absolute paths) and their sample counts."""
+
+    path: Path
+    files: list[str]
+    counts: list[int]
+    classes: list[str]
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def read_index(key: str, given: str, channels: int) -> ShardIndex:
+    """The index at `given` (data.<key>), every field checked; one DataError naming the file
+    and the field otherwise. Nothing it names is opened here but a stat of each shard."""
     path = Path(given).expanduser()
+    where = f"data.{key}={shown(given)!r}"
+
+    def bad(field: str, value, allowed: str) -> DataError:
+        text = repr(value)
+        return DataError(f"{where}: {field}={text if len(text) <= 80 else text[:77] + '...'}: expected {allowed}")
+
     try:
-        index = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
-        raise DataError(f"data.{key}={given!r}: no such file; expected a shard index (scripts/make_shards.py writes one)") from None
-    except (OSError, ValueError) as e:
-        raise DataError(f"data.{key}={given!r}: not a readable shard index ({type(e).__name__}: {e})") from None
+        raise DataError(f"{where}: no such file; expected a shard index (scripts/make_shards.py writes one)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{where}: not a readable shard index ({type(e).__name__}: {e})") from None
+    try:
+        index = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise DataError(f"{where}: not a readable shard index ({type(e).__name__}: {str(e)[:200]})") from None
     shards = index.get("shardlist") if isinstance(index, dict) else None
-    if not shards or not all(isinstance(s, dict) and isinstance(s.get("url"), str) and isinstance(s.get("nsamples"), int) for s in shards):
-        raise DataError(f"data.{key}={given!r}: expected a JSON object whose 'shardlist' lists {{'url': ..., 'nsamples': ...}}")
-    for shard in shards:  # relative to the index file, as wids resolves them
-        if "://" not in shard["url"] and not os.path.isabs(shard["url"]):
-            shard["url"] = str(path.parent / shard["url"])
-    return index
+    if not isinstance(shards, list) or not shards:
+        raise DataError(f"{where}: expected a JSON object whose 'shardlist' lists {{'url': ..., 'nsamples': ...}}")
+    files, counts = [], []
+    for i, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            raise bad(f"shardlist[{i}]", shard, "{'url': <a local file>, 'nsamples': <an integer >= 1>}")
+        url, count = shard.get("url"), shard.get("nsamples")
+        if not isinstance(url, str) or not url.strip():
+            raise bad(f"shardlist[{i}].url", url, "the path of a shard file, relative to the index")
+        if SCHEME.match(url):
+            raise bad(f"shardlist[{i}].url", url, "a local file path relative to the index: saturate opens local files only, never a URL, "
+                                                  "a scheme or a command")  # fmt: skip
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise bad(f"shardlist[{i}].nsamples", count, "an integer >= 1 (the samples in the shard)")
+        file = path.parent / url  # relative to the index, as wids resolves them; an absolute path stays itself
+        if not file.is_file():
+            raise bad(f"shardlist[{i}].url", url, f"an existing shard file (no file at {shown(file)})")
+        files.append(str(file))
+        counts.append(count)
+    classes = index.get("classes")
+    if not (isinstance(classes, list) and len(classes) >= 2 and all(isinstance(c, str) for c in classes)):
+        raise bad("classes", classes, "the list of class names (at least 2), as make_shards writes it")
+    stats = {name: index.get(name) for name in ("mean", "std")}
+    for name, value in stats.items():
+        if value is None:
+            continue
+        if not (isinstance(value, list) and len(value) == channels and all(_number(v) for v in value)):
+            raise bad(name, value, f"a list of {channels} finite numbers, one per channel (data.channels={channels})")
+        if name == "std" and min(value) <= 0:
+            raise bad(name, value, "standard deviations > 0 (a zero would divide every pixel by zero)")
+    if (stats["mean"] is None) != (stats["std"] is None):
+        raise bad("std" if stats["std"] is None else "mean", None, "both mean and std, or neither")
+    mean, std = (tuple(float(v) for v in stats[n]) if stats[n] is not None else None for n in ("mean", "std"))
+    return ShardIndex(path, files, counts, list(classes), mean, std)
+
+
+class ShardNames:
+    """Where each sample is, as text: `<shard file>#<position in it>` (what the skip log and
+    the warnings name)."""
+
+    def __init__(self, index: ShardIndex):
+        self.files = [os.path.relpath(f, index.path.parent) for f in index.files]
+        self.ends = np.cumsum(index.counts)
+
+    def locate(self, i: int) -> tuple[int, int]:
+        shard = int(np.searchsorted(self.ends, i, side="right"))
+        return shard, i - (int(self.ends[shard - 1]) if shard else 0)
+
+    def __len__(self) -> int:
+        return int(self.ends[-1])
+
+    def __getitem__(self, i: int) -> str:
+        shard, inner = self.locate(i)
+        return f"{self.files[shard]}#{inner}"
+
+
+def skip_log(index: ShardIndex) -> SkipLog:
+    """The index's skip log, kept with saturate's cache and keyed by the index file and its
+    version (path, size, modification time): shards written again start a new one."""
+    stat = index.path.stat()
+    key = hashlib.sha256(f"{index.path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode("utf-8", "surrogateescape"))
+    return SkipLog(str(default_cache().parent / "shards" / f"{key.hexdigest()[:24]}.skipped.jsonl"), merge=True)
 
 
 class ShardImages(Dataset):
     """The samples of a shard index, decoded on access (in the DataLoader's workers), a batch
-    straight into one channels-last uint8 tensor as for image folders."""
+    straight into one uint8 tensor as for image folders; a sample that does not decode is
+    skipped (its slot takes the next readable one), named and counted."""
 
     returns_batches = True  # __getitems__ returns the collated batch (saturate.loader)
 
-    def __init__(self, key: str, index: dict, size: int, channels: int, cache_dir: str | None):
-        self.key, self.shards, self.size, self.channels, self.cache_dir = key, index["shardlist"], size, channels, cache_dir
-        self.classes = list(index.get("classes") or [])
-        self.length = sum(s["nsamples"] for s in self.shards)
-        self.sample_groups = [s["nsamples"] for s in self.shards]  # the sampler shuffles a few shards at a time
-        if "mean" in index and "std" in index:
-            self.mean, self.std = tuple(index["mean"]), tuple(index["std"])
-        self._reader, self._pid = None, None
+    def __init__(self, key: str, index: ShardIndex, size: int, channels: int, notes: dict):
+        self.key, self.index, self.size, self.channels, self.notes = key, index, size, channels, notes
+        self.classes = index.classes
+        self.names = ShardNames(index)
+        self.sample_groups = list(index.counts)  # the sampler shuffles a few shards at a time
+        if index.mean is not None:
+            self.mean, self.std = index.mean, index.std
+        log_ = skip_log(index)
+        known = {name: i for _, name, _ in log_.new() if (i := self._position(name)) is not None}  # left out from the start
+        self.skipped = Skipped(index.path.parent, self.names, log_, notes, strict=False, known=set(known))
+        self.skipped.files.update(known.values())
+        notes["data/skipped_files"] = notes.get("data/skipped_files", 0) + len(known)
+        self._open: OrderedDict[int, object] = OrderedDict()
+        self._pid: int | None = None
+
+    def _position(self, name: str) -> int | None:
+        """The sample a skip-log name stands for (None if the index has no such sample)."""
+        file, _, inner = name.rpartition("#")
+        if file not in self.names.files or not inner.isdigit():
+            return None
+        shard = self.names.files.index(file)
+        start = int(self.names.ends[shard - 1]) if shard else 0
+        return start + int(inner) if int(inner) < self.index.counts[shard] else None
 
     def __len__(self) -> int:
-        return self.length
+        return len(self.names)
 
-    def _open(self):
-        """wids' reader, made in the process that reads (each DataLoader worker its own)."""
+    def poll(self) -> None:
+        """Called by the loader in the main process after each batch: names the samples skipped since."""
+        self.skipped.poll()
+
+    def _shard(self, shard: int):
+        """wids' indexed reader of one local shard file, made in the process that reads (each
+        DataLoader worker its own), the OPEN_SHARDS most recent kept open."""
+        from wids.wids import IndexedTarSamples
+
         if self._pid != os.getpid():
-            import wids
+            self._open, self._pid = OrderedDict(), os.getpid()
+        if shard in self._open:
+            self._open.move_to_end(shard)
+            return self._open[shard]
+        file, count = self.index.files[shard], self.index.counts[shard]
+        reader = IndexedTarSamples(path=file)
+        if len(reader) != count:
+            reader.close()
+            raise DataError(f"data.{self.key}={shown(self.index.path)}: shardlist[{shard}].nsamples={count}, but {shown(file)} holds "
+                            f"{len(reader)} samples; write the index again (scripts/make_shards.py)")  # fmt: skip
+        self._open[shard] = reader
+        while len(self._open) > OPEN_SHARDS:
+            self._open.popitem(last=False)[1].close()
+        return reader
 
-            with contextlib.redirect_stderr(io.StringIO()):  # wids prints a line per reader
-                self._reader = wids.ShardListDataset(self.shards, transformations=[], localname=self._local)
-            self._pid = os.getpid()
-        return self._reader
-
-    def _local(self, url: str) -> str:
-        """Where a shard is read: a local one in place, a remote one copied whole into
-        cache_dir (default: $WIDS_CACHE or /tmp/_wids_cache)."""
-        if "://" not in url or url.startswith("file://"):
-            return url.removeprefix("file://")
-        directory = self.cache_dir or os.environ.get("WIDS_CACHE", "/tmp/_wids_cache")
-        os.makedirs(directory, exist_ok=True)
-        return os.path.join(directory, quote(url, safe="+-"))
-
-    def _sample(self, index: int) -> tuple[bytes, int, str]:
-        """(image bytes, class index, where it is) of sample `index`."""
+    def _sample(self, i: int) -> tuple[bytes | Exception, int]:
+        """(image bytes, or why they cannot be read; class index) of sample `i`. A shard that
+        cannot be opened or a sample without an image or a class is an error naming it."""
+        shard, inner = self.names.locate(i)
+        where = f"data.{self.key}: sample {shown(self.names[i])}"
         try:
-            sample = self._open()[index]
+            sample = self._shard(shard)[inner]
+        except DataError:
+            raise
         except Exception as e:  # noqa: BLE001 (a missing, unreadable or truncated shard: name it)
-            raise DataError(f"data.{self.key}: cannot read sample {index} from its shard ({type(e).__name__}: {e})") from None
+            raise DataError(f"{where}: cannot read it from its shard ({type(e).__name__}: {e})") from None
         image = next((sample[k] for k in IMAGE_KEYS if k in sample), None)
         label = sample.get(".cls")
-        where = f"data.{self.key}: sample {sample.get('__key__')} of {sample.get('__shard__')}"
         if image is None or label is None:
             raise DataError(f"{where} has keys {sorted(k for k in sample if not k.startswith('__'))}; expected an image and 'cls'")
         try:
-            return image.read(), int(label.read().decode().strip()), where
-        except ValueError as e:
+            y = int(label.read().decode().strip())
+        except (ValueError, UnicodeDecodeError) as e:
             raise DataError(f"{where}: its class is not an integer ({e})") from None
+        if not 0 <= y < len(self.classes):
+            raise DataError(f"{where}: class {y}, outside the index's {len(self.classes)} classes (0 to {len(self.classes) - 1})")
+        try:
+            return image.read(), y
+        except OSError as e:
+            return e, y
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = self.__getitems__([index])
@@ -106,19 +238,22 @@ class ShardImages(Dataset):
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         samples = [self._sample(i) for i in indices]
+        first = next((data for data, _ in samples if isinstance(data, bytes)), b"")
+        batch = batch_tensor(len(indices), self.size, self.channels, first)
+        labels = {i: y for i, (_, y) in zip(indices, samples, strict=True)}
 
-        def failure(j: int, e: Exception) -> DataError:
-            return DataError(f"{samples[j][2]} is not a readable image ({type(e).__name__}: {e})")
+        def fetch(i: int) -> bytes | Exception:
+            data, labels[i] = self._sample(i)
+            return data
 
-        batch = decode_batch([data for data, _, _ in samples], self.size, self.channels, failure)
-        return batch, torch.tensor([label for _, label, _ in samples], dtype=torch.int64)
+        used = fill(batch, list(indices), [data for data, _ in samples], skipped=self.skipped, file_of=int, fetch=fetch, length=len(self))
+        return batch, torch.tensor([labels[i] for i in used], dtype=torch.int64)
 
     def __getstate__(self) -> dict:  # workers open their own readers
-        return {**self.__dict__, "_reader": None, "_pid": None}
+        return {**self.__dict__, "_open": OrderedDict(), "_pid": None}
 
 
-def load_shards(*, train: str, val: str | None, image_size: int, channels: int,
-                cache_dir: str | None = None) -> tuple[ShardImages, ShardImages | None]:  # fmt: skip
+def load_shards(*, train: str, val: str | None, image_size: int, channels: int) -> tuple[ShardImages, ShardImages | None]:
     """The training (and validation) shards named by their wids index files."""
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
         raise ConfigError([Problem("data.image_size", image_size, "an integer >= 1")])
@@ -128,9 +263,9 @@ def load_shards(*, train: str, val: str | None, image_size: int, channels: int,
         import wids  # noqa: F401
     except ImportError:
         raise DataError('data=shards needs wids (WebDataset\'s indexed reader): pip install -e ".[shards]"') from None
-    train_index = _read_index("train", train)
-    train_set = ShardImages("train", train_index, image_size, channels, cache_dir)
-    val_set = ShardImages("val", _read_index("val", val), image_size, channels, cache_dir) if val else None
-    if val_set is not None and val_set.classes and train_set.classes and val_set.classes != train_set.classes:
+    notes: dict = {"data/skipped_files": 0}
+    train_set = ShardImages("train", read_index("train", train, channels), image_size, channels, notes)
+    val_set = ShardImages("val", read_index("val", val, channels), image_size, channels, notes) if val else None
+    if val_set is not None and val_set.classes != train_set.classes:
         raise DataError(f"data.val: its classes {val_set.classes[:5]}... differ from data.train's {train_set.classes[:5]}...")
     return train_set, val_set
