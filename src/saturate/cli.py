@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from saturate.errors import Problem, UserError
-from saturate.launch import launch, processes
+from saturate.launch import command_line, launch, processes
 from saturate.registration import register
 from saturate.run import Metrics, train
 from saturate.tune import tune
@@ -77,7 +77,7 @@ def task(cfg: DictConfig) -> Metrics:
             if _answering:  # the processes answer mistakes in one line too (run() set HYDRA_FULL_ERROR for itself)
                 os.environ.pop("HYDRA_FULL_ERROR", None)
             try:
-                metrics = Metrics(launch(count, list(hydra_cfg.overrides.task), hydra_cfg.runtime.output_dir))
+                metrics = Metrics(launch(count, command_line(), hydra_cfg.runtime.output_dir))
             finally:
                 if _answering:
                     os.environ["HYDRA_FULL_ERROR"] = "1"

@@ -23,6 +23,23 @@ from saturate.naming import override_value
 log = logging.getLogger(__name__)
 
 LAUNCHED = "SATURATE_LAUNCHED"  # set in the processes this module starts
+# Hydra-level overrides that say where and how this process ran, not what it runs: a
+# process started again gets its own (or a pinned run dir)
+PLACEMENT = ("hydra.run.dir=", "hydra.sweep.dir=", "hydra.sweep.subdir=", "hydra.mode=", "hydra.job.num=", "hydra.job.id=")
+
+
+def command_line() -> list[str]:
+    """The user's whole command line as Hydra received it: its Hydra-level overrides
+    (`hydra.searchpath`, `hydra.job_logging...`) and then the run's, less where this process
+    ran. What every path that starts the run again (trainer.devices' ranks, the printed
+    resume command, tune's trials) must carry: without `hydra.searchpath` a user's own
+    config dir is not found. [] outside a Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    overrides = HydraConfig.get().overrides
+    return [o for o in overrides.hydra if not o.lstrip("+~").startswith(PLACEMENT)] + list(overrides.task)
 
 
 def processes(devices, device_type: str) -> int:
@@ -39,7 +56,7 @@ def processes(devices, device_type: str) -> int:
 
 def launch(count: int, overrides: list[str], run_dir: str) -> dict:
     """Run this script's job in `count` processes (rank 0 writes the run dir) and return
-    rank 0's metrics.json."""
+    rank 0's metrics.json. `overrides`: the whole command line (command_line())."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 

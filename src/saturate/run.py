@@ -49,7 +49,7 @@ from saturate.environment import cpu_name, fingerprint
 from saturate.errors import ConfigError, Problem, UserError
 from saturate.evaluate import Evaluator
 from saturate.faults import NonFiniteGuard, Preempted, StopSignal, TrainingDiverged
-from saturate.launch import LAUNCHED
+from saturate.launch import LAUNCHED, command_line
 from saturate.loader import (
     ResidentLoader,
     StreamLoader,
@@ -304,7 +304,7 @@ def resume_hint(run_dir: str, world_size: int) -> str:
     with the run dir pinned and trainer.resume=auto (from Python: the same fit call)."""
     if not HydraConfig.initialized():
         return f"saturate.fit(..., run_dir={str(run_dir)!r}, overrides=[..., 'trainer.resume=auto'])"
-    kept = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(("hydra.run.dir=", "trainer.resume=", "run_dir="))]
+    kept = [o for o in command_line() if not o.lstrip("+~").startswith(("hydra.run.dir=", "trainer.resume=", "run_dir="))]
     script = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "train.py"
     per_node = os.environ.get("LOCAL_WORLD_SIZE", world_size)
     launched = os.environ.get(LAUNCHED) == "1"  # started by trainer.devices: the same command starts them again

@@ -51,6 +51,7 @@ from saturate.engine import Measured
 from saturate.environment import cpu_name
 from saturate.errors import UserError
 from saturate.faults import Preempted, StopSignal, TrainingDiverged
+from saturate.launch import command_line
 from saturate.loader import cpus_per_process
 from saturate.naming import slug
 from saturate.report import MIN_STEPS
@@ -163,7 +164,10 @@ def merged(*override_lists: list[str]) -> list[str]:
 
 class Tuner:
     def __init__(self, cfg: DictConfig, overrides: list[str], run_dir: Path):
+        """`overrides`: the whole command line (saturate.launch.command_line), Hydra's own
+        overrides first: every trial composes with them (a user's config dir included)."""
         self.tune = cfg.tune
+        self.hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra.")]
         self.start_overrides = [o for o in overrides if not _ours(o)]
         self.searchpath = [o for o in overrides if o.startswith("hydra.searchpath=")]  # where the preset is found
         self.run_dir = run_dir
@@ -203,9 +207,11 @@ class Tuner:
         saturate_log = logging.getLogger("saturate")
         level, outer = saturate_log.level, HydraConfig.instance().cfg
         try:
-            cfg = compose("config", overrides=merged(overrides, TRIAL, [f"run_dir={trial_dir}"]), return_hydra_config=True)
+            trial = merged(overrides, TRIAL, [f"run_dir={trial_dir}"])
+            cfg = compose("config", overrides=[*self.hydra_overrides, *trial], return_hydra_config=True)
             with open_dict(cfg):
                 cfg.hydra.overrides.task = overrides  # what the trial's HParams entry and run name show
+                cfg.hydra.overrides.hydra = self.hydra_overrides
                 cfg.hydra.runtime.output_dir = str(trial_dir)
             HydraConfig.instance().set_config(cfg)
             with open_dict(cfg):
@@ -340,8 +346,7 @@ def tune(cfg: DictConfig) -> Metrics:
         raise UserError("tune.enabled=true: run it as one process (python train.py tune=true), not under torchrun")
     _check(cfg)
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    overrides = list(hydra_cfg.overrides.task)
-    tuner = Tuner(cfg, overrides, run_dir)
+    tuner = Tuner(cfg, command_line(), run_dir)
     preset = preset_path(cfg, hydra_cfg)
     key = _cache_key(cfg, tuner)
     cache = Cache(cfg.tune.cache, what="tune.cache")
