@@ -179,6 +179,7 @@ class TrainerConfig:
     progress: bool = True  # progress bar
     log_level: str = "INFO"
     resume: str | None = None  # "auto" (newest checkpoint in this run dir), a .pt file or a run dir
+    restart: bool = False  # a fresh run into a run dir holding an earlier run's checkpoints: delete them first (else refused)
     skip_nonfinite: bool = True  # skip non-finite steps (decided on the device by a fused optimizer, else one host read per step)
     max_nonfinite_steps: int = 10  # this many in a row stop the run
     sync_batchnorm: bool = False  # under DDP on GPUs: BatchNorm statistics over the global batch
@@ -205,6 +206,8 @@ class TrainerConfig:
         yield from _int_or_auto("devices", self.devices, 1)
         yield from _at_least("profile_wait", self.profile_wait, 0)
         yield from _at_least("profile_steps", self.profile_steps, 1)
+        if self.restart and self.resume:
+            yield "restart", True, f"false with trainer.resume={self.resume} (resume continues a run, restart starts it over)"
 
 
 @dataclass

@@ -12,6 +12,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+import json
 import logging
 import os
 import random
@@ -67,6 +68,7 @@ from saturate.precision import Precision, emulated, setup_precision
 from saturate.profiling import NoProfiler, StepProfiler
 from saturate.registration import UNSET_RUN_DIR, register
 from saturate.report import RunFacts, Verdict, diagnose, render
+from saturate.rundir import RunDirTaken, hold
 from saturate.step import TrainStep
 from saturate.task import Task, build_task
 from saturate.timing import StepTimer
@@ -108,10 +110,11 @@ def train(cfg: DictConfig, given: Given | None = None) -> Metrics:
     A run that fails still leaves a metrics.json saying so and why (for sweep reports)."""
     try:
         return _train(cfg, given or Given())
-    except (Preempted, TrainingDiverged):
-        raise  # they record their own status
+    except (Preempted, TrainingDiverged, RunDirTaken):
+        raise  # they record their own status, or the run dir is another run's
     except Exception as e:
-        _record_failure(cfg, e)
+        if not getattr(e, "recorded", False):
+            _record_failure(cfg, e)
         raise
 
 
@@ -149,7 +152,9 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None, 
 
 
 def _record_failure(cfg: DictConfig, error: Exception) -> None:
-    """metrics.json of a run that failed before it could train: status and why (rank 0 only)."""
+    """metrics.json of a run that failed before it could train: status and why (rank 0 only).
+    An earlier attempt's record that is not a failure (a finished or preempted run resumed
+    with a mistake in its config) is kept: its final metrics are not replaced by an error."""
     if not rank_zero():
         return
     try:
@@ -157,11 +162,25 @@ def _record_failure(cfg: DictConfig, error: Exception) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
     except Exception:  # no run dir to write to (an unresolvable config, a read-only disk)
         return
+    earlier = _status(run_dir / "metrics.json")
+    if earlier not in (None, "failed"):
+        log.warning("kept %s (status %s): this attempt failed before it trained; its error is not recorded there",
+                    run_dir / "metrics.json", earlier)  # fmt: skip
+        return
     if isinstance(error, ConfigError):  # every problem, on one line (sweep reports show this)
         why = "; ".join(str(p) for p in error.problems)
     else:
         why = " ".join(line.strip() for line in str(error).strip().splitlines()[:3])
     write_json(run_dir / "metrics.json", {"status": "failed", "error": f"{type(error).__name__}: {why}"})
+
+
+def _status(path: Path) -> str | None:
+    """The status in a metrics.json, or None when there is none (or it is unreadable)."""
+    try:
+        status = json.loads(path.read_text()).get("status")
+        return status if isinstance(status, str) else None
+    except Exception:  # noqa: BLE001 (missing, damaged, foreign)
+        return None
 
 
 def _overrides(given: Given) -> list[str]:
@@ -216,7 +235,8 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
     tracker = Tracker(run_dir, log_interval=run.trainer.log_interval, progress=run.trainer.progress, enabled=d.is_main, loggers=loggers)
     callbacks = Callbacks([_build(c, "callbacks") for c in run.callbacks] + list(given.callbacks), enabled=d.is_main)
     device = setup_device(run.device, local_rank=d.local_rank)
-    with seeded(run.trainer, device), StopSignal() as stop:
+    held = hold(run_dir, resume=run.trainer.resume, restart=run.trainer.restart, enabled=d.is_main, agree=d.agree)
+    with held, seeded(run.trainer, device), StopSignal() as stop:
         parts = _setup_training(run, d, device, tracker, given)
         watched = run.checkpoint.resolved(parts.task.kind, parts.spec.has_val)
         tracker.shown = watched.monitor if watched.monitor.startswith("val/") and watched.monitor != "val/loss" else parts.task.names[0]
@@ -276,6 +296,9 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
                 raise
             engine.save(state, {})  # at the last completed step: the run resumes from there
             failure = type(failure)(f"{failure} The last completed step ({state.step}) is saved: {checkpointer.last_good()}")
+            if d.is_main:  # this run's progress, with the error (train() would keep an earlier attempt's record)
+                write_json(run_dir / "metrics.json", {**tracker.latest, **outcome, "status": "failed", "error": f"DataError: {failure}"})
+            failure.recorded = True
         finally:
             engine.profiler.close()
             tracker.close()

@@ -1,0 +1,111 @@
+"""The run directory belongs to one run at a time, and never loses an earlier run.
+
+A run holds its directory for as long as it runs (an exclusive `flock` on `<run dir>/.lock`,
+released by the kernel however the process ends): a second run started into the same
+directory is refused with one line, instead of racing the first for `last.pt`. A fresh run
+(no `trainer.resume`) into a directory that holds an earlier run's checkpoints is refused
+too, with the commands that continue it (`trainer.resume=auto`) or start it over
+(`trainer.restart=true`, which deletes that run's checkpoints and TensorBoard events first):
+a forgotten `trainer.resume=auto` must not replace a finished run's `best.pt` by a worse one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from saturate.checkpoint import OWN_NAMES
+from saturate.errors import UserError, shown
+
+log = logging.getLogger(__name__)
+
+LOCK = ".lock"
+
+
+class RunDirTaken(UserError):
+    """The run directory is another run's: in use, or holding its checkpoints. Nothing of this
+    run is written there (not even a failure record)."""
+
+
+def _own_checkpoints(run_dir: Path) -> list[Path]:
+    folder = run_dir / "checkpoints"
+    return sorted({p for pattern in OWN_NAMES for p in folder.glob(pattern)}) if folder.is_dir() else []
+
+
+def _resumes_here(resume: str | None, run_dir: Path) -> bool:
+    """Whether `trainer.resume` continues the run that lives in `run_dir`."""
+    if resume == "auto":
+        return True
+    if not resume:
+        return False
+    target, here = Path(resume).expanduser().resolve(), run_dir.resolve()
+    return target in (here, here / "checkpoints") or target.parent == here / "checkpoints"
+
+
+def _earlier_run(run_dir: Path) -> str:
+    """What the earlier run in `run_dir` reached, in words, from its metrics.json (if readable)."""
+    try:
+        done = json.loads((run_dir / "metrics.json").read_text())
+        best = done["best"]
+        return f"{done['status']}, best {best['metric']} {float(best['value']):.4f} at step {int(best['step'])}"
+    except Exception:  # noqa: BLE001 (no record, or not saturate's: the checkpoints speak for themselves)
+        return "its metrics.json says nothing readable"
+
+
+def _start_over(run_dir: Path, checkpoints: list[Path]) -> None:
+    """trainer.restart=true: the earlier run's checkpoints and TensorBoard events go."""
+    events = list((run_dir / "tb").glob("events.out.tfevents.*")) if (run_dir / "tb").is_dir() else []
+    for path in [*checkpoints, *events, run_dir / "metrics.csv"]:
+        path.unlink(missing_ok=True)
+    log.warning("trainer.restart=true: deleted the earlier run's %d checkpoint(s) and %d TensorBoard event file(s) in %s",
+                len(checkpoints), len(events), shown(run_dir))  # fmt: skip
+
+
+def _check(run_dir: Path, resume: str | None, restart: bool) -> RunDirTaken | None:
+    """Why this run may not start in `run_dir` (None: it may)."""
+    checkpoints = _own_checkpoints(run_dir)
+    if not checkpoints or _resumes_here(resume, run_dir):
+        return None
+    if restart:
+        _start_over(run_dir, checkpoints)
+        return None
+    return RunDirTaken(
+        f"run_dir: {shown(run_dir)} holds the checkpoints of an earlier run ({_earlier_run(run_dir)}); continue it with "
+        "trainer.resume=auto, start it over with trainer.restart=true (deletes its checkpoints and TensorBoard events), or give "
+        "this run its own hydra.run.dir"
+    )
+
+
+@contextlib.contextmanager
+def hold(run_dir: Path, *, resume: str | None, restart: bool, enabled: bool, agree: Callable[[bool], bool]) -> Iterator[None]:
+    """Hold `run_dir` for the block, or raise RunDirTaken. `enabled` on rank 0 only (the
+    others share its directory); `agree` makes every rank stop when rank 0 is refused."""
+    lock, refused = None, None
+    if enabled:
+        lock = open(run_dir / LOCK, "a+")  # noqa: SIM115 (held for the whole run)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            lock.close()
+            lock = None
+            refused = RunDirTaken(f"run_dir: {shown(run_dir)} is in use by another run ({holder}); wait for it to end, or give this "
+                                  "run its own hydra.run.dir")  # fmt: skip
+        else:
+            lock.truncate(0)
+            lock.write(f"process {os.getpid()}\n")
+            lock.flush()
+            refused = _check(run_dir, resume, restart)
+    try:
+        if not agree(refused is None):
+            raise refused or RunDirTaken("run_dir: refused on rank 0 (its message says why)")
+        yield
+    finally:
+        if lock is not None:
+            lock.close()  # the kernel drops the lock
