@@ -283,3 +283,108 @@ def test_the_printed_command_finds_the_preset(tmp_path):
     assert reproduce(elsewhere, [f"hydra.searchpath=[file://{mine}]"]) == (
         f"python train.py hydra.searchpath=[file://{mine},file://{tmp_path / 'other'}] experiment=tuned_a")  # fmt: skip
     assert reproduce(tmp_path / "t.yaml", []).startswith("copy it to <a config dir>/experiment/")
+
+
+# -- files a tune reads and writes (issue 25, items 7 and 9)
+
+
+def good_entry() -> dict:
+    from saturate.tune import Result
+
+    start = {**Result(0, [], samples_per_s=100.0, outcome="start").__dict__}
+    kept = {**Result(1, ["loader.resident=true", "loader.num_workers=0"], samples_per_s=300.0, outcome="kept").__dict__}
+    again = [{**Result(2, [], samples_per_s=110.0, outcome="again").__dict__},
+             {**Result(3, ["loader.resident=true", "loader.num_workers=0"], samples_per_s=290.0, outcome="again").__dict__}]  # fmt: skip
+    return {"results": [start, kept, *again], "changes": ["loader.resident=true", "loader.num_workers=0"], "best": 1, "rate": 290.0,
+            "speedup": 2.7, "confirmed": True}  # fmt: skip
+
+
+TAMPERED = {
+    "a change tune never makes": lambda e: e["changes"].append("+model._target_=os.system"),
+    "a Hydra override among the changes": lambda e: e["changes"].append("hydra.job.chdir=true"),
+    "a tune.extra that is not this config's": lambda e: e["changes"].append("model.width=64"),
+    "a best that is no trial": lambda e: e.update(best=9),
+    "a best that failed": lambda e: (e["results"][1].update(status="failed"), e.update(best=1)),
+    "confirmed without a measured pair": lambda e: [r.update(outcome="kept") for r in e["results"][2:]],
+    "a speedup of inf": lambda e: e.update(speedup=float("inf")),
+    "results of another shape": lambda e: e["results"][0].pop("verdict"),
+    "results that are not a list": lambda e: e.update(results={"0": 1}),
+    "changes that are text": lambda e: e.update(changes="loader.resident=true"),
+}
+
+
+def test_a_tune_cache_entry_is_checked_before_it_is_used():
+    from saturate.tune import valid_entry
+
+    assert valid_entry(good_entry(), extra=[])
+    assert valid_entry({**good_entry(), "changes": ["model.width=64"]}, extra=["model.width=64"])  # the user's own tune.extra
+    for name, tamper in TAMPERED.items():
+        entry = good_entry()
+        tamper(entry)
+        assert not valid_entry(entry, extra=[]), name
+
+
+@pytest.mark.parametrize("content", ["[]", '"a string"', "7", '{"k": 5}', '{"k": []}', "[" * 50_000 + "]" * 50_000, "{ not json"])
+def test_a_cache_file_of_any_shape_is_measured_again_with_a_warning(tmp_path, caplog, content):
+    from saturate.batch_size import Cache, valid_choice
+
+    path = tmp_path / "cache.json"
+    path.write_text(content)
+    cache = Cache(str(path), valid=valid_choice)
+    assert cache.get({"k": 1}) is None and cache.get({"k": 5}) is None
+    if content.startswith("{") and "not json" not in content:  # an entry of the wrong shape: named as damaged
+        assert "is damaged" in caplog.text or cache.get({"x": 0}) is None
+    cache.put({"k": 1}, {"batch_size": 64, "trials": []})  # rebuilt
+    assert cache.get({"k": 1})["batch_size"] == 64
+
+
+def test_a_preset_never_overwrites_a_file_tune_did_not_write(tmp_path):
+    from saturate.errors import UserError
+    from saturate.tune import ours, preset_text
+
+    ours(tmp_path / "new.yaml")  # new: fine
+    earlier = tmp_path / "tuned_a.yaml"
+    earlier.write_text(preset_text(["model.width=8"], [], {"model"}, "# Written by saturate's tune on 2026-11-26: ...\n"))
+    ours(earlier)  # an earlier tune's preset: replaced
+    for victim in (CONF / "config.yaml", tmp_path / "notes.yaml", tmp_path):
+        if victim.suffix:
+            victim.exists() or victim.write_text("mine: 1\n")
+        with pytest.raises(UserError, match="exists and is not a preset saturate's tune wrote; it is never overwritten"):
+            ours(victim)
+
+
+def test_tune_refuses_a_preset_path_that_is_not_its_own_before_any_trial(tmp_path):
+    (tmp_path / "config.yaml").write_text("defaults: [base_config]\n")
+    done = run_cli("tune=true", f"tune.preset={tmp_path / 'config'}", "hydra.run.dir=t", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"error: tune.preset: {tmp_path / 'config.yaml'} exists and is not a preset" in done.stderr
+    assert (tmp_path / "config.yaml").read_text() == "defaults: [base_config]\n" and not (tmp_path / "t" / "trials").exists()
+
+
+@pytest.mark.slow
+def test_an_interrupt_during_the_confirmation_stops_at_once_and_claims_nothing(tmp_path):
+    """SIGINT while the start is measured again: no further trial runs, and the speed-up is
+    reported as one trial each, not confirmed."""
+    import re
+    import signal
+    import time
+
+    cmd = [sys.executable, str(ROOT / "train.py"), "data=digits", "model.width=4", "loader.num_workers=1", "tune=true", "tune.budget_s=60",
+           "tune.trial_s=0.5", "tune.cache=", f"tune.preset={tmp_path / 't.yaml'}", "hydra.run.dir=t"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trials = tmp_path / "t" / "trials"
+    deadline, again = time.monotonic() + 150, []
+    while time.monotonic() < deadline and not again and proc.poll() is None:
+        again = [p for p in trials.glob("*_start") if not p.name.startswith("00_")] if trials.is_dir() else []
+        time.sleep(0.05)
+    assert again, "the tune ended before its confirmation: " + proc.communicate()[1][-2000:]
+    proc.send_signal(signal.SIGINT)  # while the start is measured again
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert result["interrupted"] and not result["confirmed"]
+    numbers = sorted(int(re.match(r"\d+", p.name).group()) for p in trials.iterdir())
+    assert numbers[-1] == int(again[0].name[:2])  # nothing ran after the interrupted trial
+    table = (tmp_path / "t" / "tune.md").read_text()
+    assert "Interrupted" in table and ("not confirmed" in table or "Nothing measured faster" in table)
+    assert "confirmed)" in (tmp_path / "t.yaml").read_text() or not result["changes"]

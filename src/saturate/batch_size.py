@@ -133,21 +133,43 @@ def table(trials: list[Trial], chosen: int) -> str:
 
 class Cache:
     """JSON file of earlier results, {key: entry}; updated under a file lock and replaced
-    atomically, so concurrent sweep jobs do not corrupt it. `what` names it in warnings
-    (the config key that sets the path)."""
+    atomically, so concurrent sweep jobs do not corrupt it. `what` names it in warnings (the
+    config key that sets the path); `valid(entry)` says whether an entry read back has the
+    shape its reader needs. Whatever the file holds (damaged, a list, an entry of the wrong
+    shape: it is saturate's own file, but anyone can edit it), reading it never fails: the
+    answer is None, with a warning naming the file, and the next put() rebuilds it."""
 
-    def __init__(self, path: str, what: str = "batch_search.cache"):
+    def __init__(self, path: str, what: str = "batch_search.cache", valid: Callable[[dict], bool] = lambda entry: True):
         self.path = Path(path) if path else None
-        self.what = what
+        self.what, self.valid = what, valid
+
+    def _entries(self) -> dict:
+        """Every entry in the file; a warning and {} when it is not a JSON object."""
+        try:
+            entries = json.loads(self.path.read_text())
+        except (OSError, ValueError, RecursionError) as e:
+            log.warning("%s: cannot read %s (%s: %s); measuring again", self.what, self.path, type(e).__name__, str(e)[:200])
+            return {}
+        if not isinstance(entries, dict):
+            log.warning("%s: %s holds a %s, not saturate's cache (an object of entries); measuring again", self.what, self.path,
+                        type(entries).__name__)  # fmt: skip
+            return {}
+        return entries
 
     def get(self, key: dict) -> dict | None:
         if self.path is None or not self.path.is_file():
             return None
-        try:
-            return json.loads(self.path.read_text()).get(json.dumps(key, sort_keys=True))
-        except (OSError, json.JSONDecodeError) as e:
-            log.warning("%s: cannot read %s (%s); measuring again", self.what, self.path, e)
+        entry = self._entries().get(json.dumps(key, sort_keys=True))
+        if entry is None:
             return None
+        try:
+            ok = isinstance(entry, dict) and self.valid(entry)
+        except Exception:  # noqa: BLE001 (a check that trips on the entry: the entry is wrong)
+            ok = False
+        if not ok:
+            log.warning("%s: the entry for this configuration in %s is damaged; measuring again", self.what, self.path)
+            return None
+        return entry
 
     def put(self, key: dict, entry: dict) -> None:
         if self.path is None:
@@ -155,12 +177,27 @@ class Cache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                entries = json.loads(self.path.read_text()) if self.path.is_file() else {}
-            except (OSError, json.JSONDecodeError) as e:  # a damaged cache loses its entries, not the run
-                log.warning("%s: %s is damaged (%s); starting it afresh", self.what, self.path, e)
-                entries = {}
+            entries = self._entries() if self.path.is_file() else {}  # a damaged cache loses its entries, not the run
             entries[json.dumps(key, sort_keys=True)] = {**entry, "key": key}
             tmp = self.path.with_name(f".{self.path.name}.tmp")
-            tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
-            os.replace(tmp, self.path)
+            try:
+                tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+                os.replace(tmp, self.path)
+            except OSError as e:  # a full disk: the cache is a convenience, the run goes on
+                tmp.unlink(missing_ok=True)
+                log.warning("%s: cannot write %s (%s); the next run measures again", self.what, self.path, e.strerror or e)
+
+
+def valid_choice(entry: dict) -> bool:
+    """A batch-size cache entry: the size chosen and the trials that chose it."""
+    size, trials = entry.get("batch_size"), entry.get("trials")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1 or not isinstance(trials, list):
+        return False
+    for t in trials:
+        if not isinstance(t, dict) or set(t) != {"size", "fit", "samples_per_s", "peak_mb"}:
+            return False
+        if type(t["size"]) is not int or type(t["fit"]) is not bool:
+            return False
+        if not all(t[k] is None or (isinstance(t[k], (int, float)) and not isinstance(t[k], bool)) for k in ("samples_per_s", "peak_mb")):
+            return False
+    return True

@@ -37,7 +37,7 @@ from torch.utils.data import Dataset, default_collate
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from saturate.augment import PRESETS
-from saturate.batch_size import Cache, Trial, measure_with, restoring, search, table
+from saturate.batch_size import Cache, Trial, measure_with, restoring, search, table, valid_choice
 from saturate.callbacks import Callbacks
 from saturate.checkpoint import Checkpointer
 from saturate.config import DATA_ARGUMENTS, RunConfig, TrainerConfig, validate
@@ -602,7 +602,7 @@ def _auto_batch_size(run: RunConfig, models: Models, precision: Precision, task:
         "resident": run.loader.resident,  # resident data takes device memory beside the batch
     }
     high = min(cfg.max, len(train_set) // d.world_size)
-    cache = Cache(cfg.cache)
+    cache = Cache(cfg.cache, valid=valid_choice)
     hit = cache.get(key)
     if hit is not None and cfg.min <= hit["batch_size"] <= high:
         log.info("loader.batch_size=auto: %d, reused from %s (same model, input, precision, compile, device)", hit["batch_size"], cfg.cache)

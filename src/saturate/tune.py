@@ -152,6 +152,57 @@ def candidates(dimension: str, facts: dict, *, allow: list[str], cuda: bool) -> 
     return []
 
 
+# What a tune can change, key by key (the values candidates() writes; a batch size the search
+# chose): a tune cache's `changes` are checked against it before they reach a preset, with
+# the user's own tune.extra (part of the cache's key) allowed as given.
+TUNED = {
+    "augmentation.placement": r"gpu",
+    "loader.resident": r"true",
+    "loader.num_workers": r"\d{1,3}",
+    "loader.pin_memory": r"true|false",
+    "loader.persistent_workers": r"true",
+    "loader.prefetch_factor": r"4",
+    "loader.batch_size": r"[1-9]\d{0,6}|auto",
+    "trainer.channels_last": r"true",
+    "trainer.compile": r"true",
+    "device.tf32": r"true",
+    "device.cudnn_benchmark": r"true",
+    "precision.mode": r"amp|fp32",
+}
+
+
+def tunable(change: str, extra: list[str]) -> bool:
+    """Whether `change` is an override a tune may write: one of TUNED's, or a part of the
+    user's tune.extra."""
+    key, eq, value = change.partition("=")
+    pattern = TUNED.get(key)
+    return bool(eq) and (pattern is not None and re.fullmatch(pattern, value) is not None or change in extra)
+
+
+def valid_entry(entry: dict, extra: list[str]) -> bool:
+    """A tune cache entry holds together: trial results of Result's shape, a best among them
+    that trained, changes a tune can make, and figures that match its confirmation (at least
+    one measured pair behind `confirmed`)."""
+    fields = {f.name for f in dataclasses.fields(Result)}
+    results = entry.get("results")
+    if not (isinstance(results, list) and results and all(isinstance(r, dict) and set(r) == fields for r in results)):
+        return False
+    rows = [Result(**r) for r in results]
+    if not all(isinstance(r.changes, list) and all(isinstance(c, str) and tunable(c, extra) for c in r.changes) for r in rows):
+        return False
+    ok = {r.number for r in rows if r.status == "ok" and isinstance(r.samples_per_s, (int, float)) and r.samples_per_s > 0}
+    changes, best = entry.get("changes"), entry.get("best")
+    if not (isinstance(changes, list) and all(isinstance(c, str) and tunable(c, extra) for c in changes)):
+        return False
+    if isinstance(best, bool) or best not in ok or 0 not in ok:
+        return False
+    figures = [entry.get("rate"), entry.get("speedup")]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in figures):
+        return False
+    pairs = sum(r.outcome == "again" for r in rows) // 2
+    return entry.get("confirmed") is (pairs >= 1)
+
+
 def merged(*override_lists: list[str]) -> list[str]:
     """Override lists applied in order, one entry per key (a later value replaces an
     earlier one in place), so Hydra never sees a key twice."""
@@ -291,8 +342,12 @@ class Tuner:
         for _ in range(CONFIRM_ROUNDS):
             if not self.affordable(reserve=1):
                 break
-            again = [self.trial([], base=[]), self.trial([], base=self.changes)]
-            if any(r.status != "ok" for r in again):
+            again = []
+            for base in ([], self.changes):  # one after the other; an interrupt in the first stops at once
+                again.append(self.trial([], base=base))
+                if again[-1].status != "ok":
+                    break
+            if len(again) < 2 or again[-1].status != "ok":
                 break
             for r, rates in zip(again, (starts, bests), strict=True):
                 r.outcome = "again"
@@ -348,8 +403,10 @@ def tune(cfg: DictConfig) -> Metrics:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     tuner = Tuner(cfg, command_line(), run_dir)
     preset = preset_path(cfg, hydra_cfg)
+    ours(preset)  # before the trials: a preset that cannot be written is found now, not after the budget
     key = _cache_key(cfg, tuner)
-    cache = Cache(cfg.tune.cache, what="tune.cache")
+    extra = [part for text in cfg.tune.extra for part in str(text).split()]
+    cache = Cache(cfg.tune.cache, what="tune.cache", valid=lambda entry: valid_entry(entry, extra))
     hit = cache.get(key)
     if hit is not None:
         tuner.results = [Result(**r) for r in hit["results"]]
@@ -372,17 +429,20 @@ def tune(cfg: DictConfig) -> Metrics:
             cache.put(key, {"results": [dataclasses.asdict(r) for r in tuner.results], "changes": tuner.changes, "best": tuner.best.number,
                             "rate": tuner.rate, "speedup": tuner.speedup, "confirmed": tuner.confirmed})  # fmt: skip
     speedup = tuner.speedup
-    write_preset(preset, tuner.start_overrides, tuner.changes, searchpath=tuner.searchpath, speedup=speedup, rate=tuner.rate)
+    write_preset(preset, tuner.start_overrides, tuner.changes, searchpath=tuner.searchpath, speedup=speedup, rate=tuner.rate,
+                 confirmed=tuner.confirmed)  # fmt: skip
     text = render(tuner, preset=preset)
     (run_dir / "tune.md").write_text(text)
     write_json(run_dir / "tune.json", {"results": [dataclasses.asdict(r) for r in tuner.results], "changes": tuner.changes,
-                                       "speedup": speedup, "preset": str(preset), "interrupted": tuner.interrupted})  # fmt: skip
+                                       "speedup": speedup, "confirmed": tuner.confirmed, "preset": str(preset),
+                                       "interrupted": tuner.interrupted})  # fmt: skip
     tracker = Tracker(run_dir, log_interval=1, progress=False)
     tracker.start(0)
     tracker.text("tune", text)
     tracker.close()
     log.info("\n%s", text)
-    metrics = Metrics({"perf/samples_per_s": tuner.rate, "tune/speedup": speedup, "tune/trials": len(tuner.results)})
+    metrics = Metrics({"perf/samples_per_s": tuner.rate, "tune/speedup": speedup, "tune/confirmed": float(tuner.confirmed),
+                       "tune/trials": len(tuner.results)})  # fmt: skip
     metrics.objective = "perf/samples_per_s"
     return metrics
 
@@ -473,11 +533,35 @@ def preset_text(start: list[str], changes: list[str], groups: set[str], header: 
     return f"# @package _global_\n{header}{text}"
 
 
-def write_preset(path: Path, start: list[str], changes: list[str], *, searchpath: list[str], speedup: float, rate: float) -> None:
+PRESET_MARK = "# @package _global_\n# Written by saturate's tune"  # how a preset this module wrote begins
+
+
+def ours(path: Path) -> None:
+    """`path` is new, or a preset an earlier tune wrote; anything else (saturate's own
+    config.yaml, a user's file) is refused, never overwritten."""
+    if not path.exists():
+        return
+    head = ""
+    if path.is_file():
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(PRESET_MARK)).decode("utf-8", "replace")
+        except OSError as e:
+            raise UserError(f"tune.preset: cannot read {path} ({e.strerror or e}); give another path") from None
+    if head != PRESET_MARK:
+        raise UserError(f"tune.preset: {path} exists and is not a preset saturate's tune wrote; it is never overwritten: give "
+                        "tune.preset=<a new .yaml path>, or remove that file yourself")  # fmt: skip
+
+
+def write_preset(path: Path, start: list[str], changes: list[str], *, searchpath: list[str], speedup: float, rate: float,
+                 confirmed: bool) -> None:  # fmt: skip
+    ours(path)
     choices = HydraConfig.get().runtime.choices
     groups = {k for k in choices if not k.startswith("hydra")}
+    how = "" if confirmed or not changes else " (one trial each, not confirmed)"
     header = (
-        f"# Written by saturate's tune on {datetime.now():%Y-%m-%d %H:%M}: {rate:,.0f} samples/s, {speedup:.2f}x the starting config:\n"
+        f"# Written by saturate's tune on {datetime.now():%Y-%m-%d %H:%M}: {rate:,.0f} samples/s, {speedup:.2f}x the starting config"
+        f"{how}:\n"
         f"#   python train.py tune=true {' '.join(searchpath + start)}\n"
         f"# Reproduce it: {reproduce(path, searchpath)}\n"
     )
@@ -521,9 +605,14 @@ def render(tuner: Tuner, *, preset: Path) -> str:
         lines += ["Interrupted: the best so far is kept.", ""]
     rounds = sum(r.outcome == "again" for r in tuner.results) // 2 + 1
     how = f"the median of {rounds} paired measurements of the start and the fastest" if tuner.confirmed else "one trial each"
-    if tuner.changes:
+    if tuner.changes and tuner.confirmed:
         lines.append(f"**Fastest: {tuner.rate:,.0f} samples/s, {tuner.speedup:.2f}x the starting config** ({how}) with "
                      f"`{' '.join(tuner.changes)}`.")  # fmt: skip
+    elif tuner.changes:
+        lines.append(f"**Fastest: {tuner.rate:,.0f} samples/s, {tuner.speedup:.2f}x the starting config in one trial each, not "
+                     f"confirmed** with `{' '.join(tuner.changes)}`: the budget (or an interrupt) left no room to measure the start "
+                     "and the fastest again side by side; a single trial is at the mercy of a noisy machine. Tune again with a "
+                     "larger tune.budget_s to confirm it.")  # fmt: skip
     else:
         lines.append(f"**Nothing measured faster than the starting config** ({tuner.rate:,.0f} samples/s): keep it as it is.")
     lines += ["", f"Preset: `{preset}`; run it with `{reproduce(preset, tuner.searchpath)}`."]
