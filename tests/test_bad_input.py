@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra.errors import CompactHydraException
@@ -246,3 +247,63 @@ def test_an_image_with_no_direct_conversion_is_read_through_rgb(make_cfg, tmp_pa
     metrics = saturate.train(make_cfg("data=image_folder", f"data.root={tmp_path / 'lab'}", "data.channels=1", "data.strict=true",
                                       "data.image_size=8"))  # fmt: skip
     assert metrics["data/skipped_files"] == 0
+
+
+# -- files saturate wrote itself, tampered (issue 25, item 9): a damaged cache or log is rebuilt
+# or passed over with a warning naming the file; never a traceback, never a run that cannot start
+
+
+def image_folder_cache(root: Path):
+    from saturate.data.image_index import IndexCache, default_cache
+
+    return IndexCache(default_cache(), root, 3)
+
+
+SKIP_LOG_LINES = [
+    b"[" * 200_000 + b"]" * 200_000,  # nested past the parser's recursion limit
+    b'[1e999, "3/000.png", "why"]',  # an index of inf
+    b'[true, "3/000.png", "why"]',
+    b'[0, 7, "why"]',
+    b'{"a": 1}',
+    b"\xff\xfe not utf-8",
+    b'[0, "3/not-there.png", "a file the folder does not hold"]',
+    b"x" * 200_000,
+]
+
+
+def test_a_tampered_skip_log_is_passed_over_line_by_line(make_cfg, tmp_path):
+    write_digits(tmp_path / "folder", size=8)
+    overrides = ["data=image_folder", f"data.root={tmp_path / 'folder'}", "data.image_size=8"]
+    saturate.train(make_cfg(*overrides))
+    log = Path(image_folder_cache(tmp_path / "folder").skip_log.path)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b"\n".join(SKIP_LOG_LINES) + b"\n")
+    for _ in range(2):  # and every later run of that folder
+        metrics = saturate.train(make_cfg(*overrides))
+        assert metrics["progress/step"] == 3 and metrics["data/skipped_files"] == 0
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda a: a.update(labels=a["labels"][:-5]),  # arrays of another length
+        lambda a: a.update(good=a["good"].astype("int64")),
+        lambda a: a.update(offsets=a["offsets"][::-1].copy()),
+        lambda a: a.update(labels=a["labels"] + 50),  # class indices past the folder's classes
+        lambda a: a.update(meta=np.frombuffer(b'{"bad": [], "directories": {}, "stats": {}}', dtype=np.uint8)),
+        lambda a: a.update(meta=np.frombuffer(b'{"bad": {}, "directories": {}, "stats": {"8 0.2 0": [[0.5], [0.0]]}}', dtype=np.uint8)),
+    ],
+    ids=["short-labels", "int-good", "reversed-offsets", "labels-out-of-range", "bad-list", "zero-std"],
+)
+def test_a_tampered_image_index_cache_is_rebuilt_with_a_warning(make_cfg, tmp_path, caplog, tamper):
+    write_digits(tmp_path / "folder", size=8)
+    overrides = ["data=image_folder", f"data.root={tmp_path / 'folder'}", "data.image_size=8"]
+    first = saturate.train(make_cfg(*overrides))
+    path = image_folder_cache(tmp_path / "folder").path
+    with np.load(path, allow_pickle=False) as saved:
+        arrays = {k: saved[k] for k in saved.files}
+    tamper(arrays)
+    np.savez(path.with_suffix(""), **arrays)  # np.savez adds .npz
+    again = saturate.train(make_cfg(*overrides))
+    assert f"image index cache {path} is damaged" in caplog.text
+    assert again["progress/step"] == 3 and again["val/acc"] == pytest.approx(first["val/acc"])
