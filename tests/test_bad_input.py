@@ -17,8 +17,9 @@ import torch
 from hydra.errors import CompactHydraException
 
 import saturate
+from saturate.errors import DataError
 from scripts.make_image_folder import write_digits
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, compose_config, read_metrics, run_cli
 
 
 def one_class_folder(tmp: Path) -> list[str]:
@@ -307,3 +308,197 @@ def test_a_tampered_image_index_cache_is_rebuilt_with_a_warning(make_cfg, tmp_pa
     again = saturate.train(make_cfg(*overrides))
     assert f"image index cache {path} is damaged" in caplog.text
     assert again["progress/step"] == 3 and again["val/acc"] == pytest.approx(first["val/acc"])
+
+
+# -- mistakes found at start-up, not mid-run (issue 25, items 8, 10 and 11): one message each
+
+
+class Samples(torch.utils.data.Dataset):
+    """(input, target) pairs made by `make(i)`, with optional attributes."""
+
+    def __init__(self, n: int, make, **attributes):
+        self.n, self.make = n, make
+        self.__dict__.update(attributes)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return self.make(i)
+
+
+def windows(i):
+    return torch.full((6, 3), float(i % 5)), float(i % 5) / 5
+
+
+def fit(*args, **kwargs):
+    kwargs.setdefault("overrides", TINY)
+    return saturate.fit(*args, **kwargs)
+
+
+def mlp(out: int = 1):
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(18, out))
+
+
+def frozen():
+    model = mlp()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+# (name, a function of the run dir that makes the mistake, what the message must say)
+HOSTILE = [
+    ("validation targets of another shape",
+     lambda d: fit(mlp(), Samples(64, windows), Samples(32, lambda i: (windows(i)[0], torch.zeros(2))), task="regression", run_dir=d),
+     "data: validation targets are float32 (2,), training targets float32 (); they must match"),
+    ("a class index past the data's classes",
+     lambda d: fit(mlp(2), Samples(64, lambda i: (windows(i)[0], i % 3), classes=["a", "b"], targets=[i % 3 for i in range(64)]),
+                   run_dir=d),
+     "data: the training set's target 2 (sample 2; 21 such) is not a class index in [0, 1]: the data's `classes`/`num_classes` give 2"),
+    ("a validation class index past the training classes",
+     lambda d: fit(mlp(2), Samples(64, lambda i: (windows(i)[0], i % 2)), Samples(16, lambda i: (windows(i)[0], 5), targets=[5] * 16),
+                   run_dir=d),
+     "data: the validation set's target 5 (sample 0; 16 such) is not a class index in [0, 1]"),
+    ("a loss that returns one value per sample",
+     lambda d: fit(mlp(), Samples(64, windows), task="regression", loss=lambda o, t: (o - t).abs(), run_dir=d),
+     "task.loss: <lambda> returns a float32 tensor of shape (2,) for a batch of 2; a loss is one number: reduce it"),
+    ("a loss that returns a Python float",
+     lambda d: fit(mlp(), Samples(64, windows), task="regression", loss=lambda o, t: 0.5, run_dir=d),
+     "task.loss: <lambda> returns a float, not a tensor"),
+    ("a loss with no gradient",
+     lambda d: fit(mlp(), Samples(64, windows), task="regression", loss=lambda o, t: ((o.detach() - t) ** 2).mean(), run_dir=d),
+     "task.loss: <lambda> returns a value with no gradient"),
+    ("a model with no parameters",
+     lambda d: fit(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Identity()), Samples(64, windows), task="regression", run_dir=d),
+     "model: Sequential cannot be trained: it has no parameters"),
+    ("a model with every parameter frozen",
+     lambda d: fit(frozen(), Samples(64, windows), task="regression", run_dir=d),
+     "model: Sequential cannot be trained: none of its 19 parameters requires a gradient (all frozen)"),
+    ("samples that do not stack",
+     lambda d: fit(mlp(), Samples(64, lambda i: (torch.zeros(6 + i % 3, 3), 0.0)), task="regression", run_dir=d),
+     "data: training samples do not stack into a batch: the input of sample 0 has shape (6, 3), of sample 1 (7, 3)"),
+    ("NaN targets in memory",
+     lambda d: fit(mlp(), saturate.data.InMemory(torch.zeros(64, 6, 3), torch.tensor([float("nan")] * 3 + [0.0] * 61)), task="regression",
+                   run_dir=d),
+     "data: 3 training sample(s) hold NaN or inf targets (the first: sample 0); remove or fill them"),
+    ("NaN targets read as the run goes: no learning-rate advice",
+     lambda d: fit(mlp(), Samples(64, lambda i: (windows(i)[0], float("nan"))), task="regression", run_dir=d,
+                   overrides=[*TINY, "trainer.max_nonfinite_steps=2"]),
+     "The last batch holds NaN or inf targets: the data makes the loss non-finite, whatever the learning rate"),
+    ("fit's overrides as one string", lambda d: fit(mlp(), Samples(64, windows), task="regression", overrides="precision=amp", run_dir=d),
+     "saturate.fit: overrides='precision=amp': expected a list of 'key=value' strings"),
+    ("a regression loss's name for classification",
+     lambda d: fit(mlp(2), Samples(64, lambda i: (windows(i)[0], i % 2)), loss="mse", run_dir=d),
+     "saturate.fit: loss='mse': task=classification takes a callable loss(outputs, targets)"),
+    ("fit asked for two processes",
+     lambda d: fit(mlp(), Samples(64, windows), task="regression", overrides=[*TINY, "trainer.devices=2"], run_dir=d),
+     "trainer.devices=2: saturate.fit trains in the process that calls it; for 2 processes start your script with torchrun"),
+    ("a model argument of the wrong type", lambda d: saturate.train(compose_config([*TINY, f"run_dir={d}", "model.width=abc"])),
+     "model.width='abc': expected an integer (SmallCNN's width)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "make", "says"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_a_mistake_is_found_at_start_up_in_one_message(tmp_path, name, make, says):
+    with pytest.raises(CompactHydraException) as err:
+        make(tmp_path / "run")
+    message = str(err.value)
+    assert says in message, message
+    assert len(message) < 600 and "Traceback" not in message
+
+
+def test_a_regression_loss_by_name_through_fit_works(tmp_path):
+    metrics = fit(mlp(), Samples(64, windows), Samples(32, windows), task="regression", loss="l1", run_dir=tmp_path)
+    assert metrics["progress/step"] == 2 and read_metrics(tmp_path)["task"] == "regression"
+
+
+def test_a_class_index_past_the_outputs_mid_run_is_one_message(tmp_path):
+    """Classes counted from a `classes` attribute, targets read only as the run goes (no
+    `targets` attribute): the CPU's IndexError at the step becomes one message."""
+    bad = Samples(64, lambda i: (windows(i)[0], 7 if i == 40 else i % 2), classes=["a", "b"])
+    with pytest.raises(DataError, match=r"data: a target is not a class index in \[0, 1\] \(Target 7 is out of bounds"):
+        fit(mlp(2), bad, run_dir=tmp_path, overrides=[*TINY, "loader.batch_size=64"])
+
+
+def test_a_hung_callback_cannot_keep_a_run_alive_through_sigterm(tmp_path, caplog):
+    """The callback hangs after a SIGTERM arrived: HANG_S later it is abandoned, named, and the
+    run saves and stops as any preempted run."""
+    import signal
+    import time
+
+    from saturate.callbacks import HANG_S
+    from saturate.faults import Preempted
+
+    class Hangs:
+        def on_log(self, metrics, step):
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # a scheduler preempting the job ...
+                time.sleep(600)  # ... while the callback waits on a server that never answers
+
+    start = time.monotonic()
+    with pytest.raises(Preempted) as stopped:
+        fit(mlp(), Samples(64, windows), task="regression", callbacks=[Hangs()], run_dir=tmp_path)
+    assert stopped.value.code == 143 and time.monotonic() - start < HANG_S + 30
+    assert f"callback Hangs.on_log did not return within {HANG_S:.0f} s of the stop signal: abandoned" in caplog.text
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 2
+
+
+FIT_INSIDE_HYDRA = """
+import hydra, torch, saturate
+from torch.utils.data import TensorDataset
+
+@hydra.main(version_base="1.3", config_path=None, config_name=None)
+def main(cfg):
+    data = TensorDataset(torch.randn(64, 6), torch.randn(64))
+    metrics = saturate.fit(torch.nn.Linear(6, 1), data, data, task="regression", run_dir="fitted",
+                           overrides=["trainer.max_epochs=1", "trainer.progress=false", "loader.batch_size=16"])
+    print("FITTED", metrics["progress/step"])
+
+main()
+"""
+
+
+def test_fit_inside_a_users_hydra_app_trains(tmp_path):
+    (tmp_path / "app.py").write_text(FIT_INSIDE_HYDRA)
+    done = subprocess.run([sys.executable, "app.py", "hydra.run.dir=outer"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "FITTED 4" in done.stdout
+    recorded = read_metrics(tmp_path / "fitted")
+    assert recorded["overrides"][0] == "trainer.max_epochs=1" and "outer" not in json.dumps(recorded)  # its own run, not the app's
+
+
+FULL = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+from pathlib import Path
+from saturate.tracking import write_json
+try:
+    write_json(Path(sys.argv[1]) / "metrics.json", {"status": "completed", "val/acc": 0.5, "pad": "x" * 200})
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_a_full_disk_names_the_file_and_leaves_no_temporary(tmp_path):
+    done = subprocess.run([sys.executable, "-c", FULL, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == f"UserError cannot write {tmp_path / 'metrics.json'}: File too large", done.stdout + done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_dir_name_over_the_file_systems_limit_is_one_line(tmp_path):
+    done = run_cli(*TINY, f"hydra.run.dir={tmp_path / ('x' * 300)}", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "a name in it is over the file system's limit (255 bytes); give a shorter hydra.run.dir or name=" in done.stderr
+
+
+def test_a_file_name_that_is_not_utf8_is_logged_escaped(tmp_path):
+    write_digits(tmp_path / "folder", size=8)
+    with open(os.path.join(os.fsencode(tmp_path / "folder" / "3"), b"\xff\xfe.jpg"), "wb") as f:
+        f.write(b"\xff\xd8\xff not a jpeg")
+    folder = ["data=image_folder", f"data.root={tmp_path / 'folder'}", "data.image_size=8", "data.check=true"]
+    done = run_cli(*TINY, *folder, "hydra.run.dir=r", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Logging error" not in done.stderr + done.stdout
+    assert "3/\\xff\\xfe.jpg: not a readable image" in (tmp_path / "r" / "train.log").read_text()

@@ -289,3 +289,56 @@ def test_files_skipped_on_another_rank_are_counted_in_the_run(tmp_path):
     assert metrics["data/skipped_files"] == 2
     output = result.stdout + result.stderr
     assert "val/a/1.jpg: not a readable image" in output and "val/b/1.jpg: not a readable image" in output
+
+
+def test_sigterm_to_the_trainer_devices_launcher_saves_and_exits_143(tmp_path):
+    """`kill <pid>` of `python train.py trainer.devices=2`, as a user or a scheduler would:
+    torch's agent passes the signal to the ranks, which save at a step boundary; the launcher
+    exits 143 without a traceback."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "train.py"), "device=cpu", "trainer.devices=2", "trainer.max_epochs=400", "trainer.progress=false",
+           f"hydra.run.dir={run_dir}"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "last.pt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # to the launcher alone
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-3000:]
+    assert "Traceback" not in out and "SIGTERM at step" in out and "trainer.devices=2: SIGTERM" in out
+    assert json.loads((run_dir / "metrics.json").read_text())["status"] == "preempted"
+
+
+RANK_1_BREAKS = """
+import os
+from saturate.models import SmallCNN
+
+class Breaks(SmallCNN):
+    calls = 0
+
+    def forward(self, x):
+        if self.training and os.environ["RANK"] == "1":
+            Breaks.calls += 1
+            if Breaks.calls == 3:
+                raise RuntimeError("the user's model broke on rank 1")
+        return super().forward(x)
+"""
+
+
+def test_when_one_rank_fails_the_others_say_one_line_and_the_launcher_names_its_log(tmp_path):
+    (tmp_path / "userpkg.py").write_text(RANK_1_BREAKS)
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "breaks.yaml").write_text("_target_: userpkg.Breaks\nwidth: 8\n")
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "model=breaks",
+                           "device=cpu", "trainer.devices=2", "trainer.progress=false", "hydra.run.dir=run"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(tmp_path)})  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    assert "RuntimeError: the user's model broke on rank 1" in out  # the failing rank's own error, with its traceback (a bug)
+    assert "rank 0: stopped because another rank failed (a collective broke off: Connection closed by peer)" in out
+    assert "[rank0]: Traceback" not in out and "[rank0]:" not in out  # gloo's 54 lines are gone
+    assert (
+        f"error: trainer.devices=2: rank 1 failed first (exit status 1); its message is above, its log is {tmp_path / 'run'}/train.rank1.log"
+        in out
+    )

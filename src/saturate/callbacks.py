@@ -15,6 +15,8 @@ from __future__ import annotations
 import csv
 import logging
 import re
+import signal
+import threading
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -44,22 +46,66 @@ class Callback:
         """After the run: the final metrics, as in metrics.json (status included)."""
 
 
+HANG_S = 5.0  # once the run is asked to stop, how long a hook may still run before it is abandoned
+
+
+class CallbackHung(BaseException):
+    """Raised inside a hook that did not return within HANG_S of a stop signal. A
+    BaseException, so that a callback's own `except Exception` does not swallow it."""
+
+
 class Callbacks:
-    """Calls each hook on every callback that has it, in order."""
+    """Calls each hook on every callback that has it, in order. A hook that hangs cannot keep
+    a run alive past a stop signal: HANG_S after the signal (or after the hook started, if
+    the signal came first) it is interrupted and abandoned with a warning naming it, and the
+    run stops as any stopped run does (last.pt saved, exit 143 for SIGTERM)."""
 
     def __init__(self, callbacks: list[Any] = (), enabled: bool = True):
         self.callbacks = list(callbacks) if enabled else []
+        self.running: str | None = None  # the hook running now, as callback.hook
+        self.stopping = False  # a stop signal arrived
+        self._previous_alarm = None  # SIGALRM's handler while a hook is on the clock
         for c in self.callbacks:
             if not any(callable(getattr(c, hook, None)) for hook in HOOKS):
                 from saturate.errors import UserError
 
                 raise UserError(f"callbacks: {type(c).__name__} has none of the hooks {', '.join(HOOKS)}")
 
+    def stop_requested(self, signum: int) -> None:
+        """Called from the stop signal's handler: a hook running now gets HANG_S to return."""
+        self.stopping = True
+        if self.running is not None:
+            self._arm()
+
+    def _arm(self) -> None:
+        if self._previous_alarm is None and threading.current_thread() is threading.main_thread():
+            self._previous_alarm = signal.signal(signal.SIGALRM, self._hung)
+            signal.setitimer(signal.ITIMER_REAL, HANG_S)
+
+    def _disarm(self) -> None:
+        if self._previous_alarm is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._previous_alarm)
+            self._previous_alarm = None
+
+    def _hung(self, signum, frame) -> None:
+        raise CallbackHung(self.running)
+
     def _call(self, hook: str, *args) -> None:
         for c in self.callbacks:
             fn = getattr(c, hook, None)
-            if callable(fn):
+            if not callable(fn):
+                continue
+            self.running = f"{type(c).__name__}.{hook}"
+            try:
+                if self.stopping:
+                    self._arm()
                 fn(*args)
+            except CallbackHung:
+                log.warning("callback %s did not return within %.0f s of the stop signal: abandoned; the run stops", self.running, HANG_S)
+            finally:
+                self._disarm()
+                self.running = None
 
     def on_run_start(self, info: dict[str, Any]) -> None:
         self._call("on_run_start", info)

@@ -24,7 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from saturate.errors import Problem, UserError
+from saturate.errors import Problem, UserError, shown
 from saturate.launch import command_line, launch, processes
 from saturate.registration import register
 from saturate.run import Metrics, train
@@ -49,9 +49,14 @@ def run(main: Callable[[], object]) -> None:
     except CompactHydraException as e:  # UserError, composition and override errors
         sys.exit(f"error: {describe(e, sys.argv[1:])}")
     except OSError as e:  # Hydra creating the run dir on a read-only or full disk, before saturate runs
+        if e.errno == errno.ENAMETOOLONG:
+            name = shown(str(e.filename or "the run dir"))
+            sys.exit(f"error: cannot create {name[:120]}{'...' if len(name) > 120 else ''}: a name in it is over the file system's "
+                     "limit (255 bytes); give a shorter hydra.run.dir or name=")  # fmt: skip
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EEXIST):
             raise
-        sys.exit(f"error: cannot write {e.filename} ({e.strerror}); run from a writable folder or set hydra.run.dir=<writable folder>")
+        what = shown(e.filename) if e.filename else "the run dir"
+        sys.exit(f"error: cannot write {what} ({e.strerror}); run from a writable folder or set hydra.run.dir=<writable folder>")
 
 
 def shorthand(arg: str) -> str:

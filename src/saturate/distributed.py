@@ -128,6 +128,23 @@ class Dist:
         return len(set(digests)) == 1
 
 
+# what gloo and NCCL say when a peer process is gone (it crashed, or was stopped for failing)
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+             "remote process exited")  # fmt: skip
+
+
+def peer_failed(error: BaseException) -> str | None:
+    """What broke, when `error` is a collective that failed because another rank is gone (that
+    rank's own error is the one to read, not this one's traceback); None otherwise."""
+    text = str(error)
+    said = next((phrase for phrase in PEER_GONE if phrase in text), None)
+    if isinstance(error, RuntimeError) and said:
+        return said
+    if dist.is_available() and isinstance(error, getattr(dist, "DistError", ())):
+        return type(error).__name__
+    return None
+
+
 def shared_value(make):
     """`make()` on rank 0, the same value on every rank (for the run directory's name, which
     Hydra resolves in each process before the run starts)."""

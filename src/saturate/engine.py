@@ -78,6 +78,7 @@ class Engine:
         self.loss_sum = torch.zeros((), device=next(model.parameters()).device)  # summed on the device, read at log steps
         self.loss_count = 0
         self._counts: dict[str, float] = {}  # the flat counters' last logged values
+        self.batch: tuple | None = None  # the last device batch (a reference: what a failed guard looks at)
 
     def finished(self, state: TrainState) -> bool:
         """Whether `state` is already at max_epochs or max_steps (a finished run resumed)."""
@@ -117,7 +118,7 @@ class Engine:
         rule (max_steps, a measured trial) says so; a stop signal or a failed guard raises."""
         for batch in batches:
             with self.timer.phase("copy"):
-                x, y = self.to_device(batch, state.step + 1)
+                x, y = self.batch = self.to_device(batch, state.step + 1)
             with self.timer.phase("compute"):
                 loss, applied, stepped = self.step(x, y, state.step + 1)
                 if stepped:  # a step not taken (non-finite, fp16 overflow) keeps the LR where it is
@@ -217,6 +218,16 @@ class Engine:
             return False
         return self.dist.any(self.stop.requested is not None or self.guard.failed)
 
+    def nonfinite_data(self) -> str | None:
+        """Which part of the last batch holds NaN or inf ("inputs", "targets"), if any: then the
+        data, not the learning rate, made the steps non-finite. One host read, as the run stops."""
+        if self.batch is None:
+            return None
+        for name, part in zip(("inputs", "targets"), self.batch, strict=False):
+            if isinstance(part, torch.Tensor) and part.is_floating_point() and not bool(torch.isfinite(part).all()):
+                return name
+        return None
+
     def halt(self, state: TrainState, steps_per_epoch: int) -> None:
         """Stop at this step boundary: a preemption signal saves last.pt and exits; too many
         non-finite steps fail the run, pointing at the last good state."""
@@ -225,7 +236,7 @@ class Engine:
             if self.guard.skip:  # every bad step was skipped: the weights are the last good state
                 self.save(state, {})
             self.dist.barrier()  # no rank leaves before rank 0 has saved
-            raise self.guard.error(state.step, self.checkpointer.last_good(), self.resume_hint)
+            raise self.guard.error(state.step, self.checkpointer.last_good(), self.resume_hint, data=self.nonfinite_data())
         seconds = self.save(state, {})
         self.dist.barrier()  # torchrun kills the others as soon as one rank exits
         signum = self.stop.requested or signal.SIGTERM  # a rank that heard nothing follows the others

@@ -38,11 +38,14 @@ class StopSignal:
     def __init__(self):
         self.requested: int | None = None
         self._previous: dict[int, object] = {}
+        self.listeners: list = []  # called with the signal's number, from the handler (a hung callback is put on the clock)
 
     def _handle(self, signum, frame) -> None:
         self.requested = signum
         if signum == signal.SIGINT:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        for listener in self.listeners:
+            listener(signum)
 
     def __enter__(self) -> StopSignal:
         if threading.current_thread() is threading.main_thread():  # only the main thread may install handlers
@@ -140,7 +143,9 @@ class NonFiniteGuard:
     def failed(self) -> bool:
         return self.consecutive >= self.max_consecutive
 
-    def error(self, step: int, checkpoint: str, resume_hint: str = "") -> TrainingDiverged:
+    def error(self, step: int, checkpoint: str, resume_hint: str = "", data: str | None = None) -> TrainingDiverged:
+        """The error that stops the run. `data`: the part of the last batch that holds NaN or
+        inf ("inputs", "targets"), if any: then no learning rate would help."""
         if self.skip:
             last = step if not self.on_device else self.first_bad_step + self.consecutive - 1
             what = f"{self.consecutive} non-finite steps in a row (from step {self.first_bad_step} to {last})"
@@ -148,6 +153,9 @@ class NonFiniteGuard:
         else:
             what = f"non-finite steps before step {step} (trainer.skip_nonfinite=false: they were applied)"
             saved = f"the last checkpoint saved before them is {checkpoint}"
+        if data is not None:
+            return TrainingDiverged(f"training stopped at step {step}: {what}; {saved}. The last batch holds NaN or inf {data}: the data "
+                                    "makes the loss non-finite, whatever the learning rate; find and fix those samples")  # fmt: skip
         return TrainingDiverged(
             f"training stopped at step {step}: {what}; {saved}. Try a lower optim.optimizer.lr or trainer.grad_clip=1.0"
             + (f", resuming with: {resume_hint} optim.optimizer.lr=<lower>" if resume_hint else "")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -57,6 +58,7 @@ def processes(devices, device_type: str) -> int:
 def launch(count: int, overrides: list[str], run_dir: str) -> dict:
     """Run this script's job in `count` processes (rank 0 writes the run dir) and return
     rank 0's metrics.json. `overrides`: the whole command line (command_line())."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -68,9 +70,16 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
     try:
         run(args)
     except ChildFailedError as e:
-        rank, failure = next(iter(e.failures.items()))
-        raise UserError(f"trainer.devices={count}: rank {rank} exited with status {failure.exitcode}; its message is above, "
-                        f"its log in {Path(run_dir) / 'train.log'}") from None  # fmt: skip
+        rank, failure = e.get_first_failure()  # the first to fail: the others stopped because it did
+        if failure.exitcode == -signal.SIGTERM or failure.exitcode == 128 + signal.SIGTERM:
+            raise SystemExit(128 + signal.SIGTERM) from None
+        log_file = Path(run_dir) / ("train.log" if rank == 0 else f"train.rank{rank}.log")
+        raise UserError(f"trainer.devices={count}: rank {rank} failed first (exit status {failure.exitcode}); its message is above, "
+                        f"its log is {log_file}") from None  # fmt: skip
+    except SignalException as e:  # SIGTERM or SIGINT to this launcher: torch's agent passed it on to the ranks, which saved
+        log.warning("trainer.devices=%d: %s; the ranks stopped at a step boundary and saved (their message above says how to resume)",
+                    count, signal.Signals(e.sigval).name)  # fmt: skip
+        raise SystemExit(128 + e.sigval) from None
     finally:
         os.environ.pop(LAUNCHED, None)
     return json.loads((Path(run_dir) / "metrics.json").read_text())

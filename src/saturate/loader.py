@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from saturate.augment import BatchAugment, Preview, SampleAugment, Schedule
 from saturate.config import AugmentationConfig, LoaderConfig, TrainerConfig
-from saturate.data.base import DataSpec, InMemory, materialize
+from saturate.data.base import DataSpec, InMemory, materialize, stack
 from saturate.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ class StreamLoader:
             persistent_workers=cfg.persistent_workers and num_workers > 0,
             prefetch_factor=cfg.prefetch_factor if num_workers > 0 else None,
             generator=self.generator,
-            collate_fn=already_collated if getattr(dataset, "returns_batches", False) else None,
+            collate_fn=already_collated if getattr(dataset, "returns_batches", False) else stack,
             timeout=cfg.timeout_s if num_workers > 0 else 0,
         )
         self.batches_per_epoch = batches_per_epoch(self.sampler.num_samples, cfg.batch_size, self.drop_last, limit_batches)

@@ -33,7 +33,7 @@ from hydra.types import RunMode
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from saturate.augment import PRESETS
@@ -42,9 +42,9 @@ from saturate.callbacks import Callbacks
 from saturate.checkpoint import Checkpointer
 from saturate.config import DATA_ARGUMENTS, RunConfig, TrainerConfig, validate
 from saturate.data import DataSpec, build_datasets, describe
-from saturate.data.base import as_tensor
+from saturate.data.base import as_tensor, stack
 from saturate.device import setup_device
-from saturate.distributed import Dist, alone, rank_zero, wrap
+from saturate.distributed import Dist, alone, peer_failed, rank_zero, world_size, wrap
 from saturate.engine import Engine, Measured, TrainState
 from saturate.environment import cpu_name, fingerprint
 from saturate.errors import ConfigError, Problem, UserError
@@ -113,6 +113,12 @@ def train(cfg: DictConfig, given: Given | None = None) -> Metrics:
     except (Preempted, TrainingDiverged, RunDirTaken):
         raise  # they record their own status, or the run dir is another run's
     except Exception as e:
+        broke = peer_failed(e) if world_size() > 1 else None
+        if broke:  # not this rank's error: one line, not gloo's traceback
+            e = UserError(f"rank {os.environ.get('RANK', '?')}: stopped because another rank failed (a collective broke off: {broke}); "
+                          "that rank's own message and log say why")  # fmt: skip
+            _record_failure(cfg, e)
+            raise e from None
         if not getattr(e, "recorded", False):
             _record_failure(cfg, e)
         raise
@@ -135,20 +141,65 @@ def fit(model: nn.Module, train_data: Dataset, val_data: Dataset | None = None, 
     "classification" or "regression"; `loss(outputs, targets)` replaces the task's own.
     `callbacks` and `loggers` are objects as in saturate.callbacks. Writes the same run dir as
     train.py (default: outputs/runs/<date>/<time>) and returns the final metrics."""
-    from hydra import compose, initialize_config_dir
-
     register()
-    overrides = list(overrides)
+    overrides, loss = _fit_arguments(overrides, loss, task)
     if run_dir is not None:
         overrides.append(f"run_dir={Path(run_dir).absolute()}")
     elif not any(o.startswith("run_dir=") for o in overrides):  # as train.py names its runs
         named = next((o.partition("=")[2] for o in overrides if o.startswith("name=")), None)
         stamp = datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f") + run_name(named, overrides)
         overrides.append(f"run_dir={Path('outputs/runs').absolute() / stamp}")
+    with outside_hydra_app():
+        cfg = _compose([f"task={task}", *overrides])
+        devices = cfg.trainer.devices
+        if devices not in ("auto", 1) and int(os.environ.get("WORLD_SIZE", "1")) != devices:
+            raise UserError(f"trainer.devices={devices}: saturate.fit trains in the process that calls it; for {devices} processes "
+                            f"start your script with torchrun --nproc_per_node={devices} (fit then joins their process group)")  # fmt: skip
+        given = Given(model=model, datasets=(train_data, val_data), loss=loss, callbacks=callbacks, loggers=loggers, overrides=overrides)
+        return train(cfg, given)
+
+
+def _fit_arguments(overrides, loss, task: str) -> tuple[list[str], Callable | None]:
+    """fit's overrides as a list (a string is a mistake, not a list of characters) and its
+    loss as a callable (a regression loss's name becomes task.loss)."""
+    if isinstance(overrides, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
+        given = repr(overrides) if len(repr(overrides)) < 80 else repr(overrides)[:77] + "..."
+        raise UserError(f"saturate.fit: overrides={given}: expected a list of 'key=value' strings, e.g. "
+                        "overrides=['precision=amp', 'trainer.max_epochs=5']")  # fmt: skip
+    overrides = list(overrides)
+    if isinstance(loss, str):
+        if task != "regression":
+            raise UserError(f"saturate.fit: loss={loss!r}: task={task} takes a callable loss(outputs, targets), or None for its own; "
+                            "named losses (mse, l1, huber) are regression's")  # fmt: skip
+        return [f"task.loss={loss}", *overrides], None
+    return overrides, loss
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        cfg = compose("config", overrides=[f"task={task}", *overrides])
-    given = Given(model=model, datasets=(train_data, val_data), loss=loss, callbacks=callbacks, loggers=loggers, overrides=overrides)
-    return train(cfg, given)
+        return compose("config", overrides=overrides)
+
+
+@contextlib.contextmanager
+def outside_hydra_app():
+    """For the block, no Hydra app is running: `saturate.fit` called from inside a user's
+    `@hydra.main` function composes saturate's own config and names, logs and records its run
+    as its own (not with the outer app's overrides); the outer app's Hydra is put back after."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    outer_hydra = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    outer_cfg = HydraConfig.instance().cfg
+    GlobalHydra.instance().clear()
+    HydraConfig.instance().cfg = None
+    try:
+        yield
+    finally:
+        GlobalHydra.instance().clear()
+        if outer_hydra is not None:
+            GlobalHydra.instance().initialize(outer_hydra)
+        HydraConfig.instance().cfg = outer_cfg
 
 
 def _record_failure(cfg: DictConfig, error: Exception) -> None:
@@ -237,6 +288,7 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
     device = setup_device(run.device, local_rank=d.local_rank)
     held = hold(run_dir, resume=run.trainer.resume, restart=run.trainer.restart, enabled=d.is_main, agree=d.agree)
     with held, seeded(run.trainer, device), StopSignal() as stop:
+        stop.listeners.append(callbacks.stop_requested)
         parts = _setup_training(run, d, device, tracker, given)
         watched = run.checkpoint.resolved(parts.task.kind, parts.spec.has_val)
         tracker.shown = watched.monitor if watched.monitor.startswith("val/") and watched.monitor != "val/loss" else parts.task.names[0]
@@ -466,8 +518,7 @@ def _host_batch(dataset: Dataset, indices) -> tuple[torch.Tensor, torch.Tensor]:
     indices = list(indices)
     if getattr(dataset, "returns_batches", False):
         return dataset.__getitems__(indices)
-    x, y = default_collate([(as_tensor(dataset[i][0]), as_tensor(dataset[i][1])) for i in indices])
-    return x, y
+    return stack([(as_tensor(dataset[i][0]), as_tensor(dataset[i][1])) for i in indices])
 
 
 def _setup_engine(run: RunConfig, parts: Parts, checkpointer: Checkpointer, tracker: Tracker, callbacks: Callbacks, stop: StopSignal,
@@ -647,7 +698,7 @@ def model_arguments(target: Callable, node: dict, spec: DataSpec) -> dict[str, A
     return {k: v for k, v in values.items() if k in names and k not in node and k in DATA_ARGUMENTS}
 
 
-def _check_outputs(model: nn.Module, x: torch.Tensor, spec: DataSpec, task: Task, precision: Precision) -> None:
+def _check_outputs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: DataSpec, task: Task, precision: Precision) -> None:
     """One forward pass on two real samples (eval mode, no gradients: nothing moves), so a
     model that does not fit the data fails now, with the shapes, not in the first step."""
     was_training = model.training
@@ -672,6 +723,29 @@ def _check_outputs(model: nn.Module, x: torch.Tensor, spec: DataSpec, task: Task
     if want is None and out.numel() != n * task.num_outputs:
         raise UserError(f"model: {type(model).__name__} returns outputs of shape {tuple(out.shape)} for a batch of {n}; task=regression "
                         f"with targets of shape {spec.target_shape} needs {task.num_outputs} value(s) per sample")  # fmt: skip
+    _check_loss(model, x, y, task, precision)
+
+
+def _check_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: Task, precision: Precision) -> None:
+    """The loss on two real samples is one number with a gradient: a loss that returns a
+    vector, a Python float or a detached value would fail (or silently not train) at step 1."""
+    was_training = model.training
+    model.eval()  # nothing moves: no BatchNorm statistics, no dropout; the graph is dropped
+    try:
+        with precision.autocast():
+            loss = task.loss(model(x), y)
+    finally:
+        model.train(was_training)
+    what = f"task.loss: {getattr(task.loss, '__name__', type(task.loss).__name__)}"
+    if not isinstance(loss, torch.Tensor):
+        raise UserError(f"{what} returns a {type(loss).__name__}, not a tensor; compute it from the model's outputs with torch "
+                        "operations, so that it has a gradient")  # fmt: skip
+    if loss.numel() != 1 or not loss.is_floating_point():
+        raise UserError(f"{what} returns a {str(loss.dtype).removeprefix('torch.')} tensor of shape {tuple(loss.shape)} for a batch of "
+                        f"{len(y)}; a loss is one number: reduce it (.mean() or .sum())")  # fmt: skip
+    if not loss.requires_grad:
+        raise UserError(f"{what} returns a value with no gradient (detached, or not computed from the model's outputs); nothing "
+                        "would train")  # fmt: skip
 
 
 def _setup_model(node: dict, spec: DataSpec, task: Task, device: torch.device, trainer: TrainerConfig, precision: Precision, d: Dist,
@@ -687,7 +761,12 @@ def _setup_model(node: dict, spec: DataSpec, task: Task, device: torch.device, t
         raise UserError(f"model: {type(raw).__name__} is not a torch.nn.Module")
     memory_format = torch.channels_last if trainer.channels_last else torch.preserve_format
     raw = raw.to(device=device, memory_format=memory_format)
-    _check_outputs(raw, example[0][:2], spec, task, precision)
+    trainable = sum(p.numel() for p in raw.parameters() if p.requires_grad)
+    if not trainable:
+        count = sum(p.numel() for p in raw.parameters())
+        why = f"none of its {count} parameters requires a gradient (all frozen)" if count else "it has no parameters"
+        raise UserError(f"model: {type(raw).__name__} cannot be trained: {why}")
+    _check_outputs(raw, example[0][:2], example[1][:2], spec, task, precision)
     n_params = sum(p.numel() for p in raw.parameters())
     log.info("model: %s, %.2fM parameters%s", type(raw).__name__, n_params / 1e6, ", channels_last" if trainer.channels_last else "")
     if trainer.sync_batchnorm:

@@ -17,6 +17,7 @@ Every task logs `val/loss` (the training loss on the validation set, averaged pe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ import torch.nn.functional as F
 # after it 15-20 % slower on a 2-core CPU (measured: docs/benchmarks.md).
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, R2Score
 from torchmetrics.classification import MulticlassAccuracy
+
+from saturate.errors import DataError
 
 KINDS = ("classification", "regression")
 REGRESSION_LOSSES = ("mse", "l1", "huber")
@@ -96,6 +99,7 @@ def _shaped(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Calla
     """A user's regression loss, given outputs in the targets' shape when only that differs
     ((B, 1) against (B,)): torch's losses would broadcast them to (B, B) without a word."""
 
+    @functools.wraps(loss)
     def shaped(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if outputs.shape != targets.shape and outputs.numel() == targets.numel():
             outputs = outputs.reshape(targets.shape)
@@ -106,7 +110,11 @@ def _shaped(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Calla
 
 def classification_loss(label_smoothing: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     def cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(outputs, targets, label_smoothing=label_smoothing)
+        try:
+            return F.cross_entropy(outputs, targets, label_smoothing=label_smoothing)
+        except IndexError as e:  # a class index past the outputs (the CPU's error; CUDA asserts on the device)
+            raise DataError(f"data: a target is not a class index in [0, {outputs.shape[-1] - 1}] ({e}); the data's classes and its "
+                            "targets disagree") from None  # fmt: skip
 
     return cross_entropy
 

@@ -19,6 +19,7 @@ from typing import Any
 from tqdm import tqdm
 
 from saturate.callbacks import TensorBoardLogger, builtin_logger
+from saturate.errors import UserError, shown
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,12 @@ class Tracker:
 
 def write_json(path: Path, data: dict) -> None:
     """Write JSON atomically: a reader sees the old file or the new one, never half (each
-    process through its own temporary file)."""
+    process through its own temporary file). A write the disk refuses (full, a quota) is one
+    message naming the file, and leaves no temporary file behind."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {shown(path)}: {e.strerror or e}") from None

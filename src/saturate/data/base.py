@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from saturate.errors import ConfigError, DataError, Problem
 
@@ -218,6 +218,19 @@ def _all_targets(dataset: Dataset) -> torch.Tensor:
     return torch.stack([as_tensor(dataset[i][1]) for i in range(len(dataset))])
 
 
+def _known_targets(dataset: Dataset) -> torch.Tensor | None:
+    """The set's targets when it holds them already (a `targets`/`labels` attribute of one per
+    sample, or an in-memory tensor): checked for free; None when only reading every sample
+    would tell."""
+    if isinstance(dataset, InMemory):
+        return dataset.targets
+    for name in ("targets", "labels"):
+        found = getattr(dataset, name, None)
+        if isinstance(found, (torch.Tensor, np.ndarray, list, tuple)) and len(found) == len(dataset):
+            return torch.as_tensor(np.asarray(found)) if not isinstance(found, torch.Tensor) else found
+    return None
+
+
 def _num_classes(dataset: Dataset) -> int:
     if isinstance(getattr(dataset, "num_classes", None), int):
         return dataset.num_classes
@@ -227,6 +240,74 @@ def _num_classes(dataset: Dataset) -> int:
     if targets.numel() and targets.min() < 0:
         raise DataError(f"data: a class index is {int(targets.min())}; class indices start at 0")
     return int(targets.max()) + 1
+
+
+def _check_classes(dataset: Dataset, what: str, num_classes: int) -> None:
+    """Every class index the set holds (where it holds them already) is in [0, num_classes):
+    one out of range would be an IndexError at the first step (a device-side assert on CUDA)."""
+    targets = _known_targets(dataset)
+    if targets is None or not targets.numel():
+        return
+    targets = targets.reshape(-1)
+    bad = (targets < 0) | (targets >= num_classes)
+    if bool(bad.any()):
+        first = int(bad.nonzero()[0])
+        source = "the data's `classes`/`num_classes`" if hasattr(dataset, "classes") or hasattr(dataset, "num_classes") else "the targets"
+        raise DataError(f"data: the {what} set's target {int(targets[first])} (sample {first}; {int(bad.sum())} such) is not a class "
+                        f"index in [0, {num_classes - 1}]: {source} give {num_classes} classes")  # fmt: skip
+
+
+def _check_finite(dataset: Dataset, what: str) -> None:
+    """An in-memory set's inputs and targets hold no NaN or inf: a loss over them is NaN
+    whatever the learning rate (checked where the tensors are at hand, once)."""
+    if not isinstance(dataset, InMemory):
+        return
+    for name, values in (("inputs", dataset.inputs), ("targets", dataset.targets)):
+        if values.is_floating_point():
+            bad = ~torch.isfinite(values.reshape(len(values), -1)).all(dim=1)
+            if bool(bad.any()):
+                raise DataError(f"data: {int(bad.sum())} {what} sample(s) hold NaN or inf {name} (the first: sample "
+                                f"{int(bad.nonzero()[0])}); remove or fill them: a loss over them is NaN at any learning rate")  # fmt: skip
+
+
+def stack(samples: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(input, target)` samples stacked into a batch (torch's default_collate), or a DataError
+    naming the part whose shapes differ."""
+    try:
+        return default_collate(samples)
+    except RuntimeError as e:
+        if "stack expects each tensor to be equal size" not in str(e):
+            raise
+    for k, part in enumerate(("input", "target")):
+        shapes = [tuple(as_tensor(sample[k]).shape) for sample in samples]
+        if len(set(shapes)) > 1:
+            other = next(i for i, shape in enumerate(shapes) if shape != shapes[0])
+            raise DataError(f"data: samples do not stack into a batch: the {part} of one sample has shape {shapes[0]}, of another "
+                            f"{shapes[other]}; pad them to one shape in the data set (samples of variable length need a collate "
+                            "function that pads them)")  # fmt: skip
+    raise DataError("data: samples do not stack into a batch (their shapes differ)")
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _check_stacks(dataset: Dataset, what: str, first: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Samples of one shape stack into a batch; look at a few besides the first (a data set
+    that returns whole batches makes them itself)."""
+    if getattr(dataset, "returns_batches", False):
+        return
+    n = len(dataset)
+    for i in sorted({1, n // 2, n - 1} - {0}):
+        if i >= n:
+            continue
+        other = dataset[i]
+        for part, a, b in (("input", first[0], other[0]), ("target", first[1], other[1])):
+            b = as_tensor(b)
+            if a.shape != b.shape:
+                raise DataError(f"data: {what} samples do not stack into a batch: the {part} of sample 0 has shape {tuple(a.shape)}, "
+                                f"of sample {i} {tuple(b.shape)}; pad them to one shape in the data set (samples of variable length "
+                                "need a collate function that pads them)")  # fmt: skip
 
 
 def _image_stats(dataset: Dataset) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -242,11 +323,16 @@ def describe(train: Dataset, val: Dataset | None, *, name: str, classes: bool) -
     """Learn what the run needs from the training set's first sample (and its targets, to
     count classes when `classes`); check that the validation set's samples look the same."""
     x, y = _sample(train, "training")
+    _check_stacks(train, "training", (x, y))
     if val is not None:
-        vx, _ = _sample(val, "validation")
+        vx, vy = _sample(val, "validation")
         if vx.shape != x.shape or vx.dtype != x.dtype:
-            raise DataError(f"data: validation inputs are {vx.dtype} {tuple(vx.shape)}, training inputs {x.dtype} {tuple(x.shape)}; "
+            raise DataError(f"data: validation inputs are {_dtype(vx)} {tuple(vx.shape)}, training inputs {_dtype(x)} {tuple(x.shape)}; "
                             "they must match")  # fmt: skip
+        if vy.shape != y.shape or vy.is_floating_point() != y.is_floating_point():
+            raise DataError(f"data: validation targets are {_dtype(vy)} {tuple(vy.shape)}, training targets {_dtype(y)} {tuple(y.shape)}; "
+                            "they must match (the task and the metrics compare them alike)")  # fmt: skip
+        _check_stacks(val, "validation", (vx, vy))
     integer = not (y.is_floating_point() or y.is_complex())
     if classes and (not integer or y.ndim != 0):
         dtype = str(y.dtype).removeprefix("torch.")
@@ -259,6 +345,11 @@ def describe(train: Dataset, val: Dataset | None, *, name: str, classes: bool) -
     )  # fmt: skip
     if classes and spec.num_classes < 2:
         raise DataError(f"data: {spec.num_classes} class(es) in the training targets; classification needs at least 2")
+    for dataset, what in ((train, "training"), (val, "validation")):
+        if dataset is not None:
+            _check_finite(dataset, what)
+            if classes:
+                _check_classes(dataset, what, spec.num_classes)
     if spec.image:
         spec.mean, spec.std = _image_stats(train)
         if len(spec.mean) != x.shape[0]:
