@@ -338,7 +338,5 @@ def test_when_one_rank_fails_the_others_say_one_line_and_the_launcher_names_its_
     assert "RuntimeError: the user's model broke on rank 1" in out  # the failing rank's own error, with its traceback (a bug)
     assert "rank 0: stopped because another rank failed (a collective broke off: Connection closed by peer)" in out
     assert "[rank0]: Traceback" not in out and "[rank0]:" not in out  # gloo's 54 lines are gone
-    assert (
-        f"error: trainer.devices=2: rank 1 failed first (exit status 1); its message is above, its log is {tmp_path / 'run'}/train.rank1.log"
-        in out
-    )
+    log = tmp_path / "run" / "train.rank1.log"
+    assert f"error: trainer.devices=2: rank 1 failed first (exit status 1); its message is above, its log is {log}" in out
