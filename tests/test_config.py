@@ -103,14 +103,16 @@ def test_data_keys_are_the_arguments_of_the_data_callable(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        (["data=synthetic", "data.num_train=many"], "data.num_train='many': expected an integer >= 1"),
+        (["data=synthetic", "data.num_train=0"], "data.num_train=0: expected an integer >= 1"),
+        (["data=synthetic", "data.num_train=many"], "data.num_train='many': expected an integer (make_synthetic's num_train)"),
         (["data=synthetic", "data.num_classes=1"], "data.num_classes=1: expected an integer >= 2"),
         (["data.val_fraction=1.5"], "data.val_fraction=1.5: expected a number in (0, 1)"),
         (["data=image_folder", "data.channels=2"], "data.channels=2: expected one of 1, 3"),
     ],
 )
 def test_built_in_data_options_check_their_values(overrides, named, tmp_path):
-    """The built-in data callables check their own arguments, as a user's may."""
+    """The built-in data callables check their own arguments, as a user's may; a value of
+    another type than the argument's annotation is named before they are called."""
     with pytest.raises(ConfigError) as err:
         saturate.train(compose_config([*TINY, *overrides, f"run_dir={tmp_path}"]))
     assert named in str(err.value)
