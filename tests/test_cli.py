@@ -118,3 +118,18 @@ def test_help_names_saturate_its_groups_and_commands_and_cfg_job_resolves(tmp_pa
     shown = run_cli("--cfg", "job", "--resolve", cwd=tmp_path)
     assert shown.returncode == 0 and "Traceback" not in shown.stderr
     assert "run_dir: '<unset: the run dir, made when train.py starts>'" in shown.stdout and "max_epochs: 30" in shown.stdout
+
+
+@pytest.mark.parametrize("args", [["--help"], ["trainer.max_epoch=3"], ["model=vgg"]], ids=["help", "misspelt-key", "unknown-option"])
+def test_first_answers_import_no_torch(tmp_path, args):
+    """--help and a mistake caught while Hydra composes never import torch (1.4 s on a 2-core
+    CPU): scripts/bench_startup.py measures the times; here, what is imported."""
+    done = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "train.py"), *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "saturate.cli" in imported and not {"torch", "torchmetrics", "numpy"} & imported
+
+
+def test_help_lists_the_groups_of_a_users_config_dir_too(tmp_path):
+    helped = run_cli(f"hydra.searchpath=[file://{ROOT / 'examples/sequences/conf'}]", "--help", cwd=tmp_path)
+    assert helped.returncode == 0 and "model: airbench, gru, resnet18, small_cnn" in helped.stdout

@@ -8,7 +8,16 @@ and says, with measurements, why it is not.
 """
 
 from saturate.registration import register
-from saturate.run import Metrics, fit, train
 
 __all__ = ["Metrics", "fit", "register", "train"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """`train`, `fit` and `Metrics` are imported when first asked for: `import saturate` (and
+    train.py's --help, and a config's mistakes) stay free of torch's start-up time."""
+    if name in ("Metrics", "fit", "train"):
+        from saturate import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module 'saturate' has no attribute {name!r}")

@@ -23,6 +23,7 @@ import torch
 
 from saturate.config import CheckpointConfig
 from saturate.errors import CheckpointError
+from saturate.rundir import OWN_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +107,6 @@ def load(path: Path) -> dict[str, Any]:
 
 class UnsafeCheckpoint(CheckpointError):
     """A checkpoint file holding objects that only arbitrary unpickling could load."""
-
-
-OWN_NAMES = ("last.pt", "best.pt", "top-*.pt")  # the only files resume looks at in a folder
 
 
 def newest(directory: Path) -> Path | None:

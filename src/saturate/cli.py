@@ -17,7 +17,6 @@ import os
 import sys
 from collections.abc import Callable
 
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
@@ -25,10 +24,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from saturate.errors import Problem, UserError, shown
-from saturate.launch import command_line, launch, processes
 from saturate.registration import register
-from saturate.run import Metrics, train
-from saturate.tune import tune
 
 log = logging.getLogger("saturate")
 _answering = False  # run() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
@@ -37,6 +33,9 @@ _answering = False  # run() is answering mistakes (the user did not ask for HYDR
 def run(main: Callable[[], object]) -> None:
     """Call a `@hydra.main` function; exit 1 with one message for a user's mistake."""
     global _answering
+    if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
+        print(help_text(sys.argv[1:]))
+        return
     register()
     sys.argv[1:] = [shorthand(arg) for arg in sys.argv[1:]]
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -59,18 +58,56 @@ def run(main: Callable[[], object]) -> None:
         sys.exit(f"error: cannot write {what} ({e.strerror}); run from a writable folder or set hydra.run.dir=<writable folder>")
 
 
+def help_text(argv: list[str]) -> str:
+    """train.py's --help: the template in conf/config.yaml with the config groups and their
+    options, read from the config dirs (saturate's conf/ and any hydra.searchpath on the
+    command line). Hydra's own --help builds the same list by composing a config per group
+    (a second on a 2-core CPU); listing the folders takes milliseconds."""
+    import string
+    from pathlib import Path
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    dirs = [conf]
+    for override in OverridesParser.create().parse_overrides([a for a in argv if a.startswith("hydra.searchpath=")]):
+        dirs += [Path(str(d).removeprefix("file://")) for d in (override.value() or []) if not str(d).startswith("pkg://")]
+    groups: dict[str, set[str]] = {}
+    for folder in dirs:
+        for group in (g for g in folder.glob("*") if g.is_dir() and g.name != "hydra"):
+            groups.setdefault(group.name, set()).update(f.stem for f in group.glob("*.yaml"))
+    listed = "\n".join(f"{name}: {', '.join(sorted(options))}" for name, options in sorted(groups.items()))
+    help_cfg = OmegaConf.create({"hydra": {"help": OmegaConf.load(conf / "config.yaml").hydra.help}})
+    template = OmegaConf.to_container(help_cfg, resolve=True)["hydra"]["help"]["template"]
+    return string.Template(template).safe_substitute(APP_CONFIG_GROUPS=listed)
+
+
 def shorthand(arg: str) -> str:
     """`tune=true` for tune.enabled=true (tune is a node: tune.budget_s=60 sets its keys)."""
     key, eq, value = arg.partition("=")
     return f"tune.enabled={value}" if eq and key == "tune" and value.lower() in ("true", "false") else arg
 
 
-def task(cfg: DictConfig) -> Metrics:
+def task(cfg: DictConfig):
     """`saturate.train` as train.py's task, in as many processes as `trainer.devices` asks
     for (saturate.launch). In a single run a UserError leaves at once, as a SystemExit, so
     that Hydra adds nothing to its message; in a multirun it is raised as usual: the job is
     recorded as failed and the sweep goes on."""
     try:
+        try:
+            _check(cfg)  # every mistake in the config now, before torch is imported
+        except UserError as e:
+            from saturate.rundir import record_failure
+
+            record_failure(cfg.run_dir, e)  # for sweep reports: this job failed, and why
+            raise
+        import torch  # noqa: F401 (torch, torchmetrics and the rest: imported here, before any thread of the run starts)
+
+        from saturate.launch import command_line, launch, processes
+        from saturate.run import Metrics, train
+        from saturate.tune import tune
+
         if cfg.tune.enabled:
             return tune(cfg)
         count = processes(cfg.trainer.devices, cfg.device.type) if _valid_devices(cfg.trainer.devices) else 1
@@ -93,6 +130,15 @@ def task(cfg: DictConfig) -> Metrics:
         if _answering and HydraConfig.get().mode == RunMode.RUN:
             raise SystemExit(f"error: {e}") from None
         raise
+
+
+def _check(cfg: DictConfig) -> None:
+    """The config's every mistake, found with plain Python (no torch): a misspelt value fails
+    in a fraction of a second. train() checks again (for saturate.fit and the compose API)."""
+    from saturate.config import validate
+    from saturate.policy import PRESETS
+
+    validate(cfg, presets=tuple(PRESETS))
 
 
 def _valid_devices(devices) -> bool:

@@ -29,7 +29,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from saturate.errors import ConfigError, Problem
-from saturate.task import DIRECTIONS, KINDS, REGRESSION_LOSSES, main_metric, metric_names
+from saturate.tasks import DIRECTIONS, KINDS, REGRESSION_LOSSES, main_metric, metric_names
 
 # A schema's problems(): (field, bad value, what is allowed), keyed relative to its node.
 Issues = Iterator[tuple[str, Any, str]]

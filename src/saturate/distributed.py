@@ -20,23 +20,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from saturate.ranks import rank_zero, world_size
+
 log = logging.getLogger(__name__)
 
-
-def _slurm_to_torch_env() -> None:
-    """In a SLURM job of several tasks started by submitit (hydra/launcher=slurm), export
-    torchrun's variables from SLURM's with submitit's helper; CUDA_VISIBLE_DEVICES is left
-    alone (LOCAL_RANK picks the GPU)."""
-    if "RANK" in os.environ or os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
-        return
-    from submitit.helpers import TorchDistributedEnvironment
-
-    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-
-
-def world_size() -> int:
-    _slurm_to_torch_env()
-    return int(os.environ.get("WORLD_SIZE", "1"))
+__all__ = ["Dist", "alone", "no_sync", "peer_failed", "rank_zero", "shared_value", "world_size", "wrap"]
 
 
 def init_process_group() -> None:
@@ -154,12 +142,6 @@ def shared_value(make):
     box = [make() if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def rank_zero() -> bool:
-    """Whether this process is rank 0 (before any process group exists)."""
-    _slurm_to_torch_env()
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def wrap(model: torch.nn.Module, d: Dist, device: torch.device) -> torch.nn.Module:

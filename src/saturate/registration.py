@@ -15,15 +15,20 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from saturate.config import RunConfig
-from saturate.distributed import rank_zero, shared_value
 from saturate.naming import run_name
+from saturate.ranks import rank_zero, world_size
 
 
 def _run_stamp() -> str:
     """The run directory's name below outputs/runs: date/time to the microsecond, so two runs
     started in the same second still get directories of their own. Under torchrun, rank 0's
     (every rank resolves it before the run starts): one directory per run."""
-    return shared_value(lambda: datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f"))
+    stamp = lambda: datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
+    if world_size() == 1:
+        return stamp()
+    from saturate.distributed import shared_value  # torch's process group: only under torchrun
+
+    return shared_value(stamp)
 
 
 def _rank_suffix() -> str:

@@ -12,7 +12,6 @@ import contextlib
 import copy
 import dataclasses
 import inspect
-import json
 import logging
 import os
 import random
@@ -44,7 +43,7 @@ from saturate.config import DATA_ARGUMENTS, RunConfig, TrainerConfig, validate
 from saturate.data import DataSpec, build_datasets, describe
 from saturate.data.base import as_tensor, stack
 from saturate.device import setup_device
-from saturate.distributed import Dist, alone, peer_failed, rank_zero, world_size, wrap
+from saturate.distributed import Dist, alone, peer_failed, world_size, wrap
 from saturate.engine import Engine, Measured, TrainState
 from saturate.environment import cpu_name, fingerprint
 from saturate.errors import ConfigError, Problem, UserError
@@ -68,11 +67,11 @@ from saturate.precision import Precision, emulated, setup_precision
 from saturate.profiling import NoProfiler, StepProfiler
 from saturate.registration import UNSET_RUN_DIR, register
 from saturate.report import RunFacts, Verdict, diagnose, render
-from saturate.rundir import RunDirTaken, hold
+from saturate.rundir import RunDirTaken, hold, record_failure, write_json
 from saturate.step import TrainStep
 from saturate.task import Task, build_task
 from saturate.timing import StepTimer
-from saturate.tracking import Tracker, write_json
+from saturate.tracking import Tracker
 
 log = logging.getLogger("saturate")
 
@@ -117,10 +116,10 @@ def train(cfg: DictConfig, given: Given | None = None) -> Metrics:
         if broke:  # not this rank's error: one line, not gloo's traceback
             e = UserError(f"rank {os.environ.get('RANK', '?')}: stopped because another rank failed (a collective broke off: {broke}); "
                           "that rank's own message and log say why")  # fmt: skip
-            _record_failure(cfg, e)
+            record_failure(cfg.run_dir, e)
             raise e from None
         if not getattr(e, "recorded", False):
-            _record_failure(cfg, e)
+            record_failure(cfg.run_dir, e)
         raise
 
 
@@ -200,38 +199,6 @@ def outside_hydra_app():
         if outer_hydra is not None:
             GlobalHydra.instance().initialize(outer_hydra)
         HydraConfig.instance().cfg = outer_cfg
-
-
-def _record_failure(cfg: DictConfig, error: Exception) -> None:
-    """metrics.json of a run that failed before it could train: status and why (rank 0 only).
-    An earlier attempt's record that is not a failure (a finished or preempted run resumed
-    with a mistake in its config) is kept: its final metrics are not replaced by an error."""
-    if not rank_zero():
-        return
-    try:
-        run_dir = Path(cfg.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except Exception:  # no run dir to write to (an unresolvable config, a read-only disk)
-        return
-    earlier = _status(run_dir / "metrics.json")
-    if earlier not in (None, "failed"):
-        log.warning("kept %s (status %s): this attempt failed before it trained; its error is not recorded there",
-                    run_dir / "metrics.json", earlier)  # fmt: skip
-        return
-    if isinstance(error, ConfigError):  # every problem, on one line (sweep reports show this)
-        why = "; ".join(str(p) for p in error.problems)
-    else:
-        why = " ".join(line.strip() for line in str(error).strip().splitlines()[:3])
-    write_json(run_dir / "metrics.json", {"status": "failed", "error": f"{type(error).__name__}: {why}"})
-
-
-def _status(path: Path) -> str | None:
-    """The status in a metrics.json, or None when there is none (or it is unreadable)."""
-    try:
-        status = json.loads(path.read_text()).get("status")
-        return status if isinstance(status, str) else None
-    except Exception:  # noqa: BLE001 (missing, damaged, foreign)
-        return None
 
 
 def _overrides(given: Given) -> list[str]:

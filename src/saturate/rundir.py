@@ -19,12 +19,13 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from saturate.checkpoint import OWN_NAMES
-from saturate.errors import UserError, shown
+from saturate.errors import ConfigError, UserError, shown
+from saturate.ranks import rank_zero
 
 log = logging.getLogger(__name__)
 
 LOCK = ".lock"
+OWN_NAMES = ("last.pt", "best.pt", "top-*.pt")  # saturate's checkpoint files: the only ones resume looks at in a folder
 
 
 class RunDirTaken(UserError):
@@ -109,3 +110,48 @@ def hold(run_dir: Path, *, resume: str | None, restart: bool, enabled: bool, agr
     finally:
         if lock is not None:
             lock.close()  # the kernel drops the lock
+
+
+def record_failure(run_dir: str, error: Exception) -> None:
+    """metrics.json of a run that failed before it could train: status and why (rank 0 only).
+    An earlier attempt's record that is not a failure (a finished or preempted run resumed
+    with a mistake in its config) is kept: its final metrics are not replaced by an error."""
+    if not rank_zero():
+        return
+    try:
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except Exception:  # no run dir to write to (an unresolvable config, a read-only disk)
+        return
+    earlier = _status(run_dir / "metrics.json")
+    if earlier not in (None, "failed"):
+        log.warning("kept %s (status %s): this attempt failed before it trained; its error is not recorded there",
+                    run_dir / "metrics.json", earlier)  # fmt: skip
+        return
+    if isinstance(error, ConfigError):  # every problem, on one line (sweep reports show this)
+        why = "; ".join(str(p) for p in error.problems)
+    else:
+        why = " ".join(line.strip() for line in str(error).strip().splitlines()[:3])
+    write_json(run_dir / "metrics.json", {"status": "failed", "error": f"{type(error).__name__}: {why}"})
+
+
+def _status(path: Path) -> str | None:
+    """The status in a metrics.json, or None when there is none (or it is unreadable)."""
+    try:
+        status = json.loads(path.read_text()).get("status")
+        return status if isinstance(status, str) else None
+    except Exception:  # noqa: BLE001 (missing, damaged, foreign)
+        return None
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write JSON atomically: a reader sees the old file or the new one, never half (each
+    process through its own temporary file). A write the disk refuses (full, a quota) is one
+    message naming the file, and leaves no temporary file behind."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {shown(path)}: {e.strerror or e}") from None

@@ -31,27 +31,9 @@ from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, 
 from torchmetrics.classification import MulticlassAccuracy
 
 from saturate.errors import DataError
+from saturate.tasks import DIRECTIONS, KINDS, REGRESSION_LOSSES, main_metric, metric_names
 
-KINDS = ("classification", "regression")
-REGRESSION_LOSSES = ("mse", "l1", "huber")
-# metric -> whether larger is better; `val/loss` and `train/loss` are lower-is-better everywhere
-DIRECTIONS = {"val/acc": "max", "val/top5": "max", "val/r2": "max", "val/mae": "min", "val/rmse": "min",
-              "val/loss": "min", "train/loss": "min"}  # fmt: skip
-
-
-def metric_names(kind: str, num_classes: int | None = None) -> tuple[str, ...]:
-    """The validation metrics a task of `kind` logs (besides val/loss). Without
-    `num_classes`, every metric the kind can log (val/top5 needs more than 5 classes)."""
-    if kind == "classification":
-        return ("val/acc", "val/top5") if num_classes is None or num_classes > 5 else ("val/acc",)
-    return ("val/mae", "val/rmse", "val/r2")
-
-
-def main_metric(kind: str, has_val: bool = True) -> str:
-    """What a run of this kind is judged by when checkpoint.monitor is `auto`."""
-    if not has_val:
-        return "train/loss"
-    return "val/acc" if kind == "classification" else "val/loss"
+__all__ = ["DIRECTIONS", "KINDS", "REGRESSION_LOSSES", "Task", "build_task", "main_metric", "metric_names"]
 
 
 @dataclass

@@ -8,10 +8,8 @@ everything, so callers never ask which rank they are on.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,6 @@ from typing import Any
 from tqdm import tqdm
 
 from saturate.callbacks import TensorBoardLogger, builtin_logger
-from saturate.errors import UserError, shown
 
 log = logging.getLogger(__name__)
 
@@ -103,16 +100,3 @@ class Tracker:
         self.bar.close()
         self._each("close")
         self.loggers = []
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Write JSON atomically: a reader sees the old file or the new one, never half (each
-    process through its own temporary file). A write the disk refuses (full, a quota) is one
-    message naming the file, and leaves no temporary file behind."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write {shown(path)}: {e.strerror or e}") from None

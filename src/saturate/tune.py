@@ -56,7 +56,8 @@ from saturate.loader import cpus_per_process
 from saturate.naming import slug
 from saturate.report import MIN_STEPS
 from saturate.run import Given, Metrics, train
-from saturate.tracking import Tracker, write_json
+from saturate.rundir import write_json
+from saturate.tracking import Tracker
 
 log = logging.getLogger(__name__)
 

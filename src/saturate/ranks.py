@@ -1,0 +1,30 @@
+"""Where this process stands among a run's processes, read from the environment alone:
+torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE), or SLURM's through submitit. No torch
+and no process group here, so that composing a config (the run directory's name is rank
+0's) stays as fast as a `--help`."""
+
+from __future__ import annotations
+
+import os
+
+
+def slurm_to_torch_env() -> None:
+    """In a SLURM job of several tasks started by submitit (hydra/launcher=slurm), export
+    torchrun's variables from SLURM's with submitit's helper; CUDA_VISIBLE_DEVICES is left
+    alone (LOCAL_RANK picks the GPU)."""
+    if "RANK" in os.environ or os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return
+    from submitit.helpers import TorchDistributedEnvironment
+
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
+def world_size() -> int:
+    slurm_to_torch_env()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank_zero() -> bool:
+    """Whether this process is rank 0 (before any process group exists)."""
+    slurm_to_torch_env()
+    return int(os.environ.get("RANK", "0")) == 0
