@@ -75,3 +75,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one thread each, for runs and the CLI processes they start
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"

@@ -49,6 +49,7 @@ def test_two_processes_one_run_dir_identical_ranks_and_the_single_process_result
     assert outputs == [ddp_run / "metrics.json"]  # exactly one run dir and one metrics.json
     assert sorted(p.name for p in ddp_run.iterdir()) == [
         ".hydra",
+        ".lock",  # rank 0 holds the run dir (saturate.rundir)
         "checkpoints",
         "metrics.json",
         "report.md",
@@ -230,7 +231,7 @@ def test_a_mistake_under_trainer_devices_is_one_line_per_process(tmp_path):
     assert result.returncode == 1 and "Traceback" not in out
     # each process says it once; the launcher stops the other when the first exits, which may be before it has said it
     assert out.count("error: loader.batch_size=5000: larger than the training set (1437 samples across 2 ranks)") in (1, 2)
-    assert "error: trainer.devices=2: rank " in out and "exited with status 1; its message is above" in out
+    assert "error: trainer.devices=2: rank " in out and "failed first (exit status 1); its message is above" in out
 
 
 def _syncbn_rank(rank: int, port: int, out: str) -> None:
