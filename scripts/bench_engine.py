@@ -47,7 +47,6 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import saturate
-import saturate.run
 from saturate.data.base import channel_stats
 from saturate.data.synthetic import make_synthetic
 
@@ -108,22 +107,19 @@ def hand_loop(model, x, y, *, batch: int, window: Window, lr: float, fast: bool,
 
 
 class StepClock:
-    """Stands in for saturate's NoProfiler: the engine calls step() once per training step."""
+    """A callback (saturate's public protocol) that marks the end of every training step."""
 
     window: Window | None = None
 
-    def step(self) -> None:
+    def on_train_batch_end(self, run, loss) -> None:
         StepClock.window.step_done()
-
-    def close(self) -> None:
-        pass
 
 
 def saturate_loop(overrides: list[str], run_dir: str, window: Window) -> tuple[float, float]:
     StepClock.window = window
-    saturate.run.NoProfiler = StepClock  # the engine marks the end of every step it takes
+    clock = [f"+callbacks.clock._target_={__name__}.StepClock"]  # this module, however it was started
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides, f"trainer.max_steps={window.steps}", f"run_dir={run_dir}"])
+        cfg = compose("config", overrides=[*overrides, *clock, f"trainer.max_steps={window.steps}", f"run_dir={run_dir}"])
     saturate.train(cfg)
     return window.per_step()
 

@@ -79,11 +79,10 @@ def main() -> None:
                     "config", overrides=[f"loader={preset}", f"loader.batch_size={args.batch}", *data_overrides, f"run_dir={tmp}"]
                 )
             run = validate(cfg, presets=tuple(PRESETS_AUG))
-            train_set, val_set = build_datasets(run.data)
-            spec = describe(train_set, val_set, name="synthetic", classes=True)
-            loader, _ = build_loaders(
-                run.loader, run.augmentation, train_set, val_set, spec, target_dtype=torch.int64, device=device, trainer=run.trainer
-            )
+            data = build_datasets(run.data)
+            train_set = data.train
+            spec = describe(data.train, data.val, name="synthetic", classes=True)
+            loader = build_loaders(run.loader, run.augmentation, data, spec, device=device, trainer=run.trainer).train
             rows[f"loader={preset} ({loader.num_workers} workers)"] = (
                 lambda loader=loader: (loader.to_device(b) for b in loader.epoch(0)),
                 lambda batch: None,

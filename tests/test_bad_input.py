@@ -123,7 +123,7 @@ BAD_INPUTS = [
     (
         "unknown monitored metric",
         ["checkpoint.monitor=val/f1"],
-        "checkpoint.monitor='val/f1': expected one of auto, train/loss, val/loss, val/acc",
+        "checkpoint.monitor='val/f1': expected auto or a metric the run logs: train/loss, val/loss, val/acc",
     ),
     ("resume from a missing file", ["trainer.resume=/nonexistent/last.pt"], "trainer.resume: no checkpoint at /nonexistent/last.pt"),
     ("resume from an unreadable file", garbage_checkpoint, "cannot read"),
@@ -427,11 +427,11 @@ def test_a_hung_callback_cannot_keep_a_run_alive_through_sigterm(tmp_path, caplo
     import signal
     import time
 
-    from saturate.callbacks import HANG_S
+    from saturate.callbacks.dispatch import HANG_S
     from saturate.faults import Preempted
 
     class Hangs:
-        def on_log(self, metrics, step):
+        def on_log(self, run, metrics, step):
             if step == 2:
                 os.kill(os.getpid(), signal.SIGTERM)  # a scheduler preempting the job ...
                 time.sleep(600)  # ... while the callback waits on a server that never answers
@@ -440,7 +440,7 @@ def test_a_hung_callback_cannot_keep_a_run_alive_through_sigterm(tmp_path, caplo
     with pytest.raises(Preempted) as stopped:
         fit(mlp(), Samples(64, windows), task="regression", callbacks=[Hangs()], run_dir=tmp_path)
     assert stopped.value.code == 143 and time.monotonic() - start < HANG_S + 30
-    assert f"callback Hangs.on_log did not return within {HANG_S:.0f} s of the stop signal: abandoned" in caplog.text
+    assert f"Hangs.on_log did not return within {HANG_S:.0f} s of the stop signal: abandoned" in caplog.text
     assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 2
 
 

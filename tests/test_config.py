@@ -51,13 +51,15 @@ VALUE_PROBLEMS = [
     ("precision.mode=fp8", "precision.mode='fp8'"),
     ("optim.schedule=linear", "optim.schedule='linear'"),
     ("+data.val_fractoin=0.5", "data.val_fractoin=0.5"),
-    ("task.kind=ranking", "task.kind='ranking'"),
-    ("task.loss=l1", "task.loss='l1'"),  # a regression loss, under classification
-    ("task.label_smoothing=1.0", "task.label_smoothing=1.0"),
-    ("checkpoint.monitor=val/rmse", "checkpoint.monitor='val/rmse'"),  # a regression metric, under classification
+    ("+task.kind=ranking", "task.kind='ranking': expected an argument of saturate.tasks.Classification"),
+    ("task.label_smoothing=abc", "task.label_smoothing='abc': expected a number (Classification's label_smoothing)"),
+    ("task._target_=nowhere.Task", "task._target_='nowhere.Task'"),
+    ("+task.metrics.f1._target_=torchmetrics.nowhere.F1", "task.metrics.f1._target_='torchmetrics.nowhere.F1'"),
+    ("checkpoint.monitor=rmse", "checkpoint.monitor='rmse': expected auto, or a metric the run logs"),
     ("checkpoint.mode=best", "checkpoint.mode='best'"),
-    ("logger=[tensorboard,wandb]", "logger[1]='wandb'"),
-    ("callbacks=[print]", "callbacks[0]='print'"),
+    ("+logger.mine._target_=nowhere.Logger", "logger.mine._target_='nowhere.Logger'"),
+    ("+callbacks.mine._target_=nowhere.Callback", "callbacks.mine._target_='nowhere.Callback'"),
+    ("augmentation.transforms=[{_target_:nowhere.Flip}]", "augmentation.transforms[0]._target_='nowhere.Flip'"),
     ("+model.widht=3", "model.widht=3"),
     ("+trainer.max_epoch=3", "trainer.max_epoch=3"),
     ("+optim.optimizer.momentun=0.9", "optim.optimizer.momentun=0.9"),
@@ -119,14 +121,22 @@ def test_built_in_data_options_check_their_values(overrides, named, tmp_path):
 
 
 def test_monitor_and_mode_must_agree(tmp_path):
+    from saturate.tasks import Classification, Regression
+
     with pytest.raises(ConfigError) as err:
         validate(compose_config(["checkpoint.monitor=val/loss", "checkpoint.mode=max", f"run_dir={tmp_path}"]))
     assert "checkpoint.mode='max': expected min or auto for checkpoint.monitor=val/loss (lower is better)" in str(err.value)
+    regression, classification = Regression(1), Classification(10)
     run = validate(compose_config(["task=regression", "checkpoint.monitor=val/r2", f"run_dir={tmp_path}"]))
-    assert run.checkpoint.resolved("regression", has_val=True).mode == "max"
-    assert run.checkpoint.resolved("regression", has_val=True).monitor == "val/r2"
-    assert validate(compose_config([f"run_dir={tmp_path}"])).checkpoint.resolved("classification", has_val=True).monitor == "val/acc"
-    assert validate(compose_config([f"run_dir={tmp_path}"])).checkpoint.resolved("regression", has_val=False).monitor == "train/loss"
+    assert run.checkpoint.resolved(regression, has_val=True).mode == "max"
+    assert run.checkpoint.resolved(regression, has_val=True).monitor == "val/r2"
+    assert validate(compose_config([f"run_dir={tmp_path}"])).checkpoint.resolved(classification, has_val=True).monitor == "val/acc"
+    assert validate(compose_config([f"run_dir={tmp_path}"])).checkpoint.resolved(regression, has_val=False).monitor == "train/loss"
+    with pytest.raises(ConfigError, match="checkpoint.mode='min': expected max or auto for checkpoint.monitor=val/r2"):
+        validate(compose_config(["checkpoint.monitor=val/r2", "checkpoint.mode=min", f"run_dir={tmp_path}"])).checkpoint.resolved(
+            regression, has_val=True)  # fmt: skip
+    with pytest.raises(ConfigError, match="checkpoint.monitor='val/rmse': expected auto or a metric the run logs: train/loss, val/loss"):
+        validate(compose_config(["checkpoint.monitor=val/rmse", f"run_dir={tmp_path}"])).checkpoint.resolved(classification, True)
 
 
 # Problems Hydra itself catches while composing: wrong types, unknown keys and options.

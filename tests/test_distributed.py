@@ -95,11 +95,11 @@ def test_two_processes_stop_on_sigterm_and_resume_to_the_same_weights(ddp_run, t
 
 FAULTS_ON_RANK_1 = """
 import os, runpy, sys, torch
-import saturate.task
+import saturate.tasks.classification
 from saturate.models import SmallCNN
 
 calls = {"forward": 0, "loss": 0}
-original_forward, original_loss = SmallCNN.forward, saturate.task.F.cross_entropy
+original_forward, original_loss = SmallCNN.forward, saturate.tasks.classification.F.cross_entropy
 
 def forward(self, x):
     if self.training and os.environ["RANK"] == "1":
@@ -117,7 +117,7 @@ def cross_entropy(logits, y, *args, **kwargs):
     return loss
 
 SmallCNN.forward = forward
-saturate.task.F.cross_entropy = cross_entropy
+saturate.tasks.classification.F.cross_entropy = cross_entropy
 sys.argv = [sys.argv[0], *sys.argv[1:]]
 runpy.run_path(os.environ["TRAIN_PY"], run_name="__main__")
 """

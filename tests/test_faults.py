@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import saturate
-import saturate.task
+import saturate.tasks.classification
 from saturate import checkpoint
 from saturate.errors import DataError
 from saturate.faults import NonFiniteGuard, TrainingDiverged
@@ -26,29 +26,54 @@ from tests.conftest import TINY
 from tests.test_train import events
 
 
-def poison_loss(monkeypatch, bad_steps: set[int]) -> list[int]:
-    """Make the training loss NaN at the given (1-based) steps of every run that follows;
-    returns the list of steps seen. (Calls outside a step, such as the start-up check of the
-    loss, are left alone.)"""
-    seen = []
-    original, step_call = F.cross_entropy, TrainStep.__call__
+class Snapshots:
+    """A callback that keeps the weights and the optimizer's state before the first step and
+    after each one."""
 
-    def call(self, x, y, step):
-        seen.append(step)
-        try:
-            return step_call(self, x, y, step)
-        finally:
-            seen.append(None)  # between steps
+    taken: dict[int, list[torch.Tensor]] = {}
+
+    def _take(self, run) -> None:
+        state = [t.clone() for s in run.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+        Snapshots.taken[run.step] = [p.detach().clone() for p in run.model.parameters()] + state
+
+    def on_run_start(self, run) -> None:
+        Snapshots.taken = {}
+        self._take(run)
+
+    def on_train_batch_end(self, run, loss) -> None:
+        self._take(run)
+
+
+class StepCount:
+    """A callback that tells which training step runs now (the public protocol): 0 before
+    the run starts (the start-up check of the loss is no step), then run.step + 1."""
+
+    current = 0
+
+    def on_run_start(self, run) -> None:
+        StepCount.current = run.step + 1
+
+    def on_train_batch_end(self, run, loss) -> None:
+        StepCount.current = run.step + 1
+
+
+COUNTED = ["+callbacks.count._target_=tests.test_faults.StepCount"]
+
+
+def poison_loss(monkeypatch, bad_steps: set[int]) -> list[str]:
+    """Make the training loss NaN at the given (1-based) steps of every run that follows
+    (runs given the returned overrides, which count the steps)."""
+    original = F.cross_entropy
+    StepCount.current = 0
 
     def cross_entropy(logits, y, *args, **kwargs):
         loss = original(logits, y, *args, **kwargs)
-        if logits.requires_grad and len(seen) and seen[-1] in bad_steps:  # inside a poisoned training step
+        if logits.requires_grad and StepCount.current in bad_steps:  # inside a poisoned training step
             return loss * float("nan")
         return loss
 
-    monkeypatch.setattr(TrainStep, "__call__", call)
-    monkeypatch.setattr(saturate.task.F, "cross_entropy", cross_entropy)
-    return seen
+    monkeypatch.setattr(saturate.tasks.classification.F, "cross_entropy", cross_entropy)
+    return COUNTED
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["decided-on-the-device", "read-per-step"])
@@ -56,22 +81,13 @@ def test_a_non_finite_step_is_skipped_counted_and_leaves_the_weights_alone(make_
     """The presets' fused optimizer skips on the device (the schedule advances over the
     skipped step, as over an fp16 overflow); another optimizer is told per step (the
     schedule holds)."""
-    snapshots = {}
-    original = TrainStep.__call__
-
-    def call(self, x, y, step):
-        before = [p.detach().clone() for p in self.params] + [s.clone() for s in self.optimizer.state_dict()["state"].get(0, {}).values()]
-        out = original(self, x, y, step)
-        after = [p.detach() for p in self.params] + list(self.optimizer.state_dict()["state"].get(0, {}).values())
-        snapshots[step] = (len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after, strict=True)), out[2])
-        return out
-
-    monkeypatch.setattr(TrainStep, "__call__", call)
-    poison_loss(monkeypatch, {2})
-    cfg = make_cfg("trainer.max_epochs=2", "optim.warmup_epochs=0", f"optim.optimizer.fused={str(fused).lower()}")
+    overrides = poison_loss(monkeypatch, {2})
+    cfg = make_cfg("trainer.max_epochs=2", "optim.warmup_epochs=0", f"optim.optimizer.fused={str(fused).lower()}", *overrides,
+                   "+callbacks.snapshots._target_=tests.test_faults.Snapshots")  # fmt: skip
     metrics = saturate.train(cfg)
-    assert snapshots[2] == (True, fused)  # weights and momentum untouched; a step for the schedule only when decided on the device
-    assert snapshots[1] == (False, True) and snapshots[3] == (False, True)
+    taken = Snapshots.taken
+    unchanged = {step: all(torch.equal(a, b) for a, b in zip(taken[step - 1], taken[step], strict=True)) for step in (1, 2, 3)}
+    assert unchanged == {1: False, 2: True, 3: False}  # weights and momentum untouched by the skipped step 2
     assert metrics["train/nonfinite_steps"] == 1 and math.isfinite(metrics["train/loss"])
     acc = events(cfg.run_dir)
     assert [(e.step, e.value) for e in acc.Scalars("train/nonfinite_steps")][:2] == [(1, 0), (2, 1)]  # logged when it changes
@@ -80,8 +96,8 @@ def test_a_non_finite_step_is_skipped_counted_and_leaves_the_weights_alone(make_
 
 
 def test_consecutive_non_finite_steps_stop_with_the_last_good_state(make_cfg, monkeypatch):
-    poison_loss(monkeypatch, set(range(3, 100)))
-    cfg = make_cfg("trainer.max_epochs=3", "trainer.max_nonfinite_steps=4", "trainer.limit_train_batches=-1")
+    overrides = poison_loss(monkeypatch, set(range(3, 100)))
+    cfg = make_cfg("trainer.max_epochs=3", "trainer.max_nonfinite_steps=4", "trainer.limit_train_batches=-1", *overrides)
     with pytest.raises(TrainingDiverged) as err:
         saturate.train(cfg)
     last = Path(cfg.run_dir) / "checkpoints/last.pt"
@@ -92,8 +108,8 @@ def test_consecutive_non_finite_steps_stop_with_the_last_good_state(make_cfg, mo
 
 
 def test_without_per_step_checks_non_finite_steps_fail_at_the_next_log_step(make_cfg, monkeypatch):
-    poison_loss(monkeypatch, {5})
-    cfg = make_cfg("trainer.skip_nonfinite=false", "trainer.log_interval=4", "trainer.limit_train_batches=-1")
+    overrides = poison_loss(monkeypatch, {5})
+    cfg = make_cfg("trainer.skip_nonfinite=false", "trainer.log_interval=4", "trainer.limit_train_batches=-1", *overrides)
     with pytest.raises(TrainingDiverged, match="stopped at step 8: non-finite steps before step 8"):
         saturate.train(cfg)
 
@@ -264,7 +280,7 @@ def test_a_skipped_first_step_leaves_the_optimizer_as_new(name, kind, determinis
     def train_step(model, optimizer):
         guard = NonFiniteGuard(skip=True, check_grads=True, max_consecutive=3, device=torch.device("cpu"))
         precision = Precision("fp32", "cpu", None, torch.amp.GradScaler("cpu", enabled=False))
-        return TrainStep(model, optimizer, precision, guard, loss=lambda out, y: F.cross_entropy(out, y) * nan[0], grad_clip=0.0)
+        return TrainStep(model, optimizer, precision, guard, loss=lambda m, b: F.cross_entropy(m(b[0]), b[1]) * nan[0], grad_clip=0.0)
 
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(2)]
@@ -273,11 +289,11 @@ def test_a_skipped_first_step_leaves_the_optimizer_as_new(name, kind, determinis
         step = train_step(model, optimizer)
         assert step.on_device == (kind == "fused")
         nan = [float("nan")]
-        step(*batches[0], 1)  # skipped
+        step(batches[0], 1)  # skipped
         nan[0] = 1.0
-        step(*batches[1], 2)
+        step(batches[1], 2)
         fresh_model, fresh_optimizer = build()
-        train_step(fresh_model, fresh_optimizer)(*batches[1], 1)
+        train_step(fresh_model, fresh_optimizer)(batches[1], 1)
     assert step.guard.count + int(step.guard.unread) == 1
     for p, q in zip(model.parameters(), fresh_model.parameters(), strict=True):
         assert torch.equal(p, q)
@@ -296,10 +312,10 @@ def test_a_run_whose_first_step_is_skipped_trains_on(make_cfg, monkeypatch, dete
     weights. It now ends as the read-per-step run (which never calls the optimizer for a
     skipped step) does, up to the two kernels' rounding."""
     runs = {}
-    poison_loss(monkeypatch, {1})
+    overrides = poison_loss(monkeypatch, {1})
     for fused in ("true", "false"):
         cfg = make_cfg("optim.warmup_epochs=0", "optim.schedule=constant", f"trainer.deterministic={str(deterministic).lower()}",
-                       "trainer.max_epochs=2", f"optim.optimizer.fused={fused}")  # fmt: skip
+                       "trainer.max_epochs=2", f"optim.optimizer.fused={fused}", *overrides)  # fmt: skip
         metrics = saturate.train(cfg)
         assert metrics["train/nonfinite_steps"] == 1 and math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["val/loss"])
         runs[fused] = torch.load(Path(cfg.run_dir) / "checkpoints" / "last.pt", weights_only=True)["model"]

@@ -155,7 +155,7 @@ def test_fit_end_to_end_writes_the_run_dir(user_package, tmp_path):
     assert float(metrics) == metrics["val/loss"] == written["val/loss"]
     assert events(tmp_path).Scalars("val/rmse")[-1].value == pytest.approx(metrics["val/rmse"])
     saved = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=False)["config"]
-    assert saved["model"] == {"object": "sensorpkg.model.MLP"} and saved["task"]["kind"] == "regression"
+    assert saved["model"] == {"object": "sensorpkg.model.MLP"} and saved["task"]["_target_"] == "saturate.tasks.Regression"
 
 
 def test_fit_without_a_validation_set_monitors_the_training_loss(user_package, tmp_path):
@@ -204,28 +204,31 @@ def test_checkpoint_monitor_val_rmse_keeps_the_lowest(user_package, tmp_path):
 
 
 class Recorder:
-    """A user's logger and callback in one: it keeps everything it is given."""
+    """A user's logger: it keeps everything it is given (the observer protocol)."""
 
     def __init__(self):
         self.metrics: dict[tuple[str, int], float] = {}
-        self.hooks: list[str] = []
 
-    def log_metrics(self, metrics, step):
+    def on_log(self, run, metrics, step):
         self.metrics.update({(k, step): float(v) for k, v in metrics.items()})
 
-    def close(self):
-        self.hooks.append("close")
 
-    def on_run_start(self, info):
-        self.hooks.append(f"start:{info['task']}")
+class Hooks:
+    """A user's callback: the hooks it saw, in order."""
 
-    def on_eval_end(self, metrics, step):
-        self.hooks.append(f"eval:{step}")
+    def __init__(self):
+        self.hooks: list[str] = []
 
-    def on_checkpoint(self, path, step):
-        self.hooks.append(f"checkpoint:{step}")
+    def on_run_start(self, run):
+        self.hooks.append(f"start:{run.info['task']}")
 
-    def on_run_end(self, metrics):
+    def on_eval_end(self, run, metrics):
+        self.hooks.append(f"eval:{run.step}")
+
+    def on_checkpoint(self, run, path):
+        self.hooks.append(f"checkpoint:{run.step}")
+
+    def on_run_end(self, run, metrics):
         self.hooks.append(f"end:{metrics['status']}")
 
 
@@ -233,11 +236,11 @@ def test_a_custom_logger_gets_what_tensorboard_gets_and_callbacks_see_the_run(us
     from sensorpkg.data import windows
     from sensorpkg.model import MLP
 
-    recorder = Recorder()
+    recorder, hooks = Recorder(), Hooks()
     train, val = windows("regression")
     overrides = [*TINY, "trainer.max_epochs=2", "logger=[tensorboard,csv]"]
     saturate.fit(MLP((6, 3), 1), train, val, task="regression", overrides=overrides, run_dir=tmp_path, loggers=[recorder],
-                 callbacks=[recorder])  # fmt: skip
+                 callbacks=[hooks])  # fmt: skip
     acc = events(tmp_path)
     tensorboard = {(tag, e.step): e.value for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
     assert recorder.metrics.keys() == tensorboard.keys()
@@ -246,7 +249,7 @@ def test_a_custom_logger_gets_what_tensorboard_gets_and_callbacks_see_the_run(us
     with open(tmp_path / "metrics.csv", newline="") as f:
         rows = {(r["name"], int(r["step"])): float(r["value"]) for r in csv.DictReader(f)}
     assert rows == recorder.metrics
-    assert recorder.hooks == ["start:regression", "eval:3", "checkpoint:3", "eval:6", "checkpoint:6", "close", "end:completed"]
+    assert hooks.hooks == ["start:regression", "eval:3", "checkpoint:3", "eval:6", "checkpoint:6", "end:completed"]
 
 
 def test_loggers_and_callbacks_from_the_config(user_package, tmp_path):
@@ -254,12 +257,11 @@ def test_loggers_and_callbacks_from_the_config(user_package, tmp_path):
         "import json\n"
         "class Ends:\n"
         "    def __init__(self, path):\n        self.path = path\n"
-        "    def on_run_end(self, metrics):\n        open(self.path, 'w').write(json.dumps(metrics['status']))\n"
+        "    def on_run_end(self, run, metrics):\n        open(self.path, 'w').write(json.dumps(metrics['status']))\n"
     )
     out = tmp_path / "ended.json"
-    cfg = user_cfg(
-        user_package, tmp_path / "run", "task=regression", "logger=[csv]", f"callbacks=[{{_target_: sensorpkg.hooks.Ends, path: '{out}'}}]"
-    )
+    cfg = user_cfg(user_package, tmp_path / "run", "task=regression", "logger=[csv]", "+callbacks.ends._target_=sensorpkg.hooks.Ends",
+                   f"+callbacks.ends.path='{out}'")  # fmt: skip
     saturate.train(cfg)
     assert json.loads(out.read_text()) == "completed"
     assert (tmp_path / "run" / "metrics.csv").is_file() and not (tmp_path / "run" / "tb").exists()
@@ -268,9 +270,9 @@ def test_loggers_and_callbacks_from_the_config(user_package, tmp_path):
 @pytest.mark.parametrize(
     ("override", "named"),
     [
-        ("augmentation=gpu", "augmentation.placement='gpu': expected none: augmentation works on uint8 image inputs (C, H, W)"),
+        ("augmentation=gpu", "augmentation.placement='gpu': expected none: augmentation works on image inputs (C, H, W)"),
         ("augmentation=cpu", "augmentation.placement='cpu': expected none"),
-        ("trainer.channels_last=true", "trainer.channels_last=True: expected false: channels_last is a layout of uint8 image inputs"),
+        ("trainer.channels_last=true", "trainer.channels_last=True: expected false: channels_last is a layout of image inputs"),
     ],
 )
 def test_image_only_options_on_sequences_are_a_clean_error(user_package, tmp_path, override, named):
@@ -286,11 +288,12 @@ def test_data_and_model_that_do_not_fit_are_clean_errors(user_package, tmp_path)
         saturate.train(user_cfg(user_package, tmp_path / "a"))  # regression targets, classification task
     with pytest.raises(UserError, match=r"returns outputs of shape \(2, 1\) for a batch of 2; task=classification with 2 classes"):
         saturate.train(user_cfg(user_package, tmp_path / "b", "data.kind=classification", "+model.num_outputs=1"))
-    with pytest.raises(UserError, match=r"model: Linear cannot take the data's inputs \(6x3 float64 inputs"):
+    shapes = r"\(6x3 float64 inputs, real targets of shape \(\)\) and task regression: RuntimeError: mat1 and mat2 shapes cannot"
+    with pytest.raises(UserError, match=r"model: Linear does not fit the data " + shapes):
         from sensorpkg.data import windows
 
         saturate.fit(nn.Linear(5, 1), *windows("regression"), task="regression", overrides=TINY, run_dir=tmp_path / "c")
-    with pytest.raises(ConfigError, match="checkpoint.monitor='val/acc': expected one of auto, train/loss, val/loss, val/mae"):
+    with pytest.raises(ConfigError, match="checkpoint.monitor='val/acc': expected auto or a metric the run logs: train/loss, val/loss"):
         saturate.train(user_cfg(user_package, tmp_path / "d", "task=regression", "checkpoint.monitor=val/acc"))
 
 

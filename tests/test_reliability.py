@@ -130,8 +130,9 @@ def test_a_model_holding_nan_is_never_saved(tmp_path, caplog):
 
     model = bn_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    parts = {"model": model, "optimizer": optimizer, "scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)}
-    cp = Checkpointer(tmp_path, CheckpointConfig(monitor="val/loss", mode="min"), interval=1, parts=parts, config={}, fingerprint={})
+    parts = {"optimizer": optimizer, "scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)}
+    cp = Checkpointer(tmp_path, CheckpointConfig(monitor="val/loss", mode="min"), interval=1, model=model, parts=parts, config={},
+                      fingerprint={})  # fmt: skip
     cp.save(TrainState(epoch=1, step=10), {"val/loss": 0.5})
     model[1].running_var.fill_(float("nan"))
     with caplog.at_level(logging.ERROR, logger="saturate"):

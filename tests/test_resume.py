@@ -16,7 +16,6 @@ import torch
 import saturate
 from saturate import checkpoint
 from saturate.faults import Preempted
-from saturate.step import TrainStep
 from tests.conftest import ROOT, read_metrics, run_cli
 from tests.test_train import events
 
@@ -37,25 +36,28 @@ def final_weights(run_dir) -> dict[str, torch.Tensor]:
     return torch.load(Path(run_dir) / "checkpoints" / "last.pt", weights_only=False)["model"]
 
 
-def stop_at(monkeypatch, step: int, signum: int = signal.SIGUSR1) -> None:
-    """Deliver a real signal to this process as the engine finishes step `step`."""
-    original = TrainStep.__call__
+class SignalAt:
+    """A callback (the public protocol) that delivers a real signal to this process as the
+    run finishes step `step`: a scheduler preempting it at a known point."""
 
-    def call(self, x, y, s):
-        out = original(self, x, y, s)
-        if s == step:
-            signal.raise_signal(signum)
-        return out
+    def __init__(self, step: int, signum: int = int(signal.SIGUSR1)):
+        self.step, self.signum = step, signum
 
-    monkeypatch.setattr(TrainStep, "__call__", call)
+    def on_train_batch_end(self, run, loss) -> None:
+        if run.step == self.step:
+            signal.raise_signal(self.signum)
+
+
+def signal_at(step: int, signum: int = signal.SIGUSR1) -> list[str]:
+    """The overrides that add a SignalAt callback to a run."""
+    return ["+callbacks.signal._target_=tests.test_resume.SignalAt", f"+callbacks.signal.step={step}",
+            f"+callbacks.signal.signum={int(signum)}"]  # fmt: skip
 
 
 def interrupted_then_resumed(make_cfg, monkeypatch, overrides, at_step):
-    first = make_cfg(*EXACT, *overrides)
-    with monkeypatch.context() as m:
-        stop_at(m, at_step)
-        with pytest.raises(Preempted) as stopped:
-            saturate.train(first)
+    first = make_cfg(*EXACT, *overrides, *signal_at(at_step))
+    with pytest.raises(Preempted) as stopped:
+        saturate.train(first)
     assert stopped.value.code == 128 + signal.SIGUSR1
     assert read_metrics(first.run_dir)["status"] == "preempted"
     assert torch.load(Path(first.run_dir) / "checkpoints/last.pt", weights_only=False)["step"] == at_step
@@ -90,12 +92,10 @@ def test_resumed_run_equals_the_uninterrupted_one(make_cfg, monkeypatch, name):
         assert torch.equal(weights[key], resumed[key]), key
 
 
-def test_resume_auto_in_the_same_run_dir_continues_and_keeps_tensorboard_consistent(make_cfg, monkeypatch):
-    cfg = make_cfg(*EXACT)
-    with monkeypatch.context() as m:
-        stop_at(m, 16)
-        with pytest.raises(Preempted):
-            saturate.train(cfg)
+def test_resume_auto_in_the_same_run_dir_continues_and_keeps_tensorboard_consistent(make_cfg):
+    cfg = make_cfg(*EXACT, *signal_at(16))
+    with pytest.raises(Preempted):
+        saturate.train(cfg)
     again = make_cfg(*EXACT, "trainer.resume=auto")
     again.run_dir = cfg.run_dir
     metrics = saturate.train(again)
@@ -207,8 +207,7 @@ def test_checkpoints_carry_the_fingerprint_and_config(make_cfg):
 def test_sigint_once_stops_cleanly(make_cfg, monkeypatch):
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if this runs in the background
     try:
-        cfg = make_cfg(*EXACT)
-        stop_at(monkeypatch, 5, signal.SIGINT)
+        cfg = make_cfg(*EXACT, *signal_at(5, signal.SIGINT))
         with pytest.raises(Preempted) as stopped:
             saturate.train(cfg)
         assert stopped.value.code == 130
@@ -232,8 +231,7 @@ def test_a_preempted_run_leaves_no_worker_processes_behind(make_cfg, monkeypatch
     garbage collector (which, finalising a reference cycle, waited 5 s per worker)."""
     import psutil
 
-    stop_at(monkeypatch, 16)
     with pytest.raises(Preempted) as stopped:
-        saturate.train(make_cfg(*EXACT, "loader.num_workers=2"))
+        saturate.train(make_cfg(*EXACT, "loader.num_workers=2", *signal_at(16)))
     assert stopped.value.__traceback__ is not None
     assert psutil.Process().children() == []

@@ -253,14 +253,15 @@ def test_the_preset_goes_to_the_users_config_dir_else_saturates(tmp_path):
 
 def test_a_trial_stops_once_its_steady_state_is_measured(make_cfg):
     import saturate
-    from saturate.engine import Measured
-    from saturate.run import Given
+    from saturate.parts import Given
+    from saturate.tune import Measured
     from tests.conftest import read_metrics
 
     cfg = make_cfg("trainer.max_epochs=1000", "trainer.log_interval=5")  # 3 steps per epoch: 3,000 steps unless stopped
-    saturate.train(cfg, Given(measured=Measured(seconds=0.3, steps=10)))
+    saturate.train(cfg, Given(callbacks={"measured": Measured(seconds=0.3, steps=10)}))  # tune's stop rule: a callback
     done = read_metrics(cfg.run_dir)
     assert done["status"] == "completed" and 13 <= done["progress/step"] < 3000  # the first window (warm-up) + at least 10
+    assert done["stopped_early"] == "tune: the trial's steady state is measured"
     assert done["time/wall_s"] < 60
 
 

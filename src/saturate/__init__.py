@@ -16,8 +16,12 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     """`train`, `fit` and `Metrics` are imported when first asked for: `import saturate` (and
     train.py's --help, and a config's mistakes) stay free of torch's start-up time."""
-    if name in ("Metrics", "fit", "train"):
+    if name in ("Metrics", "train"):
         from saturate import run
 
         return getattr(run, name)
+    if name == "fit":
+        from saturate.api import fit
+
+        return fit
     raise AttributeError(f"module 'saturate' has no attribute {name!r}")

@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 
 from saturate.policy import POLICY_FIELDS, PRESETS, Policy
 
-__all__ = ["POLICY_FIELDS", "PRESETS", "BatchAugment", "Policy", "Preview", "SampleAugment", "Schedule"]
+__all__ = ["POLICY_FIELDS", "PRESETS", "BatchAugment", "Policy", "Preview", "SampleAugment", "Schedule", "Transforms"]
 
 ERASE_SCALE = (0.02, 0.33)  # erased area, as a share of the image
 ERASE_RATIO = (0.3, 3.3)  # erased rectangle's aspect ratio
@@ -84,18 +84,59 @@ def kornia_pipeline(policy: Policy) -> torch.nn.Module:
     return K.AugmentationSequential(*ops) if ops else torch.nn.Identity()
 
 
-class BatchAugment:
-    """The device placement: `augment(x, epoch, batch)` for a batch already on the device."""
+class Transforms:
+    """The user's own augmentation (augmentation.transforms): Kornia modules run in order
+    on float images (B, C, H, W) in [0, 1], the same whatever the epoch."""
 
-    def __init__(self, schedule: Schedule, seed: int):
+    name = "transforms"
+
+    def __init__(self, modules: list[torch.nn.Module]):
+        self.pipeline = torch.nn.Sequential(*modules)
+
+    def policy(self, epoch: int):
+        return self
+
+    def is_identity(self) -> bool:
+        return False
+
+
+def build_transforms(nodes: list) -> Transforms | None:
+    """augmentation.transforms: the user's `_target_` nodes built into modules (Kornia's
+    augmentations, or any module taking and returning (B, C, H, W) floats in [0, 1])."""
+    if not nodes:
+        return None
+    from hydra.utils import instantiate
+
+    from saturate.errors import ConfigError, Problem, UserError
+
+    modules = []
+    for i, node in enumerate(nodes):
+        try:
+            module = instantiate(node)
+        except Exception as e:  # noqa: BLE001 (the user's node: its message, one line)
+            cause = e.__cause__ or e
+            why = " ".join(str(cause).split())[:200]
+            raise UserError(f"augmentation.transforms[{i}]: cannot build {node.get('_target_')}: {why}") from None
+        if not isinstance(module, torch.nn.Module):
+            allowed = "a torch.nn.Module taking images (B, C, H, W) in [0, 1], e.g. kornia.augmentation.RandomAffine"
+            raise ConfigError([Problem(f"augmentation.transforms[{i}]", node.get("_target_"), allowed)])
+        modules.append(module)
+    return Transforms(modules)
+
+
+class BatchAugment:
+    """The device placement: `augment(x, epoch, batch)` for a batch already on the device,
+    floats in [0, 1]: the epoch's policy as Kornia modules, or the user's transforms."""
+
+    def __init__(self, schedule: Schedule | Transforms, seed: int):
         self.schedule, self.seed = schedule, seed
-        self._pipelines: dict[Policy, torch.nn.Module] = {}
+        self._pipelines: dict = {}
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
         policy = self.schedule.policy(epoch)
         if policy not in self._pipelines:
-            self._pipelines[policy] = kornia_pipeline(policy)
+            self._pipelines[policy] = policy.pipeline.to(x.device) if isinstance(policy, Transforms) else kornia_pipeline(policy)
         # Kornia draws its parameters from the global CPU generator: seed it for this batch
         # inside a fork, so no other user of the global generator sees a difference.
         with torch.random.fork_rng(devices=[]):
@@ -187,27 +228,40 @@ def augment_sample(x: torch.Tensor, policy: Policy, rng: random.Random) -> torch
 
 
 class SampleAugment(Dataset):
-    """The CPU placement: a dataset of uint8 images whose items are augmented one by one
-    (in the DataLoader's workers). Items are asked for by (epoch, index), so each sample's
-    parameters follow from (seed, epoch, index) and the epoch's policy."""
+    """The CPU placement: a dataset of images whose items are augmented one by one (in the
+    DataLoader's workers). Items are asked for by (epoch, index), so each sample's parameters
+    follow from (seed, epoch, index) and the epoch's policy. `entry`: where the image is in a
+    sample (0 of a pair, a dict's input key). The user's transforms run on the sample as a
+    batch of one, their draws keyed the same way."""
 
-    def __init__(self, base: Dataset, schedule: Schedule, seed: int):
-        self.base, self.schedule, self.seed = base, schedule, seed
+    def __init__(self, base: Dataset, schedule: Schedule | Transforms, seed: int, entry=0):
+        self.base, self.schedule, self.seed, self.entry = base, schedule, seed, entry
         self.poll = getattr(base, "poll", None)  # the base data set's, for the loader (saturate.data.base)
+        self.collate_fn = getattr(base, "collate_fn", None)
 
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, key: tuple[int, int]):
         epoch, index = key
-        image, label = self.base[index]
+        sample = self.base[index]
+        image = torch.as_tensor(sample[self.entry])
         policy = self.schedule.policy(epoch)
         if policy.is_identity():
-            return image, label
-        rng = random.Random(_key(self.seed, epoch, index))
-        out = augment_sample(image.float().div_(255), policy, rng)
-        # back to uint8: a quarter of the bytes through the workers' queues and the copy
-        return out.mul_(255).round_().to(torch.uint8), label
+            return sample
+        uint8 = image.dtype == torch.uint8
+        x = image.float().div_(255) if uint8 else image.float()
+        if isinstance(policy, Transforms):
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                torch.default_generator.manual_seed(_key(self.seed, epoch, index))
+                out = policy.pipeline(x[None])[0]
+        else:
+            out = augment_sample(x, policy, random.Random(_key(self.seed, epoch, index)))
+        # uint8 back to uint8: a quarter of the bytes through the workers' queues and the copy
+        out = out.mul_(255).round_().to(torch.uint8) if uint8 else out
+        if isinstance(sample, dict):
+            return {**sample, self.entry: out}
+        return (out, *sample[1:]) if isinstance(sample, tuple) else [out, *sample[1:]]
 
 
 class Preview:

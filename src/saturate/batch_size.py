@@ -14,6 +14,7 @@ decides it, and reused by later runs with the same key.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fcntl
 import json
 import logging
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.utils._pytree import tree_map
 
 from saturate.device import OutOfMemory, free_device_memory, is_oom
 
@@ -82,21 +84,21 @@ def measure_with(step: Callable, optimizer: torch.optim.Optimizer, pipeline, fet
                  device: torch.device) -> Callable[[int], Trial]:  # fmt: skip
     """measure(size): one warm-up and `steps` timed training steps on a batch of `size`
     real samples (`fetch(size)` gives the host batch, pinned on CUDA as the run's are;
-    preparing it is not timed). `step(x,
-    y, n)` is one training step that does not recover from out-of-memory itself."""
+    preparing it is not timed). `step(batch, n)` is one training step that does not recover
+    from out-of-memory itself."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def measure(size: int) -> Trial:
         host = fetch(size)
-        if device.type == "cuda":
-            host = tuple(t.pin_memory() for t in host)  # as the run's loader gives them: copies overlap, as in the run
+        if device.type == "cuda":  # as the run's loader gives them: copies overlap, as in the run
+            host = tree_map(lambda t: t.pin_memory() if isinstance(t, torch.Tensor) else t, host)
             torch.cuda.reset_peak_memory_stats(device)
         try:
-            step(*pipeline(host), 0)
+            step(pipeline(host), 0)
             sync()
             start = time.perf_counter()
             for _ in range(steps):
-                step(*pipeline(host), 0)
+                step(pipeline(host), 0)
             sync()
             elapsed = time.perf_counter() - start
             peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
@@ -120,6 +122,35 @@ def restoring(model: torch.nn.Module, run: Callable[[], tuple[int, list[Trial]]]
             return run()
         finally:
             model.load_state_dict(saved)
+
+
+def choose(cfg, *, key: dict, samples: int, world_size: int, make_step: Callable, optimizer, pipeline, fetch, device: torch.device,
+           model: torch.nn.Module, dist, compiled: bool) -> tuple[int, list[Trial]]:  # fmt: skip
+    """loader.batch_size=auto: the cached choice for `key`, or a search over real training
+    steps (`make_step()`: the run's own step, built by the same factory, that does not recover
+    from out-of-memory itself). Under DDP each rank searches on its own device with the plain
+    model (no collectives in the trials: not DDP's, and SyncBatchNorm's only within the rank
+    itself; `dist.alone`) and the smallest choice wins, so it fits everywhere."""
+    from saturate.distributed import alone
+
+    high = min(cfg.max, samples // world_size)
+    cache = Cache(cfg.cache, valid=valid_choice)
+    hit = cache.get(key)
+    if hit is not None and cfg.min <= hit["batch_size"] <= high:
+        log.info("loader.batch_size=auto: %d, reused from %s (same model, input, precision, compile, device)", hit["batch_size"], cfg.cache)
+        return hit["batch_size"], [Trial(**t) for t in hit["trials"]]
+    start = time.perf_counter()
+    measure = measure_with(make_step(), optimizer, pipeline, fetch, steps=cfg.steps, device=device)
+    with alone(model, dist):  # SyncBatchNorm: each rank's trials are its own
+        chosen, trials = restoring(model, lambda: search(measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety))
+    chosen = dist.minimum(chosen)
+    if compiled:  # each trial's size was a new shape: from the second on, a graph with a dynamic batch dimension
+        torch._dynamo.reset()  # dropped, so the run compiles once for the size it trains with (in its warm-up window)
+    if dist.is_main:
+        cache.put(key, {"batch_size": chosen, "trials": [dataclasses.asdict(t) for t in trials]})
+    log.info("loader.batch_size=auto: %d after %d trials in %.1fs%s\n%s", chosen, len(trials), time.perf_counter() - start,
+             f" (cached in {cfg.cache})" if cfg.cache else "", table(trials, chosen))  # fmt: skip
+    return chosen, trials
 
 
 def table(trials: list[Trial], chosen: int) -> str:

@@ -170,9 +170,17 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 class Checkpointer:
-    def __init__(self, directory: Path, cfg: CheckpointConfig, *, interval: int, parts: dict[str, Any], config: dict,
-                 fingerprint: dict, enabled: bool = True):  # fmt: skip
+    """Saves and restores a run. `model`: the trained module; `evaluated()`: the module that
+    is evaluated and saved as the run's weights (the same, or an average a callback keeps:
+    then the checkpoint holds both, `model` the weights that scored and `train_model` the
+    ones training continues from). `parts`: the optimizer, schedule, scaler and the
+    observers' states, each with state_dict()/load_state_dict()."""
+
+    def __init__(self, directory: Path, cfg: CheckpointConfig, *, interval: int, model, parts: dict[str, Any], config: dict,
+                 fingerprint: dict, evaluated=None, enabled: bool = True):  # fmt: skip
         self.directory, self.cfg, self.interval, self.parts = directory, cfg, interval, parts
+        self.model, self.evaluated = model, evaluated or (lambda: model)
+        self.pending: dict[str, Any] = {}  # restored once the observers have started (resume_observers)
         self.config, self.fingerprint, self.enabled = config, fingerprint, enabled
         self.best: float | None = None
         self.best_at: tuple[int, int] | None = None  # (epoch, step) of the best value
@@ -201,8 +209,13 @@ class Checkpointer:
 
     def state_dict(self, state: Any, metrics: dict[str, float] | None = None) -> dict[str, Any]:
         """`state`: where the run is (its epoch, step and batch_in_epoch attributes)."""
+        evaluated = self.evaluated()
+        weights = {"model": evaluated.state_dict()}
+        if evaluated is not self.model:
+            weights["train_model"] = self.model.state_dict()
         return {
             "metrics": {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
+            **weights,
             **{name: part.state_dict() for name, part in self.parts.items()},
             "epoch": state.epoch,
             "step": state.step,
@@ -222,7 +235,7 @@ class Checkpointer:
             return 0.0
         start = time.perf_counter()
         checkpoint = self.state_dict(state, metrics)
-        bad = non_finite(checkpoint["model"])
+        bad = non_finite(checkpoint["model"]) + non_finite(checkpoint.get("train_model", {}))
         if bad:  # never write a state that cannot be trained on: the previous file stays the last good one
             log.error("step %d: not saving a checkpoint: %d tensor(s) of the model hold NaN or inf (%s); the last good state is %s",
                       state.step, len(bad), ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else ""), self.last_good())  # fmt: skip
@@ -285,11 +298,14 @@ class Checkpointer:
         # the optimizer and schedule as this run's config builds them, to apply on top of the saved state
         configured = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")} for g in optimizer.param_groups]
         base_lrs = list(scheduler.base_lrs)
-        for name, part in self.parts.items():
+        restore = {"model": (self.model, ckpt.get("train_model", ckpt["model"]))}
+        restore.update({name: (part, ckpt[name]) for name, part in self.parts.items() if name != "observers"})
+        for name, (part, saved) in restore.items():
             try:
-                part.load_state_dict(ckpt[name])
+                part.load_state_dict(saved)
             except (RuntimeError, ValueError, KeyError) as e:
                 raise CheckpointError(f"trainer.resume: {path} does not fit this run's {name}: {_gist(e)}") from None
+        self.pending = {"path": path, "eval": ckpt["model"] if "train_model" in ckpt else None, "observers": ckpt.get("observers", {})}
         applied = _apply_hyperparameters(optimizer, scheduler, configured, base_lrs)
         self._warn_changes(ckpt.get("config", {}), ckpt["step"], applied)
         set_rng_state(ckpt["rng"])
@@ -299,6 +315,21 @@ class Checkpointer:
         state = {key: ckpt[key] for key in fresh}
         log.info("resumed from %s: epoch %d, step %d, batch %d of the epoch", path, state["epoch"], state["step"], state["batch_in_epoch"])
         return state
+
+    def resume_observers(self) -> None:
+        """After the observers started (a weight average exists now): the evaluated weights
+        and the observers' states of the checkpoint resumed from."""
+        if not self.pending:
+            return
+        evaluated, path = self.evaluated(), self.pending["path"]
+        try:
+            if evaluated is not self.model:  # an average: its own weights, or the trained ones when the checkpoint had none
+                evaluated.load_state_dict(self.pending["eval"] if self.pending["eval"] is not None else self.model.state_dict())
+            if "observers" in self.parts:
+                self.parts["observers"].load_state_dict(self.pending["observers"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"trainer.resume: {path} does not fit this run's callbacks: {_gist(e)}") from None
+        self.pending = {}
 
     def _warn_changes(self, saved: dict, step: int, applied: list[str]) -> None:
         """Every setting that differs from the checkpoint's takes effect from `step` on (the

@@ -20,6 +20,7 @@ import dataclasses
 import inspect
 import itertools
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from saturate.errors import ConfigError, Problem
-from saturate.tasks import DIRECTIONS, KINDS, REGRESSION_LOSSES, main_metric, metric_names
+from saturate.tasks import DATA_ARGUMENTS as TASK_ARGUMENTS
 
 # A schema's problems(): (field, bad value, what is allowed), keyed relative to its node.
 Issues = Iterator[tuple[str, Any, str]]
@@ -112,6 +113,7 @@ class StageConfig:
 @dataclass
 class AugmentationConfig:
     placement: str = "none"  # none | cpu (per sample, in the workers) | gpu (batched, on the device)
+    transforms: list[Any] = field(default_factory=list)  # your own augmentation: `_target_` nodes of Kornia modules; replaces the policy
     preset: str = "standard"  # minimal | standard | strong (see saturate.augment.PRESETS)
     schedule: list[StageConfig] = field(default_factory=list)  # by epoch; replaces `preset`
     # Set any of these to override the preset (every stage of a schedule):
@@ -180,6 +182,7 @@ class TrainerConfig:
     log_level: str = "INFO"
     resume: str | None = None  # "auto" (newest checkpoint in this run dir), a .pt file or a run dir
     restart: bool = False  # a fresh run into a run dir holding an earlier run's checkpoints: delete them first (else refused)
+    predict: str | None = None  # val | test: write that split's predictions (best.pt's) to <run dir>/predictions/<split>.npz
     skip_nonfinite: bool = True  # skip non-finite steps (decided on the device by a fused optimizer, else one host read per step)
     max_nonfinite_steps: int = 10  # this many in a row stop the run
     sync_batchnorm: bool = False  # under DDP on GPUs: BatchNorm statistics over the global batch
@@ -206,6 +209,8 @@ class TrainerConfig:
         yield from _int_or_auto("devices", self.devices, 1)
         yield from _at_least("profile_wait", self.profile_wait, 0)
         yield from _at_least("profile_steps", self.profile_steps, 1)
+        if self.predict is not None:
+            yield from _choice("predict", self.predict, ("val", "test"))
         if self.restart and self.resume:
             yield "restart", True, f"false with trainer.resume={self.resume} (resume continues a run, restart starts it over)"
 
@@ -270,50 +275,38 @@ class TuneConfig:
 
 
 @dataclass
-class TaskConfig:
-    """What is learnt (saturate.task): the loss and the validation metrics."""
-
-    kind: str = "classification"  # classification | regression
-    loss: Any = None  # None: the kind's own; regression: mse | l1 | huber; or a `_target_` node called as loss(outputs, targets)
-    label_smoothing: float = 0.0  # classification's cross-entropy
-    huber_delta: float = 1.0  # regression with loss=huber
-
-    def problems(self) -> Issues:
-        yield from _choice("kind", self.kind, KINDS)
-        if isinstance(self.loss, str) or self.loss is not None and not isinstance(self.loss, dict):
-            allowed = REGRESSION_LOSSES if self.kind == "regression" else ()
-            if self.loss not in allowed:
-                own = f"one of {', '.join(allowed)}, " if allowed else ""
-                yield "loss", self.loss, f"{own}null (the {self.kind} loss) or a `_target_` node taking (outputs, targets)"
-        if not 0 <= self.label_smoothing < 1:
-            yield "label_smoothing", self.label_smoothing, "a number in [0, 1)"
-        if not self.huber_delta > 0:
-            yield "huber_delta", self.huber_delta, "a number > 0"
-
-
-@dataclass
 class CheckpointConfig:
     monitor: str = "auto"  # the metric best.pt (and top_k) is chosen by; auto: val/acc (classification), val/loss (regression)
     mode: str = "auto"  # max | min | auto: from the metric (max for accuracy and r2, min for losses and errors)
     top_k: int = 1  # > 1: also keep the k best as top-<epoch>-<step>.pt
     every_n_steps: int = 0  # > 0: also save last.pt every n steps (mid-epoch resume points)
 
-    def problems(self, kind: str) -> Issues:
-        known = ("auto", "train/loss", "val/loss", *metric_names(kind))
-        yield from _choice("monitor", self.monitor, known)
+    def problems(self) -> Issues:
+        if self.monitor != "auto" and not re.fullmatch(r"(train|val)/[\w./-]+", self.monitor):
+            yield "monitor", self.monitor, "auto, or a metric the run logs: train/loss, val/loss or val/<a metric of the task>"
         yield from _choice("mode", self.mode, ("auto", "max", "min"))
-        direction = DIRECTIONS.get(self.monitor)
-        if direction and self.mode not in ("auto", direction):
-            better = "higher" if direction == "max" else "lower"
-            yield "mode", self.mode, f"{direction} or auto for checkpoint.monitor={self.monitor} ({better} is better)"
+        if self.monitor in ("train/loss", "val/loss") and self.mode == "max":
+            yield "mode", self.mode, f"min or auto for checkpoint.monitor={self.monitor} (lower is better)"
         yield from _at_least("top_k", self.top_k, 1)
         yield from _at_least("every_n_steps", self.every_n_steps, 0)
 
-    def resolved(self, kind: str, has_val: bool) -> CheckpointConfig:
-        """monitor and mode with `auto` replaced by what the task and the data decide."""
-        monitor = main_metric(kind, has_val) if self.monitor == "auto" else self.monitor
-        mode = DIRECTIONS.get(monitor, "max") if self.mode == "auto" else self.mode
-        return dataclasses.replace(self, monitor=monitor, mode=mode)
+    def resolved(self, task, has_val: bool) -> CheckpointConfig:
+        """monitor and mode with `auto` replaced by what the task and the data decide; a
+        metric the task does not log, or a mode against its direction, is a ConfigError."""
+        if self.monitor == "auto":
+            monitor = "train/loss" if not has_val else (f"val/{task.main}" if task.main else "val/loss")
+        else:
+            monitor = self.monitor
+        logged = ("train/loss", *((f"val/{name}" for name in ("loss", *task.names())) if has_val else ()))
+        if monitor not in logged:
+            why = "" if has_val else " (there is no validation set)"
+            raise ConfigError([Problem("checkpoint.monitor", monitor, f"auto or a metric the run logs{why}: {', '.join(logged)}")])
+        direction = "min" if monitor.endswith("/loss") else task.better(monitor.split("/", 1)[1])
+        if self.mode not in ("auto", direction):
+            better = "higher" if direction == "max" else "lower"
+            allowed = f"{direction} or auto for checkpoint.monitor={monitor} ({better} is better)"
+            raise ConfigError([Problem("checkpoint.mode", self.mode, allowed)])
+        return dataclasses.replace(self, monitor=monitor, mode=direction)
 
 
 @dataclass
@@ -324,24 +317,23 @@ class RunConfig:
     augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
     model: Any = MISSING  # `_target_` node: an nn.Module, given the data-derived arguments its constructor names
     data: Any = MISSING  # `_target_` node: a callable returning (train_dataset, val_dataset)
-    task: TaskConfig = field(default_factory=TaskConfig)
+    task: Any = MISSING  # `_target_` node: a task (saturate.tasks), given the data-derived arguments its constructor names
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     batch_search: BatchSearchConfig = field(default_factory=BatchSearchConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
-    logger: list[Any] = field(default_factory=lambda: ["tensorboard"])  # tensorboard, csv, or `_target_` nodes (saturate.callbacks)
-    callbacks: list[Any] = field(default_factory=list)  # `_target_` nodes with any of the hooks of saturate.callbacks.Callback
+    logger: dict[str, Any] = field(default_factory=dict)  # {name: `_target_` node}: the logger group's options, or yours (rank 0)
+    callbacks: dict[str, Any] = field(default_factory=dict)  # {name: `_target_` node} with hooks of saturate.callbacks.Callback
     run_dir: str = MISSING  # Hydra's output dir for this job
     name: str | None = None  # ends the run dir's name (TensorBoard's run name); default: the overrides (a sweep's swept ones)
 
 
 MAX_SEED = 2**32 - 1
-LOGGERS = ("tensorboard", "csv")
 # the data-derived arguments a model's constructor may name (saturate.run: model_arguments)
 DATA_ARGUMENTS = ("in_channels", "in_features", "num_classes", "num_outputs", "input_shape")
-GROUPS = ("device", "precision", "loader", "augmentation", "task", "optim", "trainer", "checkpoint", "batch_search", "monitor", "tune")
+GROUPS = ("device", "precision", "loader", "augmentation", "optim", "trainer", "checkpoint", "batch_search", "monitor", "tune")
 
 
 def _check_target(node: Any, prefix: str, given: tuple[str, ...]) -> Iterator[Problem]:
@@ -368,7 +360,8 @@ def _check_target(node: Any, prefix: str, given: tuple[str, ...]) -> Iterator[Pr
             if required and name not in node and name not in given:
                 yield Problem(f"{prefix}.{name}", "(missing)", f"a value: {target} requires it")
     for key, value in node.items():
-        if key in params and not key.startswith("_"):
+        yield from _nested_targets(value, f"{prefix}.{key}")
+        if key in params and not key.startswith("_") and not (isinstance(value, str) and value.startswith(DATA_INFO)):
             expected = _plain_type(params[key].annotation)
             if expected is not None and not _is(value, expected):
                 name = fn.__qualname__ if hasattr(fn, "__qualname__") else target
@@ -380,6 +373,19 @@ def _check_target(node: Any, prefix: str, given: tuple[str, ...]) -> Iterator[Pr
             yield Problem(f"{prefix}.{key}", value, f"an argument of {target}: " + ", ".join(allowed))
 
 
+def _nested_targets(value: Any, prefix: str) -> Iterator[Problem]:
+    """`_target_` nodes inside a node's arguments (a task's loss and metrics), checked too."""
+    if isinstance(value, dict) and "_target_" in value:
+        yield from _check_target(value, prefix, given=())
+    elif isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _nested_targets(inner, f"{prefix}.{key}")
+    elif isinstance(value, list):
+        for i, inner in enumerate(value):
+            yield from _nested_targets(inner, f"{prefix}[{i}]")
+
+
+DATA_INFO = "<data_info:"  # what ${data_info:...} resolves to before the data is described (saturate.registration)
 _A = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
@@ -465,21 +471,17 @@ def validate(cfg: DictConfig, *, presets: tuple[str, ...], given: tuple[str, ...
         for key in cfg[group]:  # `+group.key=...` gets past Hydra; a typo should not
             if key not in fields:
                 problems.append(Problem(f"{group}.{key}", cfg[group][key], "one of the keys " + ", ".join(fields)))
-        args = {"augmentation": (presets,), "checkpoint": (run.task.kind,)}.get(group, ())
+        args = {"augmentation": (presets,)}.get(group, ())
         for key, value, allowed in getattr(run, group).problems(*args):
             problems.append(Problem(f"{group}.{key}", value, allowed))
 
     if "data" not in given:
         problems += _check_target(run.data, "data", given=())
-    if isinstance(run.task.loss, dict):
-        problems += _check_target(run.task.loss, "task.loss", given=())
+    if "task" not in given:
+        problems += _check_target(run.task, "task", given=TASK_ARGUMENTS)
     for name, entries in (("logger", run.logger), ("callbacks", run.callbacks)):
-        for i, entry in enumerate(entries):
-            if isinstance(entry, dict):
-                problems += _check_target(entry, f"{name}[{i}]", given=())
-            elif name == "callbacks" or entry not in LOGGERS:
-                what = "one of " + ", ".join(LOGGERS) + " or " if name == "logger" else ""
-                problems.append(Problem(f"{name}[{i}]", entry, what + "a `_target_` node"))
+        for key, entry in entries.items():
+            problems += _check_target(entry, f"{name}.{key}", given=())
 
     if run.loader.resident and run.augmentation.placement == "cpu":
         problems.append(
@@ -489,6 +491,8 @@ def validate(cfg: DictConfig, *, presets: tuple[str, ...], given: tuple[str, ...
         )
     if "model" not in given:
         problems += _check_target(run.model, "model", given=DATA_ARGUMENTS)
+    for i, node in enumerate(run.augmentation.transforms):
+        problems += _check_target(node, f"augmentation.transforms[{i}]", given=())
     if isinstance(run.loader.batch_size, int) and 1 <= run.loader.batch_size < run.trainer.accumulate:
         problems.append(Problem("trainer.accumulate", run.trainer.accumulate,
                                 f"at most loader.batch_size ({run.loader.batch_size}): each micro-batch needs a sample"))  # fmt: skip

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
+import random
 import sys
 
+import numpy as np
 import torch
 
-from saturate.config import DeviceConfig
+from saturate.config import DeviceConfig, TrainerConfig
 from saturate.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -97,3 +100,32 @@ def is_oom(error: BaseException) -> bool:
 def free_device_memory() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def seeded(cfg: TrainerConfig, device: torch.device):
+    """Seed every generator; with `deterministic`, deterministic kernels for the run (the
+    process-wide switches are put back afterwards, for callers that train twice).
+
+    On CUDA some backward kernels have no deterministic version (adaptive pooling, NLLLoss,
+    scatter-add among them): torch then warns when one runs instead of stopping the run, and
+    the run is reproducible up to those ops. On the CPU every op used is deterministic and
+    resumed runs equal uninterrupted ones bit for bit."""
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        cuda = device.type == "cuda"
+        torch.use_deterministic_algorithms(True, warn_only=cuda)
+        torch.backends.cudnn.benchmark = False
+        if cuda:
+            log.warning("trainer.deterministic=true on CUDA: ops without a deterministic CUDA kernel (adaptive pooling and "
+                        "NLLLoss backward, scatter-add, ...) run anyway, each with a torch warning; bit-exact results are "
+                        "promised on the CPU only")  # fmt: skip
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.benchmark = before[1]

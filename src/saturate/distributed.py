@@ -91,6 +91,14 @@ class Dist:
     def any(self, flag: bool) -> bool:
         return not self.agree(not flag)
 
+    def any_of(self, flags) -> list[bool]:
+        """Each flag or-ed across the ranks, in one small collective."""
+        if self.world_size == 1:
+            return [bool(f) for f in flags]
+        t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [bool(v) for v in t.tolist()]
+
     def mean(self, values: dict[str, float], sum_keys: tuple[str, ...] = ()) -> dict[str, float]:
         """Average `values` over the ranks (`sum_keys` are summed instead); one all-reduce."""
         if self.world_size == 1 or not values:
@@ -99,6 +107,14 @@ class Dist:
         t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
         dist.all_reduce(t)
         return {k: v if k in sum_keys else v / self.world_size for k, v in zip(keys, t.tolist(), strict=True)}
+
+    def gather_objects(self, obj) -> list:
+        """Every rank's `obj`, in rank order (on every rank)."""
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
 
     def barrier(self) -> None:
         if self.world_size > 1:

@@ -1,12 +1,18 @@
 """The training loop, and only the loop.
 
-It receives built objects (the model, the step, the schedule, batches, evaluator,
-checkpointer, tracker, callbacks, timer, stop signal) and never asks which options built
-them. Callbacks see what happened (logged metrics, evaluations, checkpoints); they never
-steer the loop. It
-touches the host only at log steps (the loss is summed on the device and read there),
+It receives built objects, grouped by what they are for: what it trains (`Training`: the
+model, the step, the schedule, the batches), the evaluator and the checkpointer, what
+watches the run (`Watch`: the tracker with its loggers and progress bar, the step timer,
+the resource monitor, the peak-memory reader), the observers (callbacks), the `Run` they
+see, and how the run may end (`Control`: limits, the stop signal, the ranks). It never asks
+which options built them.
+
+It touches the host only at log steps (the loss is summed on the device and read there),
 apart from the non-finite guard's one scalar per step with an optimizer that cannot skip a
-step on the device (not one of torch's fused optimizers: saturate.faults.NonFiniteGuard).
+step on the device (saturate.faults.NonFiniteGuard). Callbacks steer it only through the
+requests the Run offers: a stop (agreed across ranks at the next point where they already
+communicate: a stop-flag check at a log step, or the end of an evaluation), a learning-rate
+scale, the model to evaluate.
 """
 
 from __future__ import annotations
@@ -43,107 +49,138 @@ def closing(*iterators):
 
 
 @dataclass
-class Measured:
-    """Stop once the timer holds `seconds` of steady state (every log window after the
-    first) over at least `steps` steps, or at `deadline` (a perf_counter time): saturate.tune's
-    trials. Checked at log steps, in one process."""
-
-    seconds: float
-    steps: int
-    deadline: float = float("inf")
-
-    def reached(self, timer) -> bool:
-        enough = timer.rest.wall_s >= self.seconds and timer.rest.steps >= self.steps
-        return enough or time.perf_counter() >= self.deadline
-
-
-@dataclass
 class TrainState:
     epoch: int = 0  # epochs completed
     step: int = 0  # training steps completed (batches trained on)
     batch_in_epoch: int = 0  # batches of epoch `epoch` already trained on
 
 
+@dataclass
+class Training:
+    """What the loop trains."""
+
+    model: nn.Module  # what the step calls: DDP-wrapped and/or compiled
+    step: TrainStep
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    batches: object  # a loader: epoch(e, start) and to_device(batch) (saturate.loader)
+
+
+@dataclass
+class Watch:
+    """What watches the run, at log steps only."""
+
+    tracker: object  # saturate.tracking.Tracker: loggers (through the observers), progress bar, latest metrics
+    timer: object  # saturate.timing.StepTimer
+    monitor: object  # saturate.monitor.ResourceMonitor
+    memory: object  # () -> peak memory in MB
+
+
+@dataclass
+class Control:
+    """How the run may end: its limits, the stop signal, the ranks, and the command that resumes it."""
+
+    max_epochs: int
+    max_steps: int
+    stop: object  # saturate.faults.StopSignal
+    dist: object  # saturate.distributed.Dist
+    start_time: float
+    resume_hint: str = "trainer.resume=auto"
+
+
 class Engine:
-    def __init__(self, *, model: nn.Module, step: TrainStep, scheduler, train_batches, evaluator, checkpointer, tracker, callbacks,
-                 timer, stop, monitor, profiler, memory, dist, max_epochs: int, max_steps: int, start_time: float,
-                 resume_hint: str = "trainer.resume=auto", measured: Measured | None = None):  # fmt: skip
-        self.model, self.step, self.scheduler, self.guard = model, step, scheduler, step.guard
-        self.train_batches, self.evaluator, self.checkpointer, self.callbacks = train_batches, evaluator, checkpointer, callbacks
-        self.tracker, self.timer, self.stop, self.memory = tracker, timer, stop, memory
-        self.monitor, self.profiler, self.dist = monitor, profiler, dist
-        self.max_epochs, self.max_steps, self.start_time = max_epochs, max_steps, start_time
-        self.resume_hint = resume_hint  # the command that resumes this run, for the messages that stop it
-        self.measured, self.measured_enough = measured, False  # a tuning trial: stop once measured
-        self.loss_sum = torch.zeros((), device=next(model.parameters()).device)  # summed on the device, read at log steps
+    def __init__(self, training: Training, evaluator, checkpointer, watch: Watch, observers, run, control: Control):
+        self.training, self.evaluator, self.checkpointer, self.watch = training, evaluator, checkpointer, watch
+        self.observers, self.run, self.control = observers, run, control
+        self.guard, self.dist, self.tracker, self.timer = training.step.guard, control.dist, watch.tracker, watch.timer
+        self.loss_sum = torch.zeros((), device=next(training.model.parameters()).device)  # summed on the device, read at log steps
         self.loss_count = 0
         self._counts: dict[str, float] = {}  # the flat counters' last logged values
-        self.batch: tuple | None = None  # the last device batch (a reference: what a failed guard looks at)
+        self.batch = None  # the last device batch (a reference: what a failed guard looks at)
+        self.per_step = observers.has("on_train_batch_end") or observers.has("on_after_optimizer_step")
 
     def finished(self, state: TrainState) -> bool:
         """Whether `state` is already at max_epochs or max_steps (a finished run resumed)."""
-        return state.epoch >= self.max_epochs or 0 < self.max_steps <= state.step or self.measured_enough
+        c = self.control
+        return state.epoch >= c.max_epochs or 0 < c.max_steps <= state.step
+
+    def stopping(self) -> bool:
+        """Whether a callback asked the run to stop, on any rank (one small collective)."""
+        return self.dist.any(self.run.stop_reason is not None)
 
     def fit(self, state: TrainState) -> dict[str, float]:
-        """Train from `state` to max_epochs (or max_steps); return the last metrics."""
-        steps_per_epoch = len(self.train_batches)
+        """Train from `state` to max_epochs (or max_steps, or a callback's stop); return the last metrics."""
+        steps_per_epoch = len(self.training.batches)
         if self.finished(state):
             return dict(self.tracker.latest)
         while True:
-            self.model.train()
+            self.training.model.train()
             epoch_start, evaluated = time.perf_counter(), {}
-            batches = self.train_batches.epoch(state.epoch, start=state.batch_in_epoch)
+            batches = self.training.batches.epoch(state.epoch, start=state.batch_in_epoch)
             fetched = self.timer.fetch(batches)
             with closing(fetched, batches):  # however the epoch is left
                 self.train_epoch(fetched, state, steps_per_epoch)
             if state.batch_in_epoch >= steps_per_epoch:
                 state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-            last = self.finished(state)
+            self.run.epoch = state.epoch
+            last = self.finished(state) or self.stopping()
             self.log_train(state, steps_per_epoch)  # closes the timing window before evaluation
             if self.evaluator.due(state.epoch, last):
-                evaluated = self.evaluator.run(interrupted=self.interrupted)
-                if evaluated is None:
-                    self.halt(state, steps_per_epoch)  # saves, then raises Preempted
-                self.tracker.log(evaluated, state.step)
-                self.callbacks.on_eval_end(evaluated, state.step)
+                evaluated = self.evaluate(state, steps_per_epoch)
+                last = last or self.stopping()  # a stop asked for at this evaluation (early stopping)
             if self.checkpointer.due(state.epoch, last):
                 self.save(state, self.tracker.latest)
             self.tracker.progress(state.step, state.epoch)
             self.epoch_line(state, evaluated, time.perf_counter() - epoch_start)
             if last:
+                if self.run.stop_reason is not None or self.stopping():
+                    self.run.request_stop("another rank's callback asked the run to stop")  # keeps rank 0's own reason
+                    log.info("stopped at step %d: %s", state.step, self.run.stop_reason)
                 return dict(self.tracker.latest)
+
+    def evaluate(self, state: TrainState, steps_per_epoch: int) -> dict[str, float]:
+        evaluated = self.evaluator.run(self.run.eval_model, interrupted=self.interrupted)
+        if evaluated is None:
+            self.halt(state, steps_per_epoch)  # saves, then raises Preempted
+        self.tracker.log(evaluated, state.step)
+        self.tracker.matrices(self.evaluator.matrices, state.step, self.evaluator.class_names)
+        self.observers.call("on_eval_end", self.run, evaluated)
+        return evaluated
 
     def train_epoch(self, batches, state: TrainState, steps_per_epoch: int) -> None:
         """Train on the epoch's batches, from where `state` is, until they run out or a stop
-        rule (max_steps, a measured trial) says so; a stop signal or a failed guard raises."""
+        rule (max_steps, a callback's request) says so; a stop signal or a failed guard raises."""
+        step, scheduler, timer, run = self.training.step, self.training.scheduler, self.timer, self.run
         for batch in batches:
-            with self.timer.phase("copy"):
-                x, y = self.batch = self.to_device(batch, state.step + 1)
-            with self.timer.phase("compute"):
-                loss, applied, stepped = self.step(x, y, state.step + 1)
+            with timer.phase("copy"):
+                batch = self.batch = self.to_device(batch, state.step + 1)
+            with timer.phase("compute"):
+                loss, applied, stepped = step(batch, state.step + 1)
                 if stepped:  # a step not taken (non-finite, fp16 overflow) keeps the LR where it is
-                    self.scheduler.step()
+                    scheduler.step()
+                state.step += 1
+                state.batch_in_epoch += 1
+                run.step = state.step
+                if self.per_step:  # device work (an average of the weights): timed with the step
+                    self.observers.call("on_after_optimizer_step", run)
+                    self.observers.call("on_train_batch_end", run, loss)
             self.loss_sum += loss
             self.loss_count += applied
-            self.timer.step_done(len(y))
-            self.profiler.step()
-            state.step += 1
-            state.batch_in_epoch += 1
+            timer.step_done(step.size(batch))
             if self.tracker.due(state.step):
                 self.log_train(state, steps_per_epoch)
-                self.measured_enough = self.measured is not None and self.measured.reached(self.timer)
             if self.checkpointer.due_step(state.step):
                 self.save(state, self.tracker.latest)
-            if self.halting(state.step):
+            signalled, failed, requested = self.halting(state.step)
+            if signalled or failed:
                 self.halt(state, steps_per_epoch)
-            if 0 < self.max_steps <= state.step or self.measured_enough:
+            if requested or 0 < self.control.max_steps <= state.step:
                 return
 
-    def to_device(self, batch, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def to_device(self, batch, step: int):
         """The batch on the device, augmented and normalised; running out of memory here is
         a clear error (the step's own out-of-memory is recovered in smaller micro-batches)."""
         try:
-            return self.train_batches.to_device(batch)
+            return self.training.batches.to_device(batch)
         except Exception as e:
             if not is_oom(e):
                 raise
@@ -163,19 +200,17 @@ class Engine:
         shared = self.dist.mean({"train/loss": train_loss, **window.metrics()}, sum_keys=("perf/samples_per_s",))
         metrics = {
             **shared,
-            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/lr": self.training.scheduler.get_last_lr()[0],
             "progress/epoch": state.epoch + state.batch_in_epoch / steps_per_epoch,
             "progress/step": state.step,
-            "memory/peak_mb": self.memory(),
-            "time/wall_s": time.perf_counter() - self.start_time,
-            **self.monitor.window(),  # gpu/*, cpu/*: averages of the samples in this window
+            "memory/peak_mb": self.watch.memory(),
+            "time/wall_s": time.perf_counter() - self.control.start_time,
+            **self.watch.monitor.window(),  # gpu/*, cpu/*: averages of the samples in this window
             **self.changed_counts(),
         }
         self.loss_sum.zero_()
         self.loss_count = 0
-        self._counts: dict[str, float] = {}  # the flat counters' last logged values
         self.tracker.log(metrics, state.step)
-        self.callbacks.on_log(metrics, state.step)
         self.tracker.progress(state.step, state.epoch)
 
     def epoch_line(self, state: TrainState, evaluated: dict[str, float], seconds: float) -> None:
@@ -186,14 +221,14 @@ class Engine:
         latest = self.tracker.latest
         figures = [f"{k} {v:.4f}" for k, v in (("train/loss", latest.get("train/loss")), *evaluated.items()) if v is not None]
         speed = latest.get("perf/samples_per_s")
-        log.info("epoch %d/%d, step %d: %s%s, %.1f s", state.epoch, self.max_epochs, state.step, ", ".join(figures),
+        log.info("epoch %d/%d, step %d: %s%s, %.1f s", state.epoch, self.control.max_epochs, state.step, ", ".join(figures),
                  f", {speed:,.0f} samples/s" if speed else "", seconds)  # fmt: skip
 
     def changed_counts(self) -> dict[str, float]:
         """Counters that are flat in a healthy run (non-finite steps, micro-batches per
         batch): logged at the first log step and then only when they change, so they do not
         clutter TensorBoard's train group with straight lines."""
-        counts = {"train/nonfinite_steps": self.guard.count, "train/micro_batches": self.step.micro_batches}
+        counts = {"train/nonfinite_steps": self.guard.count, "train/micro_batches": self.training.step.micro_batches}
         changed = {k: v for k, v in counts.items() if self._counts.get(k) != v}
         self._counts.update(changed)
         return changed
@@ -201,29 +236,30 @@ class Engine:
     def save(self, state: TrainState, metrics: dict[str, float]) -> float:
         seconds = self.checkpointer.save(state, metrics)
         if self.dist.is_main:
-            self.callbacks.on_checkpoint(str(self.checkpointer.last_path), state.step)
+            self.observers.call("on_checkpoint", self.run, str(self.checkpointer.last_path))
         return seconds
 
     def interrupted(self) -> bool:
         """A preemption signal during evaluation, in one process. (Across ranks the flag is
         agreed at log steps; ranks evaluate different numbers of batches, so a collective
         between them cannot be placed inside evaluation.)"""
-        return self.stop.requested is not None and self.dist.world_size == 1
+        return self.control.stop.requested is not None and self.dist.world_size == 1
 
-    def halting(self, step: int) -> bool:
-        """Whether to stop at this step boundary. Across ranks they must stop together, so the
-        flags are agreed (a small collective) every `dist.check_every` steps, the log interval;
-        in one process, every step."""
+    def halting(self, step: int) -> tuple[bool, bool, bool]:
+        """(a stop signal, too many non-finite steps, a callback's stop request), agreed across
+        ranks so that they stop together: in one small collective every `dist.check_every`
+        steps (the log interval), in one process every step."""
         if step % self.dist.check_every:
-            return False
-        return self.dist.any(self.stop.requested is not None or self.guard.failed)
+            return False, False, False
+        flags = (self.control.stop.requested is not None, self.guard.failed, self.run.stop_reason is not None)
+        return tuple(self.dist.any_of(flags))
 
     def nonfinite_data(self) -> str | None:
         """Which part of the last batch holds NaN or inf ("inputs", "targets"), if any: then the
         data, not the learning rate, made the steps non-finite. One host read, as the run stops."""
         if self.batch is None:
             return None
-        for name, part in zip(("inputs", "targets"), self.batch, strict=False):
+        for name, part in self.training.step.parts(self.batch):
             if isinstance(part, torch.Tensor) and part.is_floating_point() and not bool(torch.isfinite(part).all()):
                 return name
         return None
@@ -236,12 +272,12 @@ class Engine:
             if self.guard.skip:  # every bad step was skipped: the weights are the last good state
                 self.save(state, {})
             self.dist.barrier()  # no rank leaves before rank 0 has saved
-            raise self.guard.error(state.step, self.checkpointer.last_good(), self.resume_hint, data=self.nonfinite_data())
+            raise self.guard.error(state.step, self.checkpointer.last_good(), self.control.resume_hint, data=self.nonfinite_data())
         seconds = self.save(state, {})
         self.dist.barrier()  # torchrun kills the others as soon as one rank exits
-        signum = self.stop.requested or signal.SIGTERM  # a rank that heard nothing follows the others
+        signum = self.control.stop.requested or signal.SIGTERM  # a rank that heard nothing follows the others
         name = signal.Signals(signum).name
         if self.dist.is_main:
             log.warning("%s at step %d (epoch %d, batch %d): saved %s in %.2fs; resume with: %s", name, state.step, state.epoch,
-                        state.batch_in_epoch, self.checkpointer.last_path, seconds, self.resume_hint)  # fmt: skip
+                        state.batch_in_epoch, self.checkpointer.last_path, seconds, self.control.resume_hint)  # fmt: skip
         raise Preempted(signum)

@@ -1,8 +1,12 @@
-"""Validation: the task's loss and metrics over the whole validation set, never augmented.
+"""Evaluation: the task's loss and metrics over a whole split (validation, test), never
+augmented; and the model's predictions, when asked for.
 
 Metrics are torchmetrics objects: their states accumulate on the device (no host read per
 batch) and `compute()` sums them across DDP ranks, each rank having seen its own unpadded
-shard. The loss is averaged per sample."""
+shard. The loss is averaged per sample. A metric's result is logged as `<split>/<name>`; a
+per-class result (a vector, `average=None`) as one value per class, `<split>/<name>/<class>`;
+a matrix (a confusion matrix) is not a number: it is kept for the image TensorBoard shows.
+"""
 
 from __future__ import annotations
 
@@ -11,35 +15,75 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from saturate.precision import Precision
-from saturate.task import Task
+from saturate.step import batch_size
 
 
 class Evaluator:
-    def __init__(self, model: nn.Module, batches, precision: Precision, task: Task, *, interval: int):
-        self.model, self.batches, self.precision, self.task, self.interval = model, batches, precision, task, interval
+    def __init__(self, batches, precision: Precision, task, *, interval: int, split: str = "val", class_names: list[str] | None = None):
+        self.batches, self.precision, self.task, self.interval, self.split = batches, precision, task, interval, split
+        self.class_names = class_names
+        self.matrices: dict[str, torch.Tensor] = {}  # the last evaluation's matrix results (confusion), on the CPU
 
     def due(self, epoch: int, last: bool) -> bool:
-        """After every `interval`-th epoch, and always after the last (never without a
-        validation set)."""
+        """After every `interval`-th epoch, and always after the last (never without batches)."""
         return self.batches is not None and (last or epoch % self.interval == 0)
 
     @torch.inference_mode()
-    def run(self, interrupted=lambda: False) -> dict[str, float] | None:
+    def run(self, model: nn.Module, interrupted=lambda: False, predict: bool = False) -> dict[str, float] | None:
         """The metrics, or None when `interrupted()` turned true between two batches (a
-        preemption signal during a long evaluation: the caller saves and stops)."""
-        was_training = self.model.training
-        self.model.eval()
-        device = next(self.model.parameters()).device
-        metrics = self.task.metrics(device)
+        preemption signal during a long evaluation: the caller saves and stops). With
+        `predict`, the per-sample predictions are kept in `self.predictions`."""
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        metrics = {name: metric.to(device) for name, metric in self.task.metrics().items()}
         loss = MeanMetric().to(device)
-        for batch in self.batches.epoch(0):  # this rank's shard of the validation set, unpadded
-            if interrupted():
-                self.model.train(was_training)
-                return None
-            x, y = self.batches.to_device(batch)
-            with self.precision.autocast():  # the loss too, as in the step (autocast computes it in fp32)
-                outputs = self.model(x)
-                loss.update(self.task.loss(outputs, y), weight=len(y))
-            metrics.update(*self.task.prepare(outputs, y))
-        self.model.train(was_training)
-        return {"val/loss": float(loss.compute()), **{k: float(v) for k, v in metrics.compute().items()}}
+        kept: list[dict[str, torch.Tensor]] = []
+        try:
+            for batch in self.batches.epoch(0):  # this rank's shard of the split, unpadded
+                if interrupted():
+                    return None
+                batch = self.batches.to_device(batch)
+                with self.precision.autocast():  # the loss too, as in the step (autocast computes it in fp32)
+                    value, outputs = self.task.forward(model, batch)
+                loss.update(value.float(), weight=batch_size(batch))
+                self.task.update(metrics, outputs, batch)
+                if predict:
+                    kept.append({k: v.detach().cpu() for k, v in self.task.predictions(outputs, batch).items()})
+        finally:
+            model.train(was_training)
+        self.predictions = {k: torch.cat([p[k] for p in kept]) for k in kept[0]} if kept else {}
+        return {f"{self.split}/loss": float(loss.compute()), **self._results(metrics)}
+
+    def write_predictions(self, path, dist) -> None:
+        """This split's predictions (the last run with predict=True) with each sample's index,
+        gathered from every rank, in sample order, as a .npz of plain arrays (read it with
+        numpy.load(path): no pickle). Rank 0 writes."""
+        import numpy as np
+
+        shard = self.batches.sampler.indices  # this rank's samples, in the order evaluated
+        mine = {"index": torch.as_tensor(list(shard))[: len(next(iter(self.predictions.values()), []))], **self.predictions}
+        parts = dist.gather_objects({k: v.numpy() for k, v in mine.items()})
+        if not dist.is_main:
+            return
+        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts[0] else {}
+        order = np.argsort(merged["index"], kind="stable") if merged else []
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, **{k: v[order] for k, v in merged.items()})
+
+    def _results(self, metrics: dict) -> dict[str, float]:
+        """Scalars as they are, per-class vectors one value per class, matrices kept aside."""
+        out: dict[str, float] = {}
+        self.matrices = {}
+        for name, metric in metrics.items():
+            value = metric.compute()
+            value = torch.as_tensor(value)
+            key = f"{self.split}/{name}"
+            if value.ndim == 0:
+                out[key] = float(value)
+            elif value.ndim == 1:
+                names = self.class_names if self.class_names and len(self.class_names) == len(value) else range(len(value))
+                out.update({f"{key}/{label}": float(v) for label, v in zip(names, value.tolist(), strict=True)})
+            else:
+                self.matrices[key] = value.detach().float().cpu()
+        return out

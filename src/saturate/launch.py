@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -83,3 +84,19 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
     finally:
         os.environ.pop(LAUNCHED, None)
     return json.loads((Path(run_dir) / "metrics.json").read_text())
+
+
+def resume_hint(run_dir: str, world_size: int) -> str:
+    """The command that continues this run in its own directory: the same command line,
+    with the run dir pinned and trainer.resume=auto (from Python: the same fit call)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return f"saturate.fit(..., run_dir={str(run_dir)!r}, overrides=[..., 'trainer.resume=auto'])"
+    kept = [o for o in command_line() if not o.lstrip("+~").startswith(("hydra.run.dir=", "trainer.resume=", "run_dir="))]
+    script = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "train.py"
+    per_node = os.environ.get("LOCAL_WORLD_SIZE", world_size)
+    launched = os.environ.get(LAUNCHED) == "1"  # started by trainer.devices: the same command starts them again
+    launcher = f"torchrun --nproc_per_node={per_node} {script}" if world_size > 1 and not launched else f"python {script}"
+    pinned = shlex.quote(f"hydra.run.dir={override_value(str(run_dir))}")
+    return " ".join([launcher, *map(shlex.quote, kept), pinned, "trainer.resume=auto"])

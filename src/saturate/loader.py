@@ -17,9 +17,11 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from saturate.augment import BatchAugment, Preview, SampleAugment, Schedule
@@ -29,7 +31,7 @@ from saturate.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
 
-HostBatch = tuple[torch.Tensor, torch.Tensor]  # inputs (B, ...): uint8 images (B, C, H, W) or anything else; targets (B, ...)
+HostBatch = object  # what the collate makes: (inputs, targets), a dict, nested; uint8 or float images (B, C, H, W) among them
 
 
 def cpus_per_process() -> int:
@@ -47,59 +49,84 @@ def auto_workers(per_sample_work: bool, cap: int = 8) -> int:
     return max(1, min(cap, cpus_per_process() - 1))
 
 
-class PlainPipeline:
-    """Host batch -> device batch, values unchanged: inputs that are not uint8 images reach
-    the model as the dataset gave them (float64 becomes float32, the model's dtype); the
-    targets take the task's dtype (class indices int64, real values float32)."""
+def move(batch, device: torch.device, non_blocking: bool):
+    """Every tensor of a batch (any structure: torch's pytree) on `device`; float64 becomes
+    float32, the model's dtype. Host tensors are pinned by the loader on CUDA, so the copies
+    run asynchronously."""
 
-    def __init__(self, device: torch.device, *, non_blocking: bool, target_dtype: torch.dtype):
-        self.device, self.non_blocking, self.target_dtype = device, non_blocking, target_dtype
+    def to(leaf):
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        return leaf.to(device, dtype=torch.float32 if leaf.dtype == torch.float64 else None, non_blocking=non_blocking)
+
+    return tree_map(to, batch)
+
+
+class PlainPipeline:
+    """Host batch -> device batch, values unchanged: inputs that are not images reach the
+    model as the dataset gave them (float64 becomes float32, the model's dtype); the task
+    casts the targets it reads."""
+
+    def __init__(self, device: torch.device, *, non_blocking: bool):
+        self.device, self.non_blocking = device, non_blocking
 
     def begin_epoch(self, epoch: int, start: int) -> None:
         pass
 
-    def __call__(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = batch
-        x = x.to(self.device, dtype=torch.float32 if x.dtype == torch.float64 else None, non_blocking=self.non_blocking)
-        return x, y.to(self.device, dtype=self.target_dtype, non_blocking=self.non_blocking)
+    def __call__(self, batch):
+        return move(batch, self.device, self.non_blocking)
 
 
 class DevicePipeline:
-    """Host uint8 image batch -> normalised float batch on the device: copy, augment there
-    (when augmentation runs on the device), normalise, lay out as channels_last if asked.
+    """Host image batch -> the model's batch on the device: the whole batch copied, then its
+    image entry (`entry`: 0 of a pair, the input key of a dict) augmented there (when
+    augmentation runs on the device), normalised (uint8 images; float images in [0, 1] are
+    left as they are) and laid out as channels_last if asked.
 
-    `preview(x, epoch)`, if given, sees the batch the model gets before normalisation
-    (uint8, or floats in [0, 1] after device augmentation) and decides when to record it.
+    `preview(x, epoch)`, if given, sees the images the model gets before normalisation
+    (uint8, or floats in [0, 1]) and decides when to record them.
     """
 
     def __init__(self, device: torch.device, mean, std, *, non_blocking: bool, channels_last: bool, augment=None, preview=None,
-                 target_dtype: torch.dtype = torch.int64):  # fmt: skip
+                 entry=0, normalise: bool = True):  # fmt: skip
         self.device, self.non_blocking, self.augment, self.preview = device, non_blocking, augment, preview
-        self.target_dtype = target_dtype
-        std = torch.tensor(std, device=device).view(1, -1, 1, 1)
-        self.scale, self.shift = 1 / std, -torch.tensor(mean, device=device).view(1, -1, 1, 1) / std  # (x - mean) / std
-        self.scale_u8 = self.scale / 255  # the same, straight from uint8 when nothing runs in between
+        self.entry, self.normalise = entry, normalise
+        if normalise:
+            std = torch.tensor(std, device=device).view(1, -1, 1, 1)
+            self.scale, self.shift = 1 / std, -torch.tensor(mean, device=device).view(1, -1, 1, 1) / std  # (x - mean) / std
+            self.scale_u8 = self.scale / 255  # the same, straight from uint8 when nothing runs in between
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.epoch = self.batch = 0
 
     def begin_epoch(self, epoch: int, start: int) -> None:
         self.epoch, self.batch = epoch, start
 
-    def __call__(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = batch
-        x = x.to(self.device, non_blocking=self.non_blocking)
-        y = y.to(self.device, dtype=self.target_dtype, non_blocking=self.non_blocking)
+    def __call__(self, batch):
+        batch = move(batch, self.device, self.non_blocking)
+        x = batch[self.entry]
+        uint8 = x.dtype == torch.uint8
         if self.augment is None:
             if self.preview is not None:
                 self.preview(x, self.epoch)
-            x = x.float().mul_(self.scale_u8).add_(self.shift)
+            if uint8 and self.normalise:
+                x = x.float().mul_(self.scale_u8).add_(self.shift)
         else:
-            x = self.augment(x.float().div_(255), self.epoch, self.batch)
+            x = self.augment(x.float().div_(255) if uint8 else x.float(), self.epoch, self.batch)
             if self.preview is not None:
                 self.preview(x, self.epoch)
-            x = x.mul_(self.scale).add_(self.shift)
+            if uint8 and self.normalise:
+                x = x.mul_(self.scale).add_(self.shift)
         self.batch += 1
-        return x.contiguous(memory_format=self.memory_format), y
+        return _replace(batch, self.entry, x.contiguous(memory_format=self.memory_format))
+
+
+def _replace(batch, entry, value):
+    """`batch` with `entry` (a pair's index, a dict's key) replaced by `value`."""
+    if isinstance(batch, dict):
+        return {**batch, entry: value}
+    parts = list(batch)
+    parts[entry] = value
+    return type(batch)(parts) if isinstance(batch, tuple) else parts
 
 
 def already_collated(batch: HostBatch) -> HostBatch:
@@ -201,6 +228,7 @@ class StreamLoader:
         limit_batches: int = -1,
         rank: int = 0,
         world_size: int = 1,
+        collate=None,
     ):
         self.to_device = to_device
         keyed = isinstance(dataset, SampleAugment)  # its items are asked for by (epoch, index)
@@ -218,7 +246,7 @@ class StreamLoader:
             persistent_workers=cfg.persistent_workers and num_workers > 0,
             prefetch_factor=cfg.prefetch_factor if num_workers > 0 else None,
             generator=self.generator,
-            collate_fn=already_collated if getattr(dataset, "returns_batches", False) else stack,
+            collate_fn=already_collated if getattr(dataset, "returns_batches", False) else (collate or stack),
             timeout=cfg.timeout_s if num_workers > 0 else 0,
         )
         self.batches_per_epoch = batches_per_epoch(self.sampler.num_samples, cfg.batch_size, self.drop_last, limit_batches)
@@ -387,7 +415,7 @@ class ResidentLoader:
     def __init__(self, data: InMemory, cfg: LoaderConfig, to_device: DevicePipeline | PlainPipeline, *, train: bool, seed: int,
                  limit_batches: int = -1, rank: int = 0, world_size: int = 1):  # fmt: skip
         device = to_device.device
-        nbytes = data.inputs.nbytes + data.targets.nbytes
+        nbytes = data.nbytes
         budget = int(cfg.resident_memory_fraction * memory_budget(device))
         home = device
         if nbytes > budget:
@@ -395,7 +423,7 @@ class ResidentLoader:
             log.warning("loader.resident: the data (%.0f MB) exceeds loader.resident_memory_fraction=%g of free %s memory "
                         "(%.0f MB); keeping it in host memory and staging batches through pinned memory",
                         nbytes / 2**20, cfg.resident_memory_fraction, device.type, budget / 2**20)  # fmt: skip
-        self.images, self.labels, self.dataset = data.inputs.to(home), data.targets.to(home), data
+        self.tensors, self.dataset = tree_map(lambda t: t.to(home), data.tree), data
         self.home, self.to_device = home, to_device
         self.stage = home != device  # host-resident for a CUDA device: pin each gathered batch
         self.train = train
@@ -426,56 +454,95 @@ class ResidentLoader:
             order = order.pin_memory().to(self.home, non_blocking=True)
         for b in range(start, self.batches_per_epoch):
             index = order[b * self.batch_size : (b + 1) * self.batch_size]
-            x, y = self.images.index_select(0, index), self.labels.index_select(0, index)
-            yield (x.pin_memory(), y.pin_memory()) if self.stage else (x, y)
+            yield tree_map(functools.partial(_gather, index=index, pin=self.stage), self.tensors)
 
 
-def build_pipeline(cfg: LoaderConfig, spec: DataSpec, target_dtype: torch.dtype, device: torch.device, trainer: TrainerConfig,
-                   augment=None, preview=None) -> DevicePipeline | PlainPipeline:  # fmt: skip
-    """uint8 images: normalised (and augmented) on the device; anything else: unchanged."""
+def _gather(t: torch.Tensor, index: torch.Tensor, pin: bool) -> torch.Tensor:
+    out = t.index_select(0, index)
+    return out.pin_memory() if pin else out
+
+
+def build_pipeline(cfg: LoaderConfig, spec: DataSpec, device: torch.device, trainer: TrainerConfig, augment=None,
+                   preview=None) -> DevicePipeline | PlainPipeline:  # fmt: skip
+    """Images: normalised (uint8) and augmented on the device; anything else: unchanged."""
     if not spec.image:
-        return PlainPipeline(device, non_blocking=cfg.non_blocking, target_dtype=target_dtype)
+        return PlainPipeline(device, non_blocking=cfg.non_blocking)
     return DevicePipeline(device, spec.mean, spec.std, non_blocking=cfg.non_blocking, channels_last=trainer.channels_last,
-                          augment=augment, preview=preview, target_dtype=target_dtype)  # fmt: skip
+                          augment=augment, preview=preview, entry=spec.image_entry, normalise=not spec.float_image)  # fmt: skip
 
 
-def device_augment(aug: AugmentationConfig, seed: int) -> BatchAugment | None:
-    """The batched (device) placement of the augmentation policy, or None."""
-    return BatchAugment(Schedule.from_config(aug), seed=seed) if aug.placement == "gpu" else None
+def device_augment(aug: AugmentationConfig, seed: int, transforms=None) -> BatchAugment | None:
+    """The batched (device) placement of the augmentation policy (or the user's transforms), or None."""
+    if aug.placement != "gpu":
+        return None
+    return BatchAugment(transforms or Schedule.from_config(aug), seed=seed)
 
 
-def build_loaders(cfg: LoaderConfig, aug: AugmentationConfig, train_set: Dataset, val_set: Dataset | None, spec: DataSpec, *,
-                  target_dtype: torch.dtype, device: torch.device, trainer: TrainerConfig, show_images=None, rank: int = 0,
-                  world_size: int = 1) -> tuple[StreamLoader | ResidentLoader, StreamLoader | ResidentLoader | None]:  # fmt: skip
-    """Training and validation batches (no validation batches without a validation set).
-    Augmentation is placed here, once: per sample in the training dataset (cpu), or on the
-    device in the training pipeline (gpu). `show_images(tag, images, step)` records what
-    the augmentation does (TensorBoard)."""
+IN_MEMORY_S = 100e-6  # a sample read faster than this is in memory already: workers would only add copies
+
+
+def auto_workers_for(spec: DataSpec, per_sample_augment: bool) -> tuple[int, str]:
+    """loader.num_workers=auto, and why: 0 for data already in memory (a sample read in
+    micro-seconds: tensors, numpy arrays), else one worker per CPU this process may use, less
+    one for the main process (saturate.loader.auto_workers)."""
+    fast = spec.in_memory or (spec.sample_s is not None and spec.sample_s < IN_MEMORY_S)
+    if fast and not per_sample_augment:
+        read = f"{1e6 * spec.sample_s:.0f} us" if spec.sample_s is not None else "no time"
+        return 0, f"num_workers=auto: a sample takes {read} to read, the data is in memory; workers would only add copies"
+    return auto_workers(per_sample_work=True), ""
+
+
+@dataclass
+class Loaders:
+    """The batches of each split (val and test when the data has them)."""
+
+    train: StreamLoader | ResidentLoader
+    val: StreamLoader | ResidentLoader | None = None
+    test: StreamLoader | ResidentLoader | None = None
+    workers_note: str = ""  # why num_workers=auto chose what it chose
+
+
+def build_loaders(cfg: LoaderConfig, aug: AugmentationConfig, data, spec: DataSpec, *, device: torch.device, trainer: TrainerConfig,
+                  show_images=None, rank: int = 0, world_size: int = 1, transforms=None) -> Loaders:  # fmt: skip
+    """Training, validation and test batches (those the data has). Augmentation is placed
+    here, once: per sample in the training dataset (cpu), or on the device in the training
+    pipeline (gpu). `show_images(tag, images, step)` records what the augmentation does
+    (TensorBoard). `data`: saturate.data.Data (its splits and collate)."""
+    train_set = data.train
     if cfg.batch_size * world_size > len(train_set):
         ranks = f" across {world_size} ranks" if world_size > 1 else ""
         raise UserError(f"loader.batch_size={cfg.batch_size}: larger than the training set ({len(train_set)} samples{ranks})")
-    schedule = Schedule.from_config(aug) if aug.placement != "none" else None
+    if cfg.resident and not spec.fixed:
+        raise UserError("loader.resident=true: the samples differ in shape (variable length, batched by the data's collate); a "
+                        "resident data set holds samples of one shape: use loader=default")  # fmt: skip
+    schedule = (transforms or Schedule.from_config(aug)) if aug.placement != "none" else None
     if aug.placement == "cpu":
-        train_set = SampleAugment(train_set, schedule, seed=trainer.seed)
-    workers = auto_workers(per_sample_work=aug.placement == "cpu" or not spec.in_memory) if cfg.num_workers == "auto" else cfg.num_workers
+        train_set = SampleAugment(train_set, schedule, seed=trainer.seed, entry=spec.image_entry)
+    note = ""
+    if cfg.num_workers == "auto":
+        workers, note = auto_workers_for(spec, per_sample_augment=aug.placement == "cpu")
+    else:
+        workers = cfg.num_workers
     pin = device.type == "cuda" if cfg.pin_memory == "auto" else cfg.pin_memory
 
-    pipeline = functools.partial(build_pipeline, cfg, spec, target_dtype, device, trainer)
+    pipeline = functools.partial(build_pipeline, cfg, spec, device, trainer)
     preview = Preview(show_images, schedule, aug.preview_images) if aug.preview_images and spec.image and show_images else None
-    train_pipeline = pipeline(augment=device_augment(aug, trainer.seed + 1_000_003 * rank), preview=preview)  # ranks draw differently
+    train_pipeline = pipeline(augment=device_augment(aug, trainer.seed + 1_000_003 * rank, transforms), preview=preview)  # ranks differ
+    ranks = dict(seed=trainer.seed, rank=rank, world_size=world_size)
+    evaluation = dict(train=False, limit_batches=trainer.limit_val_batches, **ranks)
     if cfg.resident:
-        ranks = dict(seed=trainer.seed, rank=rank, world_size=world_size)
         train = ResidentLoader(materialize(train_set), cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **ranks)
-        val_limit = dict(train=False, limit_batches=trainer.limit_val_batches, **ranks)
-        val = None if val_set is None else ResidentLoader(materialize(val_set), cfg, pipeline(), **val_limit)
+        val, test = (None if s is None else ResidentLoader(materialize(s), cfg, pipeline(), **evaluation) for s in (data.val, data.test))
     else:
-        common = dict(seed=trainer.seed, num_workers=workers, pin_memory=pin, rank=rank, world_size=world_size)
-        train = StreamLoader(train_set, cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **common)
-        val_limit = dict(train=False, limit_batches=trainer.limit_val_batches, **common)
-        val = None if val_set is None else StreamLoader(val_set, cfg, pipeline(), **val_limit)
-    stages = " -> ".join(f"{p.name} from epoch {e}" for e, p in schedule.stages) if schedule else ""
+        common = dict(num_workers=workers, pin_memory=pin, collate=data.collate)
+        train = StreamLoader(train_set, cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **common, **ranks)
+        val, test = (None if s is None else StreamLoader(s, cfg, pipeline(), **common, **evaluation) for s in (data.val, data.test))
+    if test is not None:  # the test set is evaluated whole, once
+        test.batches_per_epoch = batches_per_epoch(test.sampler.num_samples, cfg.batch_size, False, -1)
+    stages = " -> ".join(f"{p.name} from epoch {e}" for e, p in schedule.stages) if isinstance(schedule, Schedule) else ""
     kind = f"resident on {train.home}" if cfg.resident else f"{workers} workers, pin_memory={pin}"
-    if not cfg.resident and workers == 0 and cfg.num_workers == "auto":
-        kind += " (num_workers=auto: the data is one in-memory tensor, a batch is one gather; workers would only add copies)"
-    log.info("loader: batch %d, %s; augmentation: %s %s", cfg.batch_size, kind, aug.placement, stages)
-    return train, val
+    if note and not cfg.resident:
+        kind += f" ({note})"
+    log.info("loader: batch %d, %s; augmentation: %s %s", cfg.batch_size, kind, aug.placement,
+             stages or ("your transforms" if transforms is not None else ""))  # fmt: skip
+    return Loaders(train, val, test, note)

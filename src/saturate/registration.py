@@ -51,6 +51,36 @@ def _output_dir() -> str:
     return UNSET_RUN_DIR
 
 
+_DATA_INFO: dict = {}  # what the data of the run being built gives (set_data_info)
+
+
+def set_data_info(info: dict) -> None:
+    """What `${data_info:...}` resolves to from now on (the run sets it once the data is
+    described, and resolves its model and task nodes again)."""
+    _DATA_INFO.clear()
+    _DATA_INFO.update(info)
+
+
+def data_info(key: str):
+    """`${data_info:in_features}` in a model or task node: a value the data gives (in_channels,
+    in_features, input_shape, input_shape.0, num_classes, num_outputs, class_names), so that
+    a constructor with its own argument names needs no hard-coded shapes. Before the data is
+    described (while the config is checked) it is a placeholder."""
+    from saturate.config import DATA_INFO
+
+    if not _DATA_INFO:
+        return f"{DATA_INFO}{key}>"
+    value = _DATA_INFO
+    for part in str(key).split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, (list, tuple)) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise ValueError(f"data_info:{key}: the data gives {', '.join(sorted(_DATA_INFO))} (input_shape.<i> for one dimension)")
+    return list(value) if isinstance(value, tuple) else value
+
+
 def register() -> None:
     """Store the schema in Hydra's ConfigStore and register saturate's resolvers."""
     ConfigStore.instance().store(name="base_config", node=RunConfig)
@@ -61,3 +91,4 @@ def register() -> None:
     OmegaConf.register_new_resolver("saturate_output_dir", _output_dir, replace=True)
     OmegaConf.register_new_resolver("saturate_rank_suffix", _rank_suffix, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("saturate_hydra_subdir", lambda: ".hydra" if rank_zero() else None, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("data_info", data_info, replace=True)

@@ -130,7 +130,7 @@ def diagnose(perf: dict[str, float], facts: RunFacts, steps: int | None = None) 
 
 
 def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[str, float] | None = None,
-           cpu_util: float | None = None) -> str:  # fmt: skip
+           cpu_util: float | None = None, stopped: str | None = None, notes: list[str] = ()) -> str:  # fmt: skip
     """The report as Markdown (console, report.md and TensorBoard text)."""
     step = perf["perf/step_ms"]
     parts = [
@@ -154,6 +154,12 @@ def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[st
         lines.append("- GPU utilisation: not sampled (no NVIDIA GPU or no NVML)")
     if cpu_util is not None:
         lines.append(f"- CPU: {cpu_util:.0f}% busy on average (all the host's cores)")
+    lines += [f"- {note}" for note in notes if note]
+    if stopped:
+        lines.append(f"- stopped early: {stopped}")
+    tested = {k: v for k, v in perf.items() if k.startswith("test/")}
+    if tested:
+        lines.append("- test set (best.pt): " + ", ".join(f"{k} {v:.4f}" for k, v in tested.items()))
     lines += ["", f"**Verdict: {verdict.kind}**: {verdict.reason}.", ""]
     if verdict.suggestions:
         lines += ["Try next (add to your command line):", ""]  # a blank line: Markdown renderers (TensorBoard's) need it for a list

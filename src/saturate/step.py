@@ -1,10 +1,19 @@
-"""One optimizer step on one batch, in micro-batches, surviving CUDA out-of-memory.
+"""One optimizer step on one batch, in stages a reader can follow (and a subclass replace):
 
-The batch is the optimizer batch; it is computed in `micro_batches` pieces whose gradients
-accumulate (each piece's loss weighted by its share of the batch), so the optimizer sees
-the same gradient whatever the split. An out-of-memory error doubles the number of pieces
-and retries the batch: the optimizer batch and the LR schedule do not change. (With
-BatchNorm the statistics are per piece, as with any gradient accumulation.)
+1. `forward_backward`: the batch's loss and gradients, computed in `micro_batches` pieces
+   whose gradients accumulate (each piece's loss weighted by its share of the batch), so the
+   optimizer sees the same gradient whatever the split. An out-of-memory error doubles the
+   pieces and retries the batch: the optimizer batch and the LR schedule do not change.
+   (With BatchNorm the statistics are per piece, as with any gradient accumulation.)
+2. `grad_norm`: the gradients' total norm, what the non-finite guard judges;
+3. `clip`: the clipping policy (trainer.grad_clip), applied with that norm;
+4. the guard and the optimizer's update: decided on the device when the optimizer can skip
+   a step there (torch's fused optimizers), else with one host read;
+5. after the update, the loop calls the observers' `on_after_optimizer_step` (weight averages).
+
+A batch is whatever the data's collate makes (tensors, tuples, dicts, nested): the step
+never looks inside it; `loss(model, batch)` (the task's) does. Splitting into micro-batches
+cuts every tensor along its first dimension, the batch's.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from saturate.device import OutOfMemory, free_device_memory, is_oom
 from saturate.distributed import no_sync
@@ -36,6 +46,28 @@ _AFTER_BACKWARD = (
 )
 
 
+def batch_size(batch) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
+    leaves, _ = tree_flatten(batch)
+    return next(len(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.ndim)
+
+
+def split(batch, count: int) -> list:
+    """`batch` cut into `count` pieces along the first dimension of every tensor."""
+    leaves, spec = tree_flatten(batch)
+    parts = [leaf.tensor_split(count) if isinstance(leaf, torch.Tensor) and leaf.ndim else [leaf] * count for leaf in leaves]
+    return [tree_unflatten([p[i] for p in parts], spec) for i in range(count)]
+
+
+def named_parts(batch) -> list[tuple[str, object]]:
+    """A batch's entries by name, for messages: (inputs, targets) of a pair, a dict's keys."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return [("inputs", batch[0]), ("targets", batch[1])]
+    if isinstance(batch, dict):
+        return [(str(k), v) for k, v in batch.items()]
+    return [("batch", batch)]
+
+
 def _alone(ok: bool) -> bool:
     """The agreement of a single process: its own answer."""
     return ok
@@ -43,8 +75,8 @@ def _alone(ok: bool) -> bool:
 
 class TrainStep:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision, guard, *,
-                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], grad_clip: float, micro_batches: int = 1,
-                 recover_oom: bool = True, dist=None):  # fmt: skip
+                 loss: Callable[[nn.Module, object], torch.Tensor], grad_clip: float, micro_batches: int = 1, recover_oom: bool = True,
+                 dist=None):  # fmt: skip
         self.model, self.optimizer, self.precision, self.guard, self.loss = model, optimizer, precision, guard, loss
         self.distributed = dist is not None and dist.world_size > 1
         self.agree = dist.agree if self.distributed else _alone  # True only if every rank's answer is True
@@ -63,16 +95,19 @@ class TrainStep:
         self.micro_batches, self.recover_oom = micro_batches, recover_oom
         self.oom_recoveries = 0
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[torch.Tensor, bool | torch.Tensor, bool]:
+    size = staticmethod(batch_size)
+    parts = staticmethod(named_parts)
+
+    def __call__(self, batch, step: int) -> tuple[torch.Tensor, bool | torch.Tensor, bool]:
         """Returns (loss on the device, or zero if the step was skipped as non-finite;
         whether the guard let it through (a bool, or a device tensor when the step decided
         on the device); whether the caller advances the LR schedule)."""
         if self.buffers:
             torch._foreach_copy_(self.kept, self.buffers)
-        while (loss := self._forward_backward(x, y)) is None:
-            self._after_oom(step, len(y))
+        while (loss := self.forward_backward(batch)) is None:
+            self._after_oom(step, batch_size(batch))
         try:
-            loss, applied, stepped = (self._step_on_device if self.on_device else self._step_on_host)(loss, step)
+            loss, applied, stepped = (self._update_on_device if self.on_device else self._update_on_host)(loss, step)
         except Exception as e:
             if not (self.recover_oom and is_oom(e)):
                 raise
@@ -82,41 +117,9 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         return loss, applied, stepped
 
-    def _step_on_host(self, loss: torch.Tensor, step: int) -> tuple[torch.Tensor, bool, bool]:
-        """The guarded step decided on the host (one read per step): (the loss, or zero if
-        skipped; whether it was applied; whether the weights moved, which is when the LR
-        schedule advances)."""
-        self.precision.scaler.unscale_(self.optimizer)
-        applied = self.guard.ok(loss, self._grad_norm(), step)
-        if not applied and self.buffers:
-            torch._foreach_copy_(self.buffers, self.kept)
-        stepped = self.precision.step(self.optimizer, applied)
-        return (loss if applied else torch.zeros_like(loss)), applied, stepped
+    # -- 1. loss and gradients
 
-    def _step_on_device(self, loss: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """The guarded step with nothing read: the optimizer skips it on the device when the
-        loss or the gradient norm is not finite (on any rank), and the buffers the forward
-        pass moved are put back there. Returns (the loss, or zero if skipped; whether it was
-        applied, as a device tensor; True: the LR schedule advances either way)."""
-        finite = self.guard.finite(loss, self._grad_norm())
-        if self.distributed:
-            finite = self.dist.all_true(finite)
-        for buffer, kept in zip(self.buffers, self.kept, strict=True):
-            buffer.copy_(torch.where(finite, buffer, kept))
-        self.optimizer.grad_scale, self.optimizer.found_inf = None, (~finite).to(torch.float32)
-        self.optimizer.step()
-        self.guard.skipped_on_device(finite, step)
-        return torch.where(finite, loss, torch.zeros_like(loss)), finite, True
-
-    def _grad_norm(self) -> torch.Tensor:
-        """The gradients' total norm (for the non-finite guard), clipping them to grad_clip if
-        set; without clipping the gradients are not touched (clip_grad_norm_ would multiply
-        them all by 1)."""
-        if self.max_norm != float("inf") or not hasattr(torch.nn.utils, "get_total_norm"):  # torch < 2.6 has no get_total_norm
-            return torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
-        return torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-
-    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+    def forward_backward(self, batch) -> torch.Tensor | None:
         """Gradients of the batch's loss, accumulated over the micro-batches; None after an
         out-of-memory (on any rank: they agree after each forward and backward pass, so all
         retry together).
@@ -127,13 +130,12 @@ class TrainStep:
         a clear error, and one inside the synchronising backward pass (where the others are
         already exchanging gradients) stops that rank, the others at the process group's
         timeout. Out-of-memory in the earlier micro-batches is recovered as in one process."""
-        total = None
-        count = min(self.micro_batches, len(y))  # never an empty piece (a short last batch, or more pieces than samples)
-        pieces = list(zip(x.tensor_split(count), y.tensor_split(count), strict=True))
-        for i, (xs, ys) in enumerate(pieces):
+        total, size = None, batch_size(batch)
+        pieces = split(batch, min(self.micro_batches, size)) if self.micro_batches > 1 else [batch]  # never an empty piece
+        for i, piece in enumerate(pieces):
             synchronising = i == len(pieces) - 1 and self.distributed
             with contextlib.nullcontext() if i == len(pieces) - 1 else no_sync(self.model):
-                ok, loss = self._attempt(self._forward, xs, ys, len(y))
+                ok, loss = self._attempt(self._forward, piece, size)
                 if not self.agree(ok):
                     if synchronising:
                         raise OutOfMemory(_DDP_OOM.format(where="forward"))
@@ -147,12 +149,67 @@ class TrainStep:
             total = loss.detach() if total is None else total + loss.detach()
         return total
 
-    def _forward(self, xs: torch.Tensor, ys: torch.Tensor, batch: int) -> torch.Tensor:
+    def _forward(self, piece, size: int) -> torch.Tensor:
         with self.precision.autocast():
-            return self.loss(self.model(xs), ys) * (len(ys) / batch)  # x1.0 (exact) for one piece
+            loss = self.loss(self.model, piece)
+        share = batch_size(piece) / size
+        return loss * share if share != 1 else loss  # x1.0 is exact, but a no-op kernel all the same
 
     def _backward(self, loss: torch.Tensor) -> None:
         self.precision.scaler.scale(loss).backward()
+
+    # -- 2. and 3. the gradients' norm, and the clipping policy
+
+    def grad_norm(self) -> torch.Tensor:
+        """The gradients' total norm (what the guard judges), without touching them."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
+            return torch.nn.utils.get_total_norm(grads)
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+
+    def clip(self, norm: torch.Tensor) -> None:
+        """trainer.grad_clip: scale the gradients down to that norm when they exceed it (with
+        the norm already computed: no second pass over them). Nothing without a limit."""
+        if self.max_norm == float("inf"):
+            return
+        if hasattr(torch.nn.utils, "clip_grads_with_norm_"):  # torch >= 2.6
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.max_norm, norm)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+
+    # -- 4. the guard and the optimizer's update
+
+    def _update_on_host(self, loss: torch.Tensor, step: int) -> tuple[torch.Tensor, bool, bool]:
+        """The guarded step decided on the host (one read per step): (the loss, or zero if
+        skipped; whether it was applied; whether the weights moved, which is when the LR
+        schedule advances)."""
+        self.precision.scaler.unscale_(self.optimizer)
+        norm = self.grad_norm()
+        self.clip(norm)
+        applied = self.guard.ok(loss, norm, step)
+        if not applied and self.buffers:
+            torch._foreach_copy_(self.buffers, self.kept)
+        stepped = self.precision.step(self.optimizer, applied)
+        return (loss if applied else torch.zeros_like(loss)), applied, stepped
+
+    def _update_on_device(self, loss: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """The guarded step with nothing read: the optimizer skips it on the device when the
+        loss or the gradient norm is not finite (on any rank), and the buffers the forward
+        pass moved are put back there. Returns (the loss, or zero if skipped; whether it was
+        applied, as a device tensor; True: the LR schedule advances either way)."""
+        norm = self.grad_norm()
+        self.clip(norm)
+        finite = self.guard.finite(loss, norm)
+        if self.distributed:
+            finite = self.dist.all_true(finite)
+        for buffer, kept in zip(self.buffers, self.kept, strict=True):
+            buffer.copy_(torch.where(finite, buffer, kept))
+        self.optimizer.grad_scale, self.optimizer.found_inf = None, (~finite).to(torch.float32)
+        self.optimizer.step()
+        self.guard.skipped_on_device(finite, step)
+        return torch.where(finite, loss, torch.zeros_like(loss)), finite, True
+
+    # -- out of memory
 
     def _attempt(self, fn, *args) -> tuple[bool, object]:
         """(True, fn(*args)), or (False, None) after a CUDA out-of-memory, keeping nothing of
@@ -176,3 +233,14 @@ class TrainStep:
         smaller = math.ceil(batch / self.micro_batches)
         log.warning("step %d: out of memory with micro-batches of %d samples; continuing with %d micro-batches of %d "
                     "(the optimizer batch stays %d)", step, piece, self.micro_batches, smaller, batch)  # fmt: skip
+
+
+def to_device(batch, device: torch.device, non_blocking: bool):
+    """Every tensor of a batch on `device` (float64 as float32: the model's dtype)."""
+
+    def move(leaf):
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        return leaf.to(device, dtype=torch.float32 if leaf.dtype == torch.float64 else None, non_blocking=non_blocking)
+
+    return tree_map(move, batch)

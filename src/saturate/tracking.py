@@ -1,22 +1,18 @@
-"""Where metrics go: the loggers (TensorBoard by default, metrics.csv, a user's own), the
-progress bar, metrics.json.
+"""Where metrics go: the observers (the loggers: TensorBoard by default, metrics.csv, a
+user's own; and callbacks' `on_log`), the progress bar, and what the HParams tab compares.
 
 Tags are the contract names (`train/loss`, `val/acc`, `perf/samples_per_s`, ...), the same in
-every logger and in metrics.json. Only rank 0 writes; other ranks get a tracker that drops
-everything, so callers never ask which rank they are on.
+every logger and in metrics.json. Loggers exist on rank 0 only (saturate.callbacks.Observers),
+so callers never ask which rank they are on.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection
-from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
-
-from saturate.callbacks import TensorBoardLogger, builtin_logger
 
 log = logging.getLogger(__name__)
 
@@ -30,36 +26,30 @@ def _plain(value: Any) -> Any:
 
 
 class Tracker:
-    def __init__(self, run_dir: Path, *, log_interval: int, progress: bool, enabled: bool = True, loggers: list[Any] = ("tensorboard",),
-                 shown: str = "val/acc"):  # fmt: skip
-        self.run_dir, self.log_interval, self.enabled = run_dir, log_interval, enabled
-        self.spec = list(loggers)  # names of built-in loggers, or logger objects
-        self.loggers: list[Any] = []  # opened by start(), which knows whether the run resumes
+    """Logs to the observers through the run's `Run` (set with `attach`, before the first
+    log), keeps the latest value of every metric, and drives the progress bar."""
+
+    def __init__(self, observers, *, log_interval: int, progress: bool, enabled: bool = True, shown: str = "val/acc"):
+        self.observers, self.log_interval, self.enabled = observers, log_interval, enabled
+        self.run = None
         self.shown = shown  # the validation metric the progress bar shows
         # disable=None: tqdm turns itself off when stderr is not a terminal (logs, CI)
         self.bar = tqdm(unit="step", dynamic_ncols=True, disable=None if enabled and progress else True)
         self.latest: dict[str, float] = {}
 
-    def start(self, total_steps: int, done: int = 0) -> None:
-        """Open the loggers; a run resumed at step `done` first drops whatever an earlier
-        attempt logged after that step."""
-        if self.enabled:
-            self.loggers = [builtin_logger(x, self.run_dir, done) if isinstance(x, str) else x for x in self.spec]
+    def attach(self, run, total_steps: int, done: int = 0) -> None:
+        self.run = run
         self.bar.reset(total=total_steps)
         self.bar.update(done)
-
-    def _each(self, method: str, *args) -> None:
-        for logger in self.loggers:
-            fn = getattr(logger, method, None)
-            if callable(fn):
-                fn(*args)
 
     def due(self, step: int) -> bool:
         return step % self.log_interval == 0
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.latest.update(metrics)
-        self._each("log_metrics", metrics, step)
+        if self.run is not None:
+            self.run.metrics.update(metrics)
+            self.observers.call("on_log", self.run, metrics, step)
 
     def progress(self, step: int, epoch: int) -> None:
         """Advance the bar to `step` and show the latest loss and throughput."""
@@ -71,32 +61,77 @@ class Tracker:
         self.bar.set_postfix(shown, refresh=False)
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
-        self._each("log_text", tag, text, step)
+        if self.run is not None:
+            self.observers.call("on_text", self.run, tag, text, step)
 
     def layout(self, charts: dict[str, list[str]]) -> None:
         """The overview TensorBoard's Custom Scalars tab opens with: {chart title: tags}."""
-        self._each("log_layout", charts)
+        if self.run is not None:
+            self.observers.call("on_layout", self.run, charts)
 
     def images(self, tag: str, images, step: int) -> None:
         """A grid of images (N, C, H, W) in [0, 1]."""
-        if self.loggers:
-            self._each("log_images", tag, images.detach().float().cpu(), step)
+        if self.run is not None and self.observers.has("on_images"):
+            self.observers.call("on_images", self.run, tag, images.detach().float().cpu(), step)
 
-    def hparams(self, params: dict[str, Any], metrics: dict[str, float], step: int, varied: Collection[str] = ()) -> None:
+    def matrices(self, matrices: dict, step: int, labels: list[str] | None = None) -> None:
+        """Matrix results of an evaluation (confusion matrices) as images: `<split>/<name>`."""
+        for key, matrix in matrices.items():
+            self.images(key, matrix_image(matrix, labels)[None], step)
+
+    def hparams(self, params: dict[str, Any], metrics: dict[str, float], step: int, varied=()) -> None:
         """One HParams entry for this run: `params` as columns, `metrics` (logged as scalars
         under the same tags at the final step) as the compared values; TensorBoard lists the
         `varied` params (what a sweep varies) first and shows them by default."""
         finite = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-        plain = {k: _plain(v) for k, v in params.items()}
-        for logger in self.loggers:
-            fn = getattr(logger, "log_hparams", None)
-            if isinstance(logger, TensorBoardLogger):
-                logger.log_hparams(plain, finite, varied=varied)
-            elif callable(fn):
-                fn(plain, finite)
+        if self.run is not None:
+            self.observers.call("on_hparams", self.run, {k: _plain(v) for k, v in params.items()}, finite, sorted(varied))
         self.log(finite, step)
 
     def close(self) -> None:
         self.bar.close()
-        self._each("close")
-        self.loggers = []
+
+
+def swept(run) -> dict:
+    """The command line's overrides (a multirun's swept values among them) as {key: value},
+    values as the config resolved them; group choices (`precision=amp`) as the option."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig, OmegaConf
+
+    if not HydraConfig.initialized():
+        return {}
+    resolved = OmegaConf.structured(run)
+    columns = {}
+    for override in HydraConfig.get().overrides.task:
+        key, _, text = override.lstrip("+~").partition("=")
+        if key.startswith("hydra") or key in ("run_dir", "sweep"):
+            continue
+        value = OmegaConf.select(resolved, key, default=text)
+        columns[key] = text if isinstance(value, (dict, list, DictConfig)) or OmegaConf.is_config(value) else value
+    return columns
+
+
+def matrix_image(matrix, labels: list[str] | None = None, cell: int = 28):
+    """A (K, K) matrix in [0, 1] (a normalised confusion matrix: rows the true classes) as an
+    RGB image tensor (3, H, W) in [0, 1]: one shaded cell per entry, its value written in it,
+    the class names along the edges (PIL's own font: no plotting library needed)."""
+    import numpy as np
+    import torch
+    from PIL import Image, ImageDraw
+
+    k = matrix.shape[0]
+    names = [str(label)[:8] for label in (labels or range(k))]
+    margin = 7 * max(len(n) for n in names) + 6
+    image = Image.new("RGB", (margin + k * cell + 2, margin + k * cell + 2), "white")
+    draw = ImageDraw.Draw(image)
+    values = torch.nan_to_num(torch.as_tensor(matrix).float()).clamp(0, 1).tolist()
+    for i in range(k):
+        draw.text((2, margin + i * cell + cell // 3), names[i], fill="black")  # true class (rows)
+        draw.text((margin + i * cell + 2, 2), names[i][: cell // 7], fill="black")  # predicted class (columns)
+        for j in range(k):
+            v = values[i][j]
+            shade = int(255 * (1 - v))
+            x0, y0 = margin + j * cell, margin + i * cell
+            draw.rectangle([x0, y0, x0 + cell - 1, y0 + cell - 1], fill=(shade, shade, 255), outline="grey")
+            draw.text((x0 + 3, y0 + cell // 3), f"{v:.2f}"[1:] if v < 1 else "1.0", fill="white" if v > 0.5 else "black")
+    return torch.from_numpy(np.asarray(image)).permute(2, 0, 1).float() / 255

@@ -47,17 +47,16 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from saturate.batch_size import Cache
-from saturate.engine import Measured
 from saturate.environment import cpu_name
 from saturate.errors import UserError
 from saturate.faults import Preempted, StopSignal, TrainingDiverged
 from saturate.launch import command_line
 from saturate.loader import cpus_per_process
 from saturate.naming import slug
+from saturate.parts import Given
 from saturate.report import MIN_STEPS
-from saturate.run import Given, Metrics, train
+from saturate.run import Metrics, train
 from saturate.rundir import write_json
-from saturate.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +84,25 @@ TRIAL = (
     "augmentation.preview_images=0",
     "tune.enabled=false",
 )
+
+
+@dataclass
+class Measured:
+    """A trial's stop rule, as a callback: once the run's timer holds `seconds` of steady
+    state (every log window after the first) over at least `steps` steps, or at `deadline` (a
+    perf_counter time), ask the run to stop. Checked at log steps."""
+
+    seconds: float
+    steps: int
+    deadline: float = float("inf")
+
+    def reached(self, timer) -> bool:
+        enough = timer.rest.wall_s >= self.seconds and timer.rest.steps >= self.steps
+        return enough or time.perf_counter() >= self.deadline
+
+    def on_log(self, run, metrics: dict, step: int) -> None:
+        if "perf/samples_per_s" in metrics and self.reached(run.timer):
+            run.request_stop("tune: the trial's steady state is measured")
 
 
 @dataclass
@@ -270,7 +288,7 @@ class Tuner:
                 del cfg["hydra"]
             settings = {"prefetch_factor": cfg.loader.prefetch_factor, "tf32": cfg.device.tf32, "cudnn": cfg.device.cudnn_benchmark}
             deadline = self.started + self.tune.budget_s
-            train(cfg, Given(measured=Measured(self.tune.trial_s, MIN_STEPS, deadline)))
+            train(cfg, Given(callbacks={"tune_measured": Measured(self.tune.trial_s, MIN_STEPS, deadline)}))
             self._read(result, trial_dir, settings)
         except (KeyboardInterrupt, Preempted):
             result.status, result.outcome, self.interrupted = "interrupted", "interrupted", True
@@ -437,10 +455,7 @@ def tune(cfg: DictConfig) -> Metrics:
     write_json(run_dir / "tune.json", {"results": [dataclasses.asdict(r) for r in tuner.results], "changes": tuner.changes,
                                        "speedup": speedup, "confirmed": tuner.confirmed, "preset": str(preset),
                                        "interrupted": tuner.interrupted})  # fmt: skip
-    tracker = Tracker(run_dir, log_interval=1, progress=False)
-    tracker.start(0)
-    tracker.text("tune", text)
-    tracker.close()
+    _tensorboard(run_dir, lambda tb, run: tb.on_text(run, "tune", text, 0))
     log.info("\n%s", text)
     metrics = Metrics({"perf/samples_per_s": tuner.rate, "tune/speedup": speedup, "tune/confirmed": float(tuner.confirmed),
                        "tune/trials": len(tuner.results)})  # fmt: skip
@@ -469,10 +484,23 @@ def _trial_name(changes: list[str]) -> str:
 def _record(trial_dir: Path, result: Result) -> None:
     """A trial that did not train to the end still gets its row in TensorBoard's HParams
     tab: its overrides and what happened (a trained trial's run logs its own)."""
-    tracker = Tracker(trial_dir, log_interval=1, progress=False)
-    tracker.start(0)
-    tracker.hparams({"overrides": " ".join(result.changes), "tune.outcome": result.outcome}, {"tune/failed": 1.0}, step=0)
-    tracker.close()
+    params = {"overrides": " ".join(result.changes), "tune.outcome": result.outcome}
+    _tensorboard(trial_dir, lambda tb, run: (tb.on_hparams(run, params, {"tune/failed": 1.0}, []), tb.on_log(run, {"tune/failed": 1.0}, 0)))
+
+
+def _tensorboard(run_dir: Path, write) -> None:
+    """Write into `run_dir`'s TensorBoard events with the built-in logger (a tune's own table,
+    a failed trial's HParams row)."""
+    from types import SimpleNamespace
+
+    from saturate.loggers import TensorBoardLogger
+
+    tb, run = TensorBoardLogger(), SimpleNamespace(run_dir=run_dir, start_step=0)
+    tb.on_run_start(run)
+    try:
+        write(tb, run)
+    finally:
+        tb.on_run_end(run, {})
 
 
 def _first_line(error: BaseException, limit: int = 200) -> str:

@@ -1,10 +1,14 @@
 """The data contract, and what saturate learns from one look at the data.
 
-A data source is any map-style `Dataset` whose samples are `(input, target)`: tensors or
-numpy arrays (or Python numbers) of any shape and dtype. `describe()` looks at the first
-sample and learns what the run needs: the input's shape and dtype, whether inputs are uint8
-images (C, H, W) that take the image fast paths, the kind of target (class indices or real
-values) and the number of classes. A dataset may say more through optional attributes:
+A data source is any map-style `Dataset` whose samples are `(input, target)` pairs, or dicts
+holding the input and the target under the task's `input_key` and `target_key` (and any
+other entries: lengths, masks, several inputs): tensors, numpy arrays or Python numbers of
+any shape and dtype. Batches are what the data's collate makes of them (torch's
+default_collate, or the data's own: saturate.data.Data). `describe()` looks at the first
+sample and learns what the run needs: the input's shape and dtype, whether inputs are
+images (uint8, or float in [0, 1], (C, H, W)) that take the image paths, the kind of target
+(class indices or real values) and the number of classes. A dataset may say more through
+optional attributes:
 
 - `classes` (a list of names) or `num_classes`: the number of classes, without a scan;
 - `targets` / `labels` (a tensor, array or list): all the targets, for that count;
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from torch.utils.data import Dataset, default_collate
 
 from saturate.errors import ConfigError, DataError, Problem
@@ -72,7 +77,9 @@ def as_tensor(value) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(value))
     if isinstance(value, (bool, int, float, np.generic)):
         return torch.tensor(value)
-    raise DataError(f"data: a sample holds a {type(value).__name__}; expected a tensor, a numpy array or a number")
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, np.generic)) for v in value):
+        return torch.tensor(value)
+    raise DataError(f"data: a sample holds a {type(value).__name__}; expected a tensor, a numpy array, a list of numbers or a number")
 
 
 @dataclass
@@ -91,11 +98,25 @@ class DataSpec:
     in_memory: bool = False  # one in-memory tensor (no per-sample decoding)
     has_val: bool = True
     notes: dict = field(default_factory=dict)
+    has_test: bool = False
+    structure: str = "pair"  # pair: (input, target); dict: the input and target under input_key and target_key
+    input_key: str = "input"
+    target_key: str = "target"
+    float_image: bool = False  # float (C, H, W) in [0, 1] (the ToTensor() convention): augmented as images, not normalised
+    fixed: bool = True  # every sample has the same shapes (variable-length samples need a collate; no resident loader)
+    collate: bool = False  # the data brings its own collate function
+    sample_s: float | None = None  # seconds to read one sample in this process (the num_workers=auto rule)
 
     @property
     def image(self) -> bool:
-        """uint8 (C, H, W): copied as uint8, normalised (and augmented) on the device."""
-        return self.input_dtype == torch.uint8 and len(self.input_shape) == 3
+        """uint8 (C, H, W): copied as uint8, normalised (and augmented) on the device; or a
+        float (C, H, W) image in [0, 1], augmented, not normalised."""
+        return (self.input_dtype == torch.uint8 and len(self.input_shape) == 3) or self.float_image
+
+    @property
+    def image_entry(self):
+        """Where the image is in a batch: 0 of a pair, the input key of a dict."""
+        return 0 if self.structure == "pair" else self.input_key
 
     @property
     def num_outputs(self) -> int:
@@ -144,86 +165,110 @@ def _channel_blocks(images, chunk_elements: int):
 
 
 class InMemory(Dataset):
-    """A data set held as two tensors: inputs (N, ...) and targets (N, ...). Batches are
-    gathered in one `index_select` (see `__getitems__`); the resident loader keeps them on
-    the device."""
+    """A data set held as tensors with the samples along their first dimension: `inputs` and
+    `targets` (N, ...), or any structure of such tensors (`tree`, e.g. a dict). Batches are
+    gathered in one `index_select` per tensor (see `__getitems__`); the resident loader
+    keeps them on the device."""
 
     returns_batches = True  # __getitems__ returns the collated batch (saturate.loader)
 
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
-        if len(inputs) != len(targets):
-            raise DataError(f"data: {len(inputs)} inputs but {len(targets)} targets")
-        self.inputs, self.targets = inputs, targets
+    def __init__(self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None, *, tree=None):
+        self.tree = (inputs, targets) if tree is None else tree
+        sizes = {len(leaf) for leaf in tree_leaves(self.tree)}
+        if len(sizes) != 1:
+            raise DataError(f"data: in-memory tensors of different lengths ({', '.join(map(str, sorted(sizes)))} samples)")
+        self.length = sizes.pop()
 
     @property
-    def images(self) -> torch.Tensor:  # the image datasets' names for the same tensors
-        return self.inputs
+    def inputs(self) -> torch.Tensor:  # of an (inputs, targets) pair
+        return self.tree[0]
 
     @property
-    def labels(self) -> torch.Tensor:
-        return self.targets
+    def targets(self) -> torch.Tensor:
+        return self.tree[1]
+
+    images, labels = inputs, targets  # the image datasets' names for the same tensors
 
     def __len__(self) -> int:
-        return len(self.targets)
+        return self.length
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.inputs[index], self.targets[index]
+    def __getitem__(self, index: int):
+        return tree_map(lambda t: t[index], self.tree)
 
-    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A whole batch in one gather; the DataLoader calls this instead of __getitem__ per
-        sample (and then collates nothing: see saturate.loader.StreamLoader)."""
+    def __getitems__(self, indices: list[int]):
+        """A whole batch in one gather per tensor; the DataLoader calls this instead of
+        __getitem__ per sample (and then collates nothing: see saturate.loader.StreamLoader)."""
         index = torch.tensor(indices)
-        return self.inputs.index_select(0, index), self.targets.index_select(0, index)
+        return tree_map(lambda t: t.index_select(0, index), self.tree)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in tree_leaves(self.tree))
 
 
 ImageTensors = InMemory  # uint8 images (N, C, H, W) with int64 labels (N,): the built-in image sets
 
 
 def materialize(dataset: Dataset) -> InMemory:
-    """Every sample of `dataset` read once into one pair of tensors (the resident loader)."""
+    """Every sample of `dataset` read once into tensors of the samples' structure (the
+    resident loader); samples must have fixed shapes."""
     if isinstance(dataset, InMemory):
         return dataset
     if hasattr(dataset, "materialize"):
         return dataset.materialize()
-    first = dataset[0]
-    x0, y0 = as_tensor(first[0]), as_tensor(first[1])
-    inputs = torch.empty((len(dataset), *x0.shape), dtype=x0.dtype)
-    targets = torch.empty((len(dataset), *y0.shape), dtype=y0.dtype)
+    first = tree_map(as_tensor, dataset[0])
+    leaves, spec = tree_flatten(first)
+    stores = [torch.empty((len(dataset), *leaf.shape), dtype=leaf.dtype) for leaf in leaves]
     for i in range(len(dataset)):
-        x, y = dataset[i]
-        inputs[i], targets[i] = as_tensor(x), as_tensor(y)
-    return InMemory(inputs, targets)
+        values, _ = tree_flatten(tree_map(as_tensor, dataset[i]))
+        for store, value in zip(stores, values, strict=True):
+            if value.shape != store.shape[1:]:
+                raise DataError(f"loader.resident=true: sample {i} has an entry of shape {tuple(value.shape)}, sample 0 "
+                                f"{tuple(store.shape[1:])}; a resident data set holds samples of one shape")  # fmt: skip
+            store[i] = value
+    return InMemory(tree=tree_unflatten(stores, spec))
 
 
-def _sample(dataset: Dataset, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample(dataset: Dataset, what: str, input_key: str, target_key: str, index: int = 0) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """(input, target, structure) of sample `index`: a pair, or a dict holding both."""
     try:
         n = len(dataset)
     except TypeError:
         raise DataError(f"data: the {what} set has no len(); saturate needs a map-style Dataset (__len__ and __getitem__)") from None
     if n == 0:
         raise DataError(f"data: the {what} set is empty")
-    sample = dataset[0]
-    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
-        raise DataError(f"data: a {what} sample is a {type(sample).__name__}; expected a pair (input, target)")
-    return as_tensor(sample[0]), as_tensor(sample[1])
+    sample = dataset[index]
+    return (*entries(sample, what, input_key, target_key), "dict" if isinstance(sample, dict) else "pair")
 
 
-def _all_targets(dataset: Dataset) -> torch.Tensor:
+def entries(sample, what: str, input_key: str = "input", target_key: str = "target") -> tuple[torch.Tensor, torch.Tensor]:
+    """A sample's input and target: the two of a pair, or a dict's `input_key` and `target_key`."""
+    if isinstance(sample, (tuple, list)) and len(sample) == 2:
+        return as_tensor(sample[0]), as_tensor(sample[1])
+    if isinstance(sample, dict):
+        missing = [key for key in (input_key, target_key) if key not in sample]
+        if missing:
+            raise DataError(f"data: a {what} sample is a dict with keys {sorted(map(str, sample))}; the task reads its input from "
+                            f"{input_key!r} and its target from {target_key!r} (task.input_key, task.target_key)")  # fmt: skip
+        return as_tensor(sample[input_key]), as_tensor(sample[target_key])
+    raise DataError(f"data: a {what} sample is a {type(sample).__name__}; expected a pair (input, target) or a dict holding them")
+
+
+def _all_targets(dataset: Dataset, input_key: str = "input", target_key: str = "target") -> torch.Tensor:
     """Every target of the set: from its `targets`/`labels` attribute, or read one by one."""
-    for name in ("targets", "labels"):
-        found = getattr(dataset, name, None)
-        if isinstance(found, (torch.Tensor, np.ndarray, list, tuple)) and len(found) == len(dataset):
-            return torch.as_tensor(np.asarray(found)) if not isinstance(found, torch.Tensor) else found
+    known = _known_targets(dataset, target_key)
+    if known is not None:
+        return known
     log.info("data: reading every target once to count the classes (give the dataset a `classes` or `targets` attribute to skip this)")
-    return torch.stack([as_tensor(dataset[i][1]) for i in range(len(dataset))])
+    return torch.stack([entries(dataset[i], "training", input_key, target_key)[1] for i in range(len(dataset))])
 
 
-def _known_targets(dataset: Dataset) -> torch.Tensor | None:
+def _known_targets(dataset: Dataset, target_key: str = "target") -> torch.Tensor | None:
     """The set's targets when it holds them already (a `targets`/`labels` attribute of one per
     sample, or an in-memory tensor): checked for free; None when only reading every sample
     would tell."""
     if isinstance(dataset, InMemory):
-        return dataset.targets
+        return dataset.tree[target_key] if isinstance(dataset.tree, dict) else dataset.targets
     for name in ("targets", "labels"):
         found = getattr(dataset, name, None)
         if isinstance(found, (torch.Tensor, np.ndarray, list, tuple)) and len(found) == len(dataset):
@@ -231,21 +276,21 @@ def _known_targets(dataset: Dataset) -> torch.Tensor | None:
     return None
 
 
-def _num_classes(dataset: Dataset) -> int:
+def _num_classes(dataset: Dataset, input_key: str = "input", target_key: str = "target") -> int:
     if isinstance(getattr(dataset, "num_classes", None), int):
         return dataset.num_classes
     if isinstance(getattr(dataset, "classes", None), (list, tuple)):
         return len(dataset.classes)
-    targets = _all_targets(dataset)
+    targets = _all_targets(dataset, input_key, target_key)
     if targets.numel() and targets.min() < 0:
         raise DataError(f"data: a class index is {int(targets.min())}; class indices start at 0")
     return int(targets.max()) + 1
 
 
-def _check_classes(dataset: Dataset, what: str, num_classes: int) -> None:
+def _check_classes(dataset: Dataset, what: str, num_classes: int, target_key: str = "target") -> None:
     """Every class index the set holds (where it holds them already) is in [0, num_classes):
     one out of range would be an IndexError at the first step (a device-side assert on CUDA)."""
-    targets = _known_targets(dataset)
+    targets = _known_targets(dataset, target_key)
     if targets is None or not targets.numel():
         return
     targets = targets.reshape(-1)
@@ -262,96 +307,155 @@ def _check_finite(dataset: Dataset, what: str) -> None:
     whatever the learning rate (checked where the tensors are at hand, once)."""
     if not isinstance(dataset, InMemory):
         return
-    for name, values in (("inputs", dataset.inputs), ("targets", dataset.targets)):
-        if values.is_floating_point():
+    named = dataset.tree.items() if isinstance(dataset.tree, dict) else zip(("inputs", "targets"), dataset.tree, strict=False)
+    for name, values in named:
+        if isinstance(values, torch.Tensor) and values.is_floating_point():
             bad = ~torch.isfinite(values.reshape(len(values), -1)).all(dim=1)
             if bool(bad.any()):
                 raise DataError(f"data: {int(bad.sum())} {what} sample(s) hold NaN or inf {name} (the first: sample "
                                 f"{int(bad.nonzero()[0])}); remove or fill them: a loss over them is NaN at any learning rate")  # fmt: skip
 
 
-def stack(samples: list) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(input, target)` samples stacked into a batch (torch's default_collate), or a DataError
-    naming the part whose shapes differ."""
+def stack(samples: list):
+    """Samples stacked into a batch (torch's default_collate: pairs, dicts, nested), or a
+    DataError naming the entry whose shapes differ and the fix."""
     try:
         return default_collate(samples)
     except RuntimeError as e:
         if "stack expects each tensor to be equal size" not in str(e):
             raise
-    for k, part in enumerate(("input", "target")):
-        shapes = [tuple(as_tensor(sample[k]).shape) for sample in samples]
+    flat = [tree_flatten(tree_map(as_tensor, sample)) for sample in samples]
+    names = _leaf_names(samples[0])
+    for k, name in enumerate(names):
+        shapes = [tuple(leaves[k].shape) for leaves, _ in flat]
         if len(set(shapes)) > 1:
-            other = next(i for i, shape in enumerate(shapes) if shape != shapes[0])
-            raise DataError(f"data: samples do not stack into a batch: the {part} of one sample has shape {shapes[0]}, of another "
-                            f"{shapes[other]}; pad them to one shape in the data set (samples of variable length need a collate "
-                            "function that pads them)")  # fmt: skip
+            other = next(shape for shape in shapes if shape != shapes[0])
+            raise DataError(f"data: samples do not stack into a batch: the {name} of one sample has shape {shapes[0]}, of another "
+                            f"{other}; pad them to one shape in the data set, or give the data a collate function that pads a "
+                            "batch (return {'train': ..., 'collate': saturate.data.pad_collate})")  # fmt: skip
     raise DataError("data: samples do not stack into a batch (their shapes differ)")
+
+
+def _leaf_names(sample) -> list[str]:
+    """Names of a sample's entries in pytree order: input and target of a pair, a dict's keys."""
+    if isinstance(sample, (tuple, list)) and len(sample) == 2:
+        return ["input", "target"]
+    if isinstance(sample, dict):
+        return [str(k) for k in sample]  # torch's pytree keeps a dict's order
+    return [f"entry {i}" for i in range(len(tree_leaves(sample)))]
 
 
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _check_stacks(dataset: Dataset, what: str, first: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """Samples of one shape stack into a batch; look at a few besides the first (a data set
-    that returns whole batches makes them itself)."""
+def _differing(dataset: Dataset, what: str, first: tuple[torch.Tensor, torch.Tensor], keys: tuple[str, str]) -> tuple | None:
+    """(entry, sample, its shape) of the first of a few samples besides sample 0 whose input
+    or target has another shape than sample 0's; None when they all match (a data set that
+    returns whole batches makes them itself)."""
     if getattr(dataset, "returns_batches", False):
-        return
+        return None
     n = len(dataset)
     for i in sorted({1, n // 2, n - 1} - {0}):
         if i >= n:
             continue
-        other = dataset[i]
+        other = entries(dataset[i], what, *keys)
         for part, a, b in (("input", first[0], other[0]), ("target", first[1], other[1])):
-            b = as_tensor(b)
             if a.shape != b.shape:
-                raise DataError(f"data: {what} samples do not stack into a batch: the {part} of sample 0 has shape {tuple(a.shape)}, "
-                                f"of sample {i} {tuple(b.shape)}; pad them to one shape in the data set (samples of variable length "
-                                "need a collate function that pads them)")  # fmt: skip
+                return part, i, tuple(b.shape)
+    return None
 
 
-def _image_stats(dataset: Dataset) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def _check_stacks(dataset: Dataset, what: str, first: tuple[torch.Tensor, torch.Tensor], keys: tuple[str, str]) -> None:
+    """Samples of one shape stack into a batch with torch's default collate; say which
+    entry differs and the fix when they do not."""
+    found = _differing(dataset, what, first, keys)
+    if found is not None:
+        part, i, shape = found
+        a = first[0] if part == "input" else first[1]
+        raise DataError(f"data: {what} samples do not stack into a batch: the {part} of sample 0 has shape {tuple(a.shape)}, "
+                        f"of sample {i} {shape}; pad them to one shape in the data set, or give the data a collate function "
+                        "that pads a batch (return {'train': ..., 'collate': saturate.data.pad_collate})")  # fmt: skip
+
+
+def _float_image(x: torch.Tensor) -> bool:
+    """A float (C, H, W) image with values in [0, 1] (torchvision's ToTensor() convention)."""
+    shaped = x.is_floating_point() and x.ndim == 3 and x.shape[0] in (1, 3) and min(x.shape[1:]) > 1
+    return shaped and bool(x.min() >= 0) and bool(x.max() <= 1)
+
+
+def _read_time(dataset: Dataset, count: int = 16) -> float:
+    """Seconds to read one sample here (the median of a few): micro-seconds for data already
+    in memory, where workers would only add copies; milliseconds for files to decode."""
+    import statistics
+    import time
+
+    times = []
+    for i in range(min(count, len(dataset))):
+        start = time.perf_counter()
+        dataset[i * max(1, len(dataset) // count) % len(dataset)]
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _image_stats(dataset: Dataset, key: str = "input") -> tuple[tuple[float, ...], tuple[float, ...]]:
     if getattr(dataset, "mean", None) is not None and getattr(dataset, "std", None) is not None:
         return tuple(dataset.mean), tuple(dataset.std)
     if isinstance(dataset, InMemory):
-        return channel_stats(dataset.inputs)
+        return channel_stats(dataset.tree[key] if isinstance(dataset.tree, dict) else dataset.inputs)
     index = random.Random(0).sample(range(len(dataset)), min(len(dataset), STATS_SAMPLES))
-    return channel_stats(as_tensor(dataset[i][0]) for i in index)
+    return channel_stats(entries(dataset[i], "training", key, key)[0] for i in index)
 
 
-def describe(train: Dataset, val: Dataset | None, *, name: str, classes: bool) -> DataSpec:
+def describe(train: Dataset, val: Dataset | None, *, name: str, classes: bool, test: Dataset | None = None, input_key: str = "input",
+             target_key: str = "target", collate: bool = False) -> DataSpec:  # fmt: skip
     """Learn what the run needs from the training set's first sample (and its targets, to
-    count classes when `classes`); check that the validation set's samples look the same."""
-    x, y = _sample(train, "training")
-    _check_stacks(train, "training", (x, y))
-    if val is not None:
-        vx, vy = _sample(val, "validation")
-        if vx.shape != x.shape or vx.dtype != x.dtype:
-            raise DataError(f"data: validation inputs are {_dtype(vx)} {tuple(vx.shape)}, training inputs {_dtype(x)} {tuple(x.shape)}; "
+    count classes when `classes`); check that the validation and test sets' samples look the
+    same. `collate`: the data brings its own collate, so samples may differ in shape."""
+    keys = (input_key, target_key)
+    x, y, structure = _sample(train, "training", *keys)
+    fixed = _differing(train, "training", (x, y), keys) is None
+    if not collate:
+        _check_stacks(train, "training", (x, y), keys)
+    for other, what in ((val, "validation"), (test, "test")):
+        if other is None:
+            continue
+        vx, vy, other_structure = _sample(other, what, *keys)
+        if other_structure != structure:
+            raise DataError(f"data: {what} samples are {'dicts' if other_structure == 'dict' else 'pairs'}, training samples "
+                            f"{'dicts' if structure == 'dict' else 'pairs'}; they must have one structure")  # fmt: skip
+        same_input = (vx.shape == x.shape) if fixed else (vx.shape[1:] == x.shape[1:])
+        if not same_input or vx.dtype != x.dtype:
+            raise DataError(f"data: {what} inputs are {_dtype(vx)} {tuple(vx.shape)}, training inputs {_dtype(x)} {tuple(x.shape)}; "
                             "they must match")  # fmt: skip
-        if vy.shape != y.shape or vy.is_floating_point() != y.is_floating_point():
-            raise DataError(f"data: validation targets are {_dtype(vy)} {tuple(vy.shape)}, training targets {_dtype(y)} {tuple(y.shape)}; "
+        same_target = (vy.shape == y.shape) if fixed else (vy.ndim == y.ndim)
+        if not same_target or vy.is_floating_point() != y.is_floating_point():
+            raise DataError(f"data: {what} targets are {_dtype(vy)} {tuple(vy.shape)}, training targets {_dtype(y)} {tuple(y.shape)}; "
                             "they must match (the task and the metrics compare them alike)")  # fmt: skip
-        _check_stacks(val, "validation", (vx, vy))
+        if not collate:
+            _check_stacks(other, what, (vx, vy), keys)
     integer = not (y.is_floating_point() or y.is_complex())
     if classes and (not integer or y.ndim != 0):
-        dtype = str(y.dtype).removeprefix("torch.")
-        raise DataError(f"task=classification: the targets are {dtype} of shape {tuple(y.shape)}; classification needs one "
+        raise DataError(f"task=classification: the targets are {_dtype(y)} of shape {tuple(y.shape)}; classification needs one "
                         "integer class index per sample. For real-valued targets use task=regression")  # fmt: skip
+    num_classes = _num_classes(train, *keys) if classes else getattr(train, "num_classes", None)
+    if num_classes is None and isinstance(getattr(train, "classes", None), (list, tuple)):
+        num_classes = len(train.classes)
     spec = DataSpec(
-        name=name, input_shape=tuple(x.shape), input_dtype=x.dtype, target_shape=tuple(y.shape), classes=classes,
-        num_classes=_num_classes(train) if classes else None, synthetic=bool(getattr(train, "synthetic", False)),
-        in_memory=isinstance(train, InMemory), has_val=val is not None, notes=getattr(train, "notes", None) or {},
+        name=name, input_shape=tuple(x.shape), input_dtype=x.dtype, target_shape=tuple(y.shape), classes=classes, num_classes=num_classes,
+        synthetic=bool(getattr(train, "synthetic", False)), in_memory=isinstance(train, InMemory), has_val=val is not None,
+        notes=getattr(train, "notes", None) or {}, has_test=test is not None, structure=structure, input_key=input_key,
+        target_key=target_key, float_image=_float_image(x), fixed=fixed, collate=collate, sample_s=_read_time(train),
     )  # fmt: skip
     if classes and spec.num_classes < 2:
         raise DataError(f"data: {spec.num_classes} class(es) in the training targets; classification needs at least 2")
-    for dataset, what in ((train, "training"), (val, "validation")):
+    for dataset, what in ((train, "training"), (val, "validation"), (test, "test")):
         if dataset is not None:
             _check_finite(dataset, what)
             if classes:
-                _check_classes(dataset, what, spec.num_classes)
-    if spec.image:
-        spec.mean, spec.std = _image_stats(train)
+                _check_classes(dataset, what, spec.num_classes, target_key)
+    if spec.image and not spec.float_image:
+        spec.mean, spec.std = _image_stats(train, input_key)
         if len(spec.mean) != x.shape[0]:
             raise DataError(f"data: {len(spec.mean)} normalisation values (mean/std) for {x.shape[0]} image channels")
     return spec

@@ -1,26 +1,32 @@
-"""What the built-in tasks are called and what they log: names only (no torch, no
-torchmetrics), so that a config is checked before anything heavy is imported. The tasks
-themselves are saturate.task."""
+"""Tasks: how a batch becomes a loss and metric updates (the protocol: saturate.tasks.base).
+
+The built-in ones are the `task` group's options, each a small file: `classification`,
+`regression` and `sequence` (per-timestep or CTC targets with lengths). A user's task is a
+`_target_` in their own config dir's `task/` (or an object given to `saturate.fit`).
+Importing this package imports no torch: the classes are loaded when first asked for.
+"""
 
 from __future__ import annotations
 
-KINDS = ("classification", "regression")
-REGRESSION_LOSSES = ("mse", "l1", "huber")
-# metric -> whether larger is better; `val/loss` and `train/loss` are lower-is-better everywhere
-DIRECTIONS = {"val/acc": "max", "val/top5": "max", "val/r2": "max", "val/mae": "min", "val/rmse": "min",
-              "val/loss": "min", "train/loss": "min"}  # fmt: skip
+BUILT_IN = {
+    "classification": "saturate.tasks.classification.Classification",
+    "regression": "saturate.tasks.regression.Regression",
+    "sequence": "saturate.tasks.sequence.Sequence",
+}
+# the data-derived arguments a task's constructor may name (filled in as a model's are)
+DATA_ARGUMENTS = ("num_classes", "num_outputs", "target_inverse", "class_names")
+
+__all__ = ["BUILT_IN", "DATA_ARGUMENTS", "Classification", "Regression", "Sequence", "Task"]
 
 
-def metric_names(kind: str, num_classes: int | None = None) -> tuple[str, ...]:
-    """The validation metrics a task of `kind` logs (besides val/loss). Without
-    `num_classes`, every metric the kind can log (val/top5 needs more than 5 classes)."""
-    if kind == "classification":
-        return ("val/acc", "val/top5") if num_classes is None or num_classes > 5 else ("val/acc",)
-    return ("val/mae", "val/rmse", "val/r2")
+def __getattr__(name: str):
+    if name in ("Classification", "Regression", "Sequence"):
+        import importlib
 
+        module, _, cls = BUILT_IN[name.lower()].rpartition(".")
+        return getattr(importlib.import_module(module), cls)
+    if name == "Task":
+        from saturate.tasks.base import Task
 
-def main_metric(kind: str, has_val: bool = True) -> str:
-    """What a run of this kind is judged by when checkpoint.monitor is `auto`."""
-    if not has_val:
-        return "train/loss"
-    return "val/acc" if kind == "classification" else "val/loss"
+        return Task
+    raise AttributeError(f"module 'saturate.tasks' has no attribute {name!r}")

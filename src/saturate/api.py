@@ -1,0 +1,130 @@
+"""`saturate.fit(model, train_data, val_data, ...)`: the Python entry. The same run as
+train.py, from Python objects (a notebook, existing code), with saturate's config groups and
+run directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from saturate.errors import UserError
+from saturate.naming import run_name
+from saturate.registration import register
+from saturate.tasks import BUILT_IN
+
+
+def config_dir() -> Path:
+    """saturate's conf/ (beside src/ in the checkout saturate is installed from)."""
+    found = Path(__file__).resolve().parents[2] / "conf"
+    if not (found / "config.yaml").is_file():
+        raise UserError(f"saturate.fit: no conf/config.yaml at {found}; install saturate from its checkout (pip install -e .)")
+    return found
+
+
+def fit(model, train_data, val_data=None, *, test_data=None, task: str | Any = "classification", loss: Callable | str | None = None,
+        overrides: Sequence[str] = (), run_dir: str | Path | None = None, callbacks: Sequence[Any] | dict = (),
+        loggers: Sequence[Any] | dict = (), collate: Callable | None = None, target_inverse: Callable | None = None):  # fmt: skip
+    """Train `model` on `train_data` (validated on `val_data`, tested with best.pt on
+    `test_data`, if given) with saturate's engine and config groups: `overrides` as on the
+    command line (`["precision=amp", "loader.batch_size=64", "trainer.max_epochs=5"]`).
+
+    - `model`: an nn.Module, or a factory (a class, a function) called after seeding with the
+      data-derived arguments it names (in_channels, in_features, input_shape, num_classes,
+      num_outputs): give a factory for reproducible initial weights.
+    - datasets: map-style; samples `(input, target)` or dicts (batched by `collate`, e.g.
+      saturate.data.pad_collate, for samples of variable length).
+    - `task`: "classification", "regression", "sequence", or a task object (saturate.tasks.base);
+      `loss(outputs, targets)` replaces the task's own (for regression also "mse", "l1", "huber").
+    - `callbacks` and `loggers`: objects with hooks of saturate.callbacks.Callback (a list, or
+      {name: object}).
+    - `target_inverse`: takes targets back to their units (regression metrics `*_raw`).
+
+    Writes the same run dir as train.py (default: outputs/runs/<date>/<time>) and returns the
+    final metrics (saturate.run.Metrics)."""
+    from saturate.data import Data
+    from saturate.parts import Given
+    from saturate.run import train
+
+    register()
+    overrides, loss = _fit_arguments(overrides, loss, task)
+    if run_dir is not None:
+        overrides.append(f"run_dir={Path(run_dir).absolute()}")
+    elif not any(o.startswith("run_dir=") for o in overrides):  # as train.py names its runs
+        named = next((o.partition("=")[2] for o in overrides if o.startswith("name=")), None)
+        stamp = datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f") + run_name(named, overrides)
+        overrides.append(f"run_dir={Path('outputs/runs').absolute() / stamp}")
+    task_object = None if isinstance(task, str) else task
+    with outside_hydra_app():
+        cfg = _compose([f"task={task}"] * isinstance(task, str) + overrides)
+        devices = cfg.trainer.devices
+        if devices not in ("auto", 1) and int(os.environ.get("WORLD_SIZE", "1")) != devices:
+            raise UserError(f"trainer.devices={devices}: saturate.fit trains in the process that calls it; for {devices} processes "
+                            f"start your script with torchrun --nproc_per_node={devices} (fit then joins their process group)")  # fmt: skip
+        data = Data.of({"train": train_data, "val": val_data, "test": test_data, "collate": collate, "target_inverse": target_inverse},
+                       "saturate.fit")  # fmt: skip
+        given = Given(model=model, data=data, task=task_object, loss=loss, callbacks=_named(callbacks), loggers=_named(loggers),
+                      overrides=overrides)  # fmt: skip
+        return train(cfg, given)
+
+
+def _named(objects) -> dict[str, Any]:
+    """{name: object}: a dict as it is, a list by class name (a second of a class gets _2)."""
+    if isinstance(objects, dict):
+        return dict(objects)
+    named: dict[str, Any] = {}
+    for obj in objects:
+        name = type(obj).__name__
+        named[name if name not in named else f"{name}_{sum(k.startswith(name) for k in named) + 1}"] = obj
+    return named
+
+
+def _fit_arguments(overrides, loss, task) -> tuple[list[str], Callable | None]:
+    """fit's overrides as a list (a string is a mistake, not a list of characters) and its
+    loss as a callable (a regression loss's name becomes task.loss)."""
+    if isinstance(overrides, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
+        given = repr(overrides) if len(repr(overrides)) < 80 else repr(overrides)[:77] + "..."
+        raise UserError(f"saturate.fit: overrides={given}: expected a list of 'key=value' strings, e.g. "
+                        "overrides=['precision=amp', 'trainer.max_epochs=5']")  # fmt: skip
+    if isinstance(task, str) and task not in BUILT_IN:
+        raise UserError(f"saturate.fit: task={task!r}: expected one of {', '.join(BUILT_IN)}, or a task object (saturate.tasks.base)")
+    overrides = list(overrides)
+    if isinstance(loss, str):
+        if task != "regression":
+            raise UserError(f"saturate.fit: loss={loss!r}: task={task} takes a callable loss(outputs, targets), or None for its own; "
+                            "named losses (mse, l1, huber) are regression's")  # fmt: skip
+        return [f"task.loss={loss}", *overrides], None
+    return overrides, loss
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+@contextlib.contextmanager
+def outside_hydra_app():
+    """For the block, no Hydra app is running: `saturate.fit` called from inside a user's
+    `@hydra.main` function composes saturate's own config and names, logs and records its run
+    as its own (not with the outer app's overrides); the outer app's Hydra is put back after."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    outer_hydra = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    outer_cfg = HydraConfig.instance().cfg
+    GlobalHydra.instance().clear()
+    HydraConfig.instance().cfg = None
+    try:
+        yield
+    finally:
+        GlobalHydra.instance().clear()
+        if outer_hydra is not None:
+            GlobalHydra.instance().initialize(outer_hydra)
+        HydraConfig.instance().cfg = outer_cfg

@@ -1,0 +1,110 @@
+"""One dispatcher for every observer: callbacks (on every rank) and loggers (on rank 0).
+
+A hook is called on every observer that has it, in order: callbacks first (in the order
+configured), then loggers. What can go wrong in a user's hook is bounded:
+
+- a hook that raises ends the run with one line naming it and its error (CallbackError):
+  last.pt is saved at the last completed step, metrics.json says `failed`;
+- a hook that hangs cannot keep a run alive past a stop signal: HANG_S after the signal
+  (or after the hook started, if the signal came first) it is interrupted and abandoned
+  with a warning naming it, and the run stops as any stopped run does.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any
+
+from saturate.callbacks.base import HOOKS, Run
+from saturate.errors import UserError
+
+log = logging.getLogger(__name__)
+
+HANG_S = 5.0  # once the run is asked to stop, how long a hook may still run before it is abandoned
+
+
+class CallbackError(UserError):
+    """A callback's or logger's hook raised: one line naming it."""
+
+
+class CallbackHung(BaseException):
+    """Raised inside a hook that did not return within HANG_S of a stop signal. A
+    BaseException, so that a callback's own `except Exception` does not swallow it."""
+
+
+class Observers:
+    """The run's callbacks and loggers behind one call per hook. `callbacks` and `loggers`:
+    {name: object}; loggers are dropped on ranks other than 0 (`is_main`)."""
+
+    def __init__(self, callbacks: dict[str, Any] | None = None, loggers: dict[str, Any] | None = None, *, is_main: bool = True):
+        self.callbacks = dict(callbacks or {})
+        self.loggers = dict(loggers or {}) if is_main else {}
+        every = {**self.callbacks, **self.loggers}
+        for name, obj in every.items():
+            if not any(callable(getattr(obj, hook, None)) for hook in HOOKS):
+                raise UserError(f"callbacks: {name} ({type(obj).__name__}) has none of the hooks {', '.join(HOOKS)}")
+        self._hooks = {hook: [(name, fn) for name, obj in every.items() if callable(fn := getattr(obj, hook, None))] for hook in HOOKS}
+        self.running: str | None = None  # the hook running now, as name.hook
+        self.stopping = False  # a stop signal arrived
+        self._previous_alarm = None  # SIGALRM's handler while a hook is on the clock
+
+    def has(self, hook: str) -> bool:
+        """Whether any observer implements `hook` (the loop skips per-step calls otherwise)."""
+        return bool(self._hooks[hook])
+
+    def call(self, hook: str, run: Run, *args) -> None:
+        for name, fn in self._hooks[hook]:
+            self.running = f"{name}.{hook}"
+            try:
+                if self.stopping:
+                    self._arm()
+                fn(run, *args)
+            except CallbackHung:
+                log.warning("%s did not return within %.0f s of the stop signal: abandoned; the run stops", self.running, HANG_S)
+            except Exception as e:
+                raise CallbackError(f"{self.running} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+            finally:
+                self._disarm()
+                self.running = None
+
+    # -- a hook that hangs after a stop signal
+
+    def stop_requested(self, signum: int) -> None:
+        """Called from the stop signal's handler: a hook running now gets HANG_S to return."""
+        self.stopping = True
+        if self.running is not None:
+            self._arm()
+
+    def _arm(self) -> None:
+        if self._previous_alarm is None and threading.current_thread() is threading.main_thread():
+            self._previous_alarm = signal.signal(signal.SIGALRM, self._hung)
+            signal.setitimer(signal.ITIMER_REAL, HANG_S)
+
+    def _disarm(self) -> None:
+        if self._previous_alarm is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._previous_alarm)
+            self._previous_alarm = None
+
+    def _hung(self, signum, frame) -> None:
+        raise CallbackHung(self.running)
+
+    # -- state kept in checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """{name: state} of every callback with a state_dict()."""
+        return {name: obj.state_dict() for name, obj in self.callbacks.items() if callable(getattr(obj, "state_dict", None))}
+
+    def load_state_dict(self, states: dict[str, Any]) -> None:
+        """Give each callback its saved state (by name); one the checkpoint has no state for
+        starts fresh, with a warning (it was added since)."""
+        for name, obj in self.callbacks.items():
+            load = getattr(obj, "load_state_dict", None)
+            if not callable(load):
+                continue
+            if name in states:
+                load(states[name])
+            else:
+                log.warning("callbacks: the checkpoint holds no state for %s; it starts fresh", name)

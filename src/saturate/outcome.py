@@ -1,0 +1,193 @@
+"""What a run leaves behind once it has trained: the final metrics (the steady state, the
+test set evaluated with best.pt, the resources), the bottleneck report, the HParams entry,
+the predictions asked for, and metrics.json."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+from saturate.callbacks import Observers, Run
+from saturate.checkpoint import Checkpointer, load
+from saturate.config import RunConfig
+from saturate.distributed import Dist
+from saturate.engine import Engine, TrainState
+from saturate.evaluate import Evaluator
+from saturate.loader import cpus_per_process
+from saturate.monitor import device_memory_mb
+from saturate.naming import varied_keys
+from saturate.parts import Parts
+from saturate.precision import emulated
+from saturate.report import RunFacts, diagnose, render
+from saturate.rundir import write_json
+from saturate.tracking import Tracker, swept
+
+log = logging.getLogger("saturate")
+
+
+class Metrics(dict):
+    """The final metrics. `float()` of it is the run's figure of merit (`checkpoint.monitor`:
+    val/acc for classification, val/loss for regression, unless set), which is what
+    sweepers that optimise one number (Optuna) read from train.py's return."""
+
+    objective: str = "val/acc"
+
+    def __float__(self) -> float:
+        return float(self[self.objective])
+
+
+@dataclass
+class Session:
+    """One run's built objects, for the steps that drive and record it."""
+
+    cfg: RunConfig
+    parts: Parts
+    engine: Engine
+    run: Run
+    tracker: Tracker
+    observers: Observers
+    checkpointer: Checkpointer
+    dist: Dist
+    device: torch.device
+    outcome: dict
+    start_time: float
+
+
+def write(s: Session, record: dict) -> None:
+    if s.dist.is_main:
+        write_json(Path(s.cfg.run_dir) / "metrics.json", record)
+
+
+def finish(s: Session, last: dict) -> Metrics:
+    """The final metrics (the steady state, the test set with best.pt, the resources), the
+    report, the HParams entry and metrics.json."""
+    d, parts, engine = s.dist, s.parts, s.engine
+    for batches in (parts.loaders.train, parts.loaders.val):  # what every rank skipped, now that all are done
+        if getattr(batches, "poll", None) is not None:
+            batches.poll()
+    gpu, cpu_util = engine.watch.monitor.gpu_summary(), engine.watch.monitor.cpu_mean()
+    steady = d.mean(engine.timer.run_window().metrics(), sum_keys=("perf/samples_per_s",))
+    cpu = {"cpu/util_mean": cpu_util} if cpu_util is not None else {}
+    metrics = {**last, **steady, **parts.spec.notes, **(gpu or {}), **cpu, **tested(s)}
+    metrics["time/wall_s"] = time.perf_counter() - s.start_time
+    if d.world_size > 1:  # every rank must end with the same weights
+        metrics["distributed/params_identical"] = float(d.params_identical(parts.models.raw))
+    stopped = {"stopped_early": s.run.stop_reason} if s.run.stop_reason else {}
+    if d.is_main:
+        steps = engine.timer.run_window().steps
+        verdict, facts = report(s, metrics, steps=steps, gpu=gpu, cpu_util=cpu_util)
+        monitor = s.outcome["monitor"]
+        first = [monitor, *(f"val/{n}" for n in parts.task.names()), "val/loss", "train/loss", "perf/samples_per_s", "perf/data_wait_frac"]
+        ordered = {**{k: metrics[k] for k in first if k in metrics}, **metrics}  # the ones HParams shows by default first
+        s.tracker.hparams(hparams(s), ordered, step=s.run.step, varied=varied_keys())
+        used = {"batch_size": s.cfg.loader.batch_size, "num_workers": parts.loaders.train.num_workers, "world_size": d.world_size}
+        best_at = s.checkpointer.best_at or (None, None)
+        best = {"best": {"metric": monitor, "value": s.checkpointer.best, "epoch": best_at[0], "step": best_at[1]}}
+        advice = {"verdict": verdict.kind, "suggestions": [override for override, _ in verdict.suggestions], "facts": facts}
+        write_json(Path(s.cfg.run_dir) / "metrics.json", {**metrics, **s.outcome, **used, **best, **stopped, "status": "completed",
+                                                          **advice})  # fmt: skip
+    shown = [k for k in (s.outcome["monitor"], "val/loss", "train/loss") if k in metrics]
+    log.info("done in %.1fs: %s, %.0f samples/s, data wait %.0f%%, peak memory %.0f MB -> %s", metrics["time/wall_s"],
+             ", ".join(f"{k} {metrics[k]:.4f}" for k in dict.fromkeys(shown)), metrics["perf/samples_per_s"],
+             100 * metrics["perf/data_wait_frac"], metrics["memory/peak_mb"], s.cfg.run_dir)  # fmt: skip
+    result = Metrics({**metrics, **stopped})
+    result.objective = s.outcome["monitor"]
+    return result
+
+
+def tested(s: Session) -> dict[str, float]:
+    """The test split (when the data has one) evaluated once with best.pt's weights (the
+    final ones when no best.pt was written), and trainer.predict's predictions."""
+    parts, predict = s.parts, s.cfg.trainer.predict
+    loaders = {"val": parts.loaders.val, "test": parts.loaders.test}
+    if loaders["test"] is None and predict is None:
+        return {}
+    model = s.run.eval_model
+    best = Path(s.cfg.run_dir) / "checkpoints" / "best.pt"
+    s.dist.barrier()  # rank 0 has written best.pt
+    if best.is_file():
+        model = copy.deepcopy(model)
+        model.load_state_dict(load(best)["model"])
+    out = {}
+    for split, batches in loaders.items():
+        if batches is None or (split == "val" and predict != "val"):
+            continue
+        evaluator = Evaluator(batches, parts.precision, parts.task, interval=1, split=split, class_names=class_names(parts))
+        results = evaluator.run(model, predict=predict == split)
+        if split == "test":
+            out.update(results)
+            s.tracker.log(results, s.run.step)
+            s.tracker.matrices(evaluator.matrices, s.run.step, evaluator.class_names)
+        if predict == split:
+            evaluator.write_predictions(Path(s.cfg.run_dir) / "predictions" / f"{split}.npz", s.dist)
+    return out
+
+
+def class_names(parts: Parts) -> list[str] | None:
+    names = getattr(parts.data.train, "classes", None)
+    return [str(n) for n in names] if isinstance(names, (list, tuple)) else None
+
+
+def already_done(run: RunConfig, state: TrainState, checkpointer: Checkpointer, monitor: str) -> Metrics:
+    log.warning("trainer.resume: the checkpoint is at epoch %d, step %d, already at trainer.max_epochs=%d / trainer.max_steps=%d: "
+                "nothing to train (raise them to train on)",
+                state.epoch, state.step, run.trainer.max_epochs, run.trainer.max_steps)  # fmt: skip
+    metrics = Metrics(checkpointer.resumed_metrics)
+    metrics.objective = monitor
+    target = Path(run.run_dir) / "metrics.json"
+    if not target.is_file() and checkpointer.enabled:  # resumed into a new run dir: say what happened there
+        write_json(target, {**metrics, "status": "completed", "note": "resumed a finished run; nothing was trained"})
+    return metrics
+
+
+def report(s: Session, metrics: dict, *, steps: int, gpu, cpu_util) -> tuple[Any, dict]:
+    """The bottleneck report: to the console, report.md and TensorBoard. Returns the
+    verdict and the facts it was judged on (for metrics.json: saturate.tune reads them)."""
+    run, parts, device = s.cfg, s.parts, s.device
+    facts = RunFacts(
+        device=device.type, batch_size=run.loader.batch_size, num_workers=parts.loaders.train.num_workers, cpus=cpus_per_process(),
+        resident=run.loader.resident, in_memory=parts.spec.in_memory, image=parts.spec.image, cpu_util=cpu_util,
+        placement=run.augmentation.placement, persistent_workers=run.loader.persistent_workers,
+        pin_memory=run.loader.pin_memory is True or (run.loader.pin_memory == "auto" and device.type == "cuda"),
+        precision=parts.precision.name, compile=run.trainer.compile, channels_last=run.trainer.channels_last,
+        memory_headroom=metrics["memory/peak_mb"] < 0.5 * device_memory_mb(device),
+        emulated_precision=emulated(parts.precision.name, device),
+    )  # fmt: skip
+    verdict = diagnose(metrics, facts, steps=steps)
+    text = render(metrics, verdict, steps=steps, gpu=gpu, cpu_util=cpu_util, stopped=s.run.stop_reason, notes=[parts.loaders.workers_note])
+    (Path(run.run_dir) / "report.md").write_text(text)
+    s.tracker.text("bottleneck_report", text)  # TensorBoard sorts text by tag: the report before the config
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:  # one line per sweep job; the report is in its dir
+        log.info("verdict: %s (%s); the report: %s", verdict.kind, verdict.reason, Path(run.run_dir) / "report.md")
+    else:
+        log.info("\n%s", text)
+    return verdict, dataclasses.asdict(facts)
+
+
+def hparams(s: Session) -> dict:
+    """The columns of this run in TensorBoard's HParams tab: the overrides it was given
+    (every job of a sweep has the same keys), then its main settings."""
+    run, parts = s.cfg, s.parts
+    aug = run.augmentation
+    preset = "+".join(x.preset for x in aug.schedule) or aug.preset
+    preset = "none" if aug.placement == "none" else ("transforms" if aug.transforms else preset)
+    return {
+        **swept(run), "model": type(parts.models.raw).__name__, "data": parts.spec.name, "task": task_name(parts.task),
+        "precision": parts.precision.name, "loader.batch_size": run.loader.batch_size,
+        "loader.num_workers": parts.loaders.train.num_workers, "augmentation": aug.placement, "augmentation.preset": preset,
+        "optim": run.optim.optimizer["_target_"].rsplit(".", 1)[-1], "optim.lr": run.optim.optimizer.get("lr", float("nan")),
+        "trainer.compile": run.trainer.compile, "trainer.channels_last": run.trainer.channels_last,
+    }  # fmt: skip
+
+
+def task_name(task) -> str:
+    return getattr(task, "name", type(task).__name__)

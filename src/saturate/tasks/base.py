@@ -1,0 +1,133 @@
+"""The task protocol, and the base class the built-in tasks share.
+
+A task is how a batch becomes a loss and metric updates, and what "better" means for each
+metric it logs. The loop, DDP, precision, the non-finite guard, resume and the report never
+ask which task runs: they call these, and nothing else.
+
+- `forward(model, batch) -> (loss, outputs)`: the loss (a 0-d tensor with a gradient) and
+  what the metrics need; called for training and evaluation steps alike.
+- `metrics() -> {name: torchmetrics.Metric}`: a fresh set for one evaluation, named without
+  the split (`acc`; logged as `val/acc` and `test/acc`). States accumulate on the device and
+  are summed across DDP ranks by `compute()`.
+- `update(metrics, outputs, batch)`: feed them one batch.
+- `better(name) -> "max" | "min"`: which way `name` improves (`loss` is always "min").
+- `main`: the metric a run is judged by when `checkpoint.monitor=auto` (e.g. `acc`), or None
+  for the validation loss.
+- `predictions(outputs, batch) -> {name: tensor}` (optional): per-sample values for
+  `trainer.predict`, each with the batch as its first dimension.
+
+A user's task is any object with these (a `_target_` in the `task` group, or an object given
+to `saturate.fit`); subclassing `Task` gives the user's metrics, the pair-or-dict batch
+access and the directions for free.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from saturate.errors import ConfigError, Problem
+
+# Metrics whose direction torchmetrics does not say (higher_is_better is None), by name.
+LOWER_IS_BETTER = ("loss", "mae", "rmse", "mse", "mape", "wer", "cer", "ter", "error", "err")
+
+
+class Task:
+    """Base of the built-in tasks. Batches are `(input, target)` pairs, or dicts whose
+    `input_key` and `target_key` entries are the input and the target (other entries, e.g.
+    lengths and masks, are left to subclasses). `metrics` adds the user's own torchmetrics
+    to the task's (a name set to None removes one of the task's)."""
+
+    name = "task"
+    main: str | None = None  # checkpoint.monitor=auto: val/<main>, or val/loss when None
+    class_targets = False  # describe the targets as class indices (and count the classes)
+
+    def __init__(self, *, metrics: dict[str, Any] | None = None, input_key: str = "input", target_key: str = "target"):
+        self.input_key, self.target_key = input_key, target_key
+        self.extra = dict(metrics or {})
+        for name, metric in self.extra.items():
+            if metric is not None and not _is_metric(metric):
+                raise ConfigError([Problem(f"task.metrics.{name}", type(metric).__name__,
+                                           "a torchmetrics Metric (a `_target_` node naming one, e.g. torchmetrics.classification."
+                                           "MulticlassF1Score), or null to drop one of the task's own")])  # fmt: skip
+
+    # -- batches
+
+    def input(self, batch):
+        return batch[self.input_key] if isinstance(batch, dict) else batch[0]
+
+    def target(self, batch):
+        return batch[self.target_key] if isinstance(batch, dict) else batch[1]
+
+    # -- metrics
+
+    def own_metrics(self) -> dict[str, Any]:
+        """The task's own metrics (subclasses), fresh."""
+        return {}
+
+    def metrics(self) -> dict[str, Any]:
+        """The task's metrics and the user's, fresh for one evaluation."""
+        own = self.own_metrics()
+        for name, metric in self.extra.items():
+            if metric is None:
+                own.pop(name, None)
+            else:
+                own[name] = metric.clone()
+        return own
+
+    def names(self) -> tuple[str, ...]:
+        """What this task logs for a split, besides `loss` (bare names)."""
+        return tuple(self.metrics())
+
+    def better(self, name: str) -> str:
+        """Which way `name` improves: from torchmetrics' `higher_is_better` where the metric
+        says, else by its name (losses and errors are lower-is-better)."""
+        metric = self.metrics().get(name.split("/")[0])
+        said = getattr(metric, "higher_is_better", None)
+        if said is not None:
+            return "max" if said else "min"
+        bare = name.split("/")[0].removesuffix("_raw")
+        return "min" if bare in LOWER_IS_BETTER or bare.endswith(("_error", "_loss")) else "max"
+
+    def update(self, metrics: dict[str, Any], outputs, batch) -> None:
+        preds, target = self.metric_inputs(outputs, batch)
+        for metric in metrics.values():
+            metric.update(preds, target)
+
+    def metric_inputs(self, outputs, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(predictions, targets) as the metrics take them."""
+        return outputs.float(), self.target(batch)
+
+    def predictions(self, outputs, batch) -> dict[str, torch.Tensor]:
+        preds, target = self.metric_inputs(outputs, batch)
+        return {"output": preds, "target": target}
+
+
+def _is_metric(obj) -> bool:
+    try:
+        from torchmetrics import Metric
+    except ImportError:  # pragma: no cover (a dependency)
+        return False
+    return isinstance(obj, Metric)
+
+
+def user_loss(loss, what: str = "task.loss") -> Callable | None:
+    """A user's loss: a callable `(outputs, targets) -> loss`, or None."""
+    if loss is None or callable(loss):
+        return loss
+    raise ConfigError([Problem(what, type(loss).__name__, "a callable loss(outputs, targets), e.g. a `_target_` node naming one")])
+
+
+def finite_number(key: str, value, low: float, high: float = math.inf, *, open_high: bool = True) -> None:
+    """A built-in task's own argument check: a number in [low, high)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value and (value < high if open_high else value <= high)
+    if not ok:
+        raise ConfigError([Problem(key, value, f"a number in [{low}, {high}{')' if open_high else ']'}")])
+
+
+def call_model(model: nn.Module, x):
+    return model(x)

@@ -1,0 +1,68 @@
+"""Classification: logits (B, num_classes) against class indices (B,).
+
+Cross-entropy with label smoothing (or the user's `loss(outputs, targets)`); `acc`, and
+`top5` where it means something (more than 10 classes, or `top_k=5` asked for). Per-class
+metrics of the user's (`average: null`) are logged per class name; `confusion_matrix=true`
+shows the validation confusion matrix as an image in TensorBoard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torchmetrics.classification import MulticlassAccuracy
+
+from saturate.errors import ConfigError, DataError, Problem, UserError
+from saturate.tasks.base import Task, user_loss
+
+
+class Classification(Task):
+    name = "classification"
+    main = "acc"
+    class_targets = True
+
+    def __init__(self, num_classes: int, *, label_smoothing: float = 0.0, top_k: int | str = "auto", confusion_matrix: bool = False,
+                 loss: Callable | None = None, metrics: dict | None = None, class_names: list[str] | None = None,
+                 input_key: str = "input", target_key: str = "target"):  # fmt: skip
+        super().__init__(metrics=metrics, input_key=input_key, target_key=target_key)
+        if not 0 <= label_smoothing < 1:
+            raise ConfigError([Problem("task.label_smoothing", label_smoothing, "a number in [0, 1)")])
+        if top_k != "auto" and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k < num_classes):
+            raise ConfigError([Problem("task.top_k", top_k, f"auto, 0 (none) or an integer below the {num_classes} classes")])
+        self.num_classes, self.label_smoothing, self.loss_fn = num_classes, label_smoothing, user_loss(loss)
+        self.top_k = (5 if num_classes > 10 else 0) if top_k == "auto" else top_k  # top-5 of 6 classes is near 1.0: noise
+        self.confusion_matrix, self.class_names = confusion_matrix, class_names
+
+    def target(self, batch) -> torch.Tensor:
+        return super().target(batch).long()
+
+    def forward(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        outputs = model(self.input(batch))
+        targets = self.target(batch)
+        if not isinstance(outputs, torch.Tensor) or outputs.shape != (len(targets), self.num_classes):
+            shape = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
+            raise UserError(f"model: {type(model).__name__} returns outputs of shape {shape} for a batch of {len(targets)}; task="
+                            f"classification with {self.num_classes} classes needs {(len(targets), self.num_classes)} (the model's "
+                            "num_classes/num_outputs argument)")  # fmt: skip
+        if self.loss_fn is not None:
+            return self.loss_fn(outputs, targets), outputs
+        try:
+            return F.cross_entropy(outputs, targets, label_smoothing=self.label_smoothing), outputs
+        except IndexError as e:  # a class index past the outputs (the CPU's error; CUDA asserts on the device)
+            raise DataError(f"data: a target is not a class index in [0, {outputs.shape[-1] - 1}] ({e}); the data's classes and its "
+                            "targets disagree") from None  # fmt: skip
+
+    def own_metrics(self) -> dict:
+        metrics = {"acc": MulticlassAccuracy(self.num_classes, average="micro")}
+        if self.top_k:
+            metrics[f"top{self.top_k}"] = MulticlassAccuracy(self.num_classes, top_k=self.top_k, average="micro")
+        if self.confusion_matrix:  # a (K, K) result: shown as an image, not logged as numbers
+            from torchmetrics.classification import MulticlassConfusionMatrix
+
+            metrics["confusion"] = MulticlassConfusionMatrix(self.num_classes, normalize="true")
+        return metrics
+
+    def metric_inputs(self, outputs, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return outputs.float(), self.target(batch)

@@ -1,0 +1,136 @@
+"""Sequences of variable length: per-timestep classes, or label sequences not aligned with
+the frames (CTC: sign language, speech, handwriting).
+
+Batches are dicts as a padding collate makes them (saturate.data.pad_collate):
+`input` (B, T, F) padded, `input_length` (B,), `target` (B, S) padded, `target_length` (B,).
+The model is called as `model(input, input_length)` when its forward takes two arguments,
+else `model(input)`; it returns logits (B, T', C), or `(logits, output_lengths)` when it
+shortens the sequence (a strided convolution).
+
+- `mode=ctc`: CTC loss (class 0 is the blank; labels are 1..C-1); metrics `ter` (token error
+  rate: edit distance over reference length, torchmetrics' CharErrorRate on the tokens) and
+  `seq_acc` (share of sequences decoded exactly), from greedy decoding.
+- `mode=per_step`: cross-entropy per timestep, padding ignored; metric `acc` over the real
+  timesteps.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.text import CharErrorRate
+
+from saturate.errors import ConfigError, DataError, Problem
+from saturate.tasks.base import Task
+
+IGNORE = -100
+TOKEN_BASE = 0x4E00  # tokens become characters from here (CJK ideographs: one code point each, never combined)
+
+
+class Sequence(Task):
+    name = "sequence"
+    class_targets = False
+
+    def __init__(self, num_classes: int, *, mode: str = "ctc", metrics: dict | None = None, input_key: str = "input",
+                 target_key: str = "target", input_length_key: str = "input_length", target_length_key: str = "target_length"):  # fmt: skip
+        super().__init__(metrics=metrics, input_key=input_key, target_key=target_key)
+        if mode not in ("ctc", "per_step"):
+            raise ConfigError([Problem("task.mode", mode, "ctc or per_step")])
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+            raise ConfigError([Problem("task.num_classes", num_classes, "an integer >= 2 (with CTC: the labels and the blank, class 0)")])
+        self.num_classes, self.mode = num_classes, mode
+        self.input_length_key, self.target_length_key = input_length_key, target_length_key
+        self.main = "ter" if mode == "ctc" else "acc"
+        self._takes_lengths: bool | None = None
+
+    def _entry(self, batch, key: str):
+        if not isinstance(batch, dict) or key not in batch:
+            found = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+            raise DataError(f"task=sequence: batches need a {key!r} entry (a dict from a padding collate, e.g. "
+                            f"saturate.data.pad_collate); this one has {found}")  # fmt: skip
+        return batch[key]
+
+    def _call(self, model, batch):
+        x, lengths = self._entry(batch, self.input_key), self._entry(batch, self.input_length_key)
+        if self._takes_lengths is None:
+            try:
+                params = [p for p in inspect.signature(getattr(model, "forward", model)).parameters.values() if p.kind != p.VAR_KEYWORD]
+                self._takes_lengths = len(params) >= 2
+            except (TypeError, ValueError):
+                self._takes_lengths = False
+        out = model(x, lengths) if self._takes_lengths else model(x)
+        logits, out_lengths = out if isinstance(out, (tuple, list)) else (out, lengths)
+        return logits, out_lengths.long()
+
+    def forward(self, model, batch):
+        logits, lengths = self._call(model, batch)
+        target = self._entry(batch, self.target_key).long()
+        if self.mode == "per_step":
+            valid = torch.arange(logits.shape[1], device=logits.device)[None, :] < lengths[:, None]
+            labels = torch.where(valid, target[:, : logits.shape[1]], IGNORE)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+            return loss, (logits, lengths)
+        log_probs = logits.float().log_softmax(-1).transpose(0, 1)  # (T', B, C), as ctc_loss takes it
+        target_lengths = self._entry(batch, self.target_length_key).long()
+        loss = F.ctc_loss(log_probs, target, lengths, target_lengths, blank=0, reduction="mean", zero_infinity=True)
+        return loss, (logits, lengths)
+
+    def own_metrics(self) -> dict:
+        if self.mode == "per_step":
+            return {"acc": MulticlassAccuracy(self.num_classes, average="micro", ignore_index=IGNORE)}
+        return {"ter": CharErrorRate(), "seq_acc": MeanMetric()}
+
+    def better(self, name: str) -> str:
+        return "min" if name.split("/")[0] in ("ter", "loss") else super().better(name)
+
+    def decode(self, outputs) -> list[list[int]]:
+        """Greedy CTC decoding: the best class per frame, repeats merged, blanks dropped."""
+        logits, lengths = outputs
+        best = logits.argmax(-1).cpu()  # one host read per evaluation batch
+        sequences = []
+        for row, n in zip(best.tolist(), lengths.cpu().tolist(), strict=True):
+            out, previous = [], 0
+            for token in row[:n]:
+                if token != previous and token != 0:
+                    out.append(token)
+                previous = token
+            sequences.append(out)
+        return sequences
+
+    def update(self, metrics: dict, outputs, batch) -> None:
+        if self.mode == "per_step":
+            logits, lengths = outputs
+            target = self._entry(batch, self.target_key).long()[:, : logits.shape[1]]
+            valid = torch.arange(logits.shape[1], device=logits.device)[None, :] < lengths[:, None]
+            preds, labels = logits.float().flatten(0, 1), torch.where(valid, target, IGNORE).flatten()
+            for metric in metrics.values():
+                metric.update(preds, labels)
+            return
+        decoded = self.decode(outputs)
+        target = self._entry(batch, self.target_key).long().cpu().tolist()
+        lengths = self._entry(batch, self.target_length_key).long().cpu().tolist()
+        references = [row[:n] for row, n in zip(target, lengths, strict=True)]
+        text = lambda tokens: "".join(chr(TOKEN_BASE + t) for t in tokens)  # noqa: E731
+        exact = torch.tensor([float(d == r) for d, r in zip(decoded, references, strict=True)])
+        for name, metric in metrics.items():
+            if name == "seq_acc":
+                metric.update(exact.to(metric.device))
+            elif isinstance(metric, CharErrorRate) or name == "ter":
+                metric.update([text(d) for d in decoded], [text(r) for r in references])
+            else:
+                metric.update([text(d) for d in decoded], [text(r) for r in references])
+
+    def predictions(self, outputs, batch) -> dict[str, torch.Tensor]:
+        if self.mode == "per_step":
+            logits, lengths = outputs
+            return {"output": logits.argmax(-1), "output_length": lengths}
+        decoded = self.decode(outputs)
+        width = max(1, max(len(d) for d in decoded))
+        padded = torch.full((len(decoded), width), -1, dtype=torch.int64)
+        for i, d in enumerate(decoded):
+            padded[i, : len(d)] = torch.tensor(d, dtype=torch.int64)
+        return {"output": padded, "output_length": torch.tensor([len(d) for d in decoded])}
