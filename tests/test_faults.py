@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 import saturate
-import saturate.tasks.classification
 from saturate import checkpoint
 from saturate.errors import DataError
 from saturate.faults import NonFiniteGuard, TrainingDiverged
@@ -57,31 +56,31 @@ class StepCount:
         StepCount.current = run.step + 1
 
 
-COUNTED = ["+callbacks.count._target_=tests.test_faults.StepCount"]
+class PoisonedLoss:
+    """Cross-entropy, NaN at the (1-based) training steps in `bad_steps` (counted by StepCount)."""
 
+    bad_steps: set[int] = set()
 
-def poison_loss(monkeypatch, bad_steps: set[int]) -> list[str]:
-    """Make the training loss NaN at the given (1-based) steps of every run that follows
-    (runs given the returned overrides, which count the steps)."""
-    original = F.cross_entropy
-    StepCount.current = 0
-
-    def cross_entropy(logits, y, *args, **kwargs):
-        loss = original(logits, y, *args, **kwargs)
-        if logits.requires_grad and StepCount.current in bad_steps:  # inside a poisoned training step
+    def __call__(self, logits, y):
+        loss = F.cross_entropy(logits, y)
+        if logits.requires_grad and StepCount.current in PoisonedLoss.bad_steps:  # inside a poisoned training step
             return loss * float("nan")
         return loss
 
-    monkeypatch.setattr(saturate.tasks.classification.F, "cross_entropy", cross_entropy)
-    return COUNTED
+
+def poison_loss(bad_steps: set[int]) -> list[str]:
+    """The overrides that make the training loss NaN at the given (1-based) steps: the task's
+    loss is the user's own (task.loss), a callback counts the steps."""
+    StepCount.current, PoisonedLoss.bad_steps = 0, set(bad_steps)
+    return ["task.loss={_target_:tests.test_faults.PoisonedLoss}", "+callbacks.count._target_=tests.test_faults.StepCount"]
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["decided-on-the-device", "read-per-step"])
-def test_a_non_finite_step_is_skipped_counted_and_leaves_the_weights_alone(make_cfg, monkeypatch, fused):
+def test_a_non_finite_step_is_skipped_counted_and_leaves_the_weights_alone(make_cfg, fused):
     """The presets' fused optimizer skips on the device (the schedule advances over the
     skipped step, as over an fp16 overflow); another optimizer is told per step (the
     schedule holds)."""
-    overrides = poison_loss(monkeypatch, {2})
+    overrides = poison_loss({2})
     cfg = make_cfg("trainer.max_epochs=2", "optim.warmup_epochs=0", f"optim.optimizer.fused={str(fused).lower()}", *overrides,
                    "+callbacks.snapshots._target_=tests.test_faults.Snapshots")  # fmt: skip
     metrics = saturate.train(cfg)
@@ -95,8 +94,8 @@ def test_a_non_finite_step_is_skipped_counted_and_leaves_the_weights_alone(make_
     assert (lrs[1] < lrs[0]) if fused else (lrs[1] == lrs[0] and lrs[2] < lrs[1])
 
 
-def test_consecutive_non_finite_steps_stop_with_the_last_good_state(make_cfg, monkeypatch):
-    overrides = poison_loss(monkeypatch, set(range(3, 100)))
+def test_consecutive_non_finite_steps_stop_with_the_last_good_state(make_cfg):
+    overrides = poison_loss(set(range(3, 100)))
     cfg = make_cfg("trainer.max_epochs=3", "trainer.max_nonfinite_steps=4", "trainer.limit_train_batches=-1", *overrides)
     with pytest.raises(TrainingDiverged) as err:
         saturate.train(cfg)
@@ -107,8 +106,8 @@ def test_consecutive_non_finite_steps_stop_with_the_last_good_state(make_cfg, mo
     assert saved["step"] == 6 and all(torch.isfinite(v).all() for v in saved["model"].values() if v.is_floating_point())
 
 
-def test_without_per_step_checks_non_finite_steps_fail_at_the_next_log_step(make_cfg, monkeypatch):
-    overrides = poison_loss(monkeypatch, {5})
+def test_without_per_step_checks_non_finite_steps_fail_at_the_next_log_step(make_cfg):
+    overrides = poison_loss({5})
     cfg = make_cfg("trainer.skip_nonfinite=false", "trainer.log_interval=4", "trainer.limit_train_batches=-1", *overrides)
     with pytest.raises(TrainingDiverged, match="stopped at step 8: non-finite steps before step 8"):
         saturate.train(cfg)
@@ -306,13 +305,13 @@ def test_a_skipped_first_step_leaves_the_optimizer_as_new(name, kind, determinis
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "not-deterministic"])
-def test_a_run_whose_first_step_is_skipped_trains_on(make_cfg, monkeypatch, deterministic):
+def test_a_run_whose_first_step_is_skipped_trains_on(make_cfg, deterministic):
     """The issue's run: the default fused SGD, step 1 non-finite. Before the fix, deterministic
     mode's NaN momentum made every later step non-finite; without it the garbage wrecked the
     weights. It now ends as the read-per-step run (which never calls the optimizer for a
     skipped step) does, up to the two kernels' rounding."""
     runs = {}
-    overrides = poison_loss(monkeypatch, {1})
+    overrides = poison_loss({1})
     for fused in ("true", "false"):
         cfg = make_cfg("optim.warmup_epochs=0", "optim.schedule=constant", f"trainer.deterministic={str(deterministic).lower()}",
                        "trainer.max_epochs=2", f"optim.optimizer.fused={fused}", *overrides)  # fmt: skip

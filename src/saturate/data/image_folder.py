@@ -107,6 +107,33 @@ def _stats(dataset: ImageFiles, index: FolderIndex, split: str) -> None:
     dataset.mean, dataset.std = (tuple(v) for v in index.stats[key])
 
 
+def _check_args(root, image_size, channels, val_fraction, split_seed, strict, check) -> None:
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
+        raise ConfigError([Problem("data.image_size", image_size, "an integer >= 1")])
+    if channels not in (1, 3):
+        raise ConfigError([Problem("data.channels", channels, "one of 1, 3")])
+    fraction("val_fraction", val_fraction)
+    seed("split_seed", split_seed)
+    for key, value in (("check", check), ("strict", strict)):
+        if not isinstance(value, bool):
+            raise ConfigError([Problem(f"data.{key}", value, "true or false")])
+    if not str(root).strip():
+        raise ConfigError([Problem("data.root", root, "a folder of class sub-folders (empty: it would scan the working directory)")])
+
+
+def _classes(given: str, root: Path, base: Path) -> list[str]:
+    """The class sub-folders' names, sorted (at least two)."""
+    if not root.is_dir():
+        raise DataError(f"data.root={given!r}: no such folder; expected class sub-folders (root/<class>/<image files>)")
+    try:
+        classes = sorted(p.name for p in base.iterdir() if p.is_dir())
+    except OSError as e:
+        raise DataError(f"data.root={shown(given)!r}: cannot read {shown(base)} ({e.strerror})") from None
+    if len(classes) < 2:
+        raise DataError(f"data.root={shown(given)!r}: found {len(classes)} class sub-folder(s) in {shown(base)}; need at least 2")
+    return classes
+
+
 def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction: float, split_seed: int, strict: bool,
                       check: bool = False, index_cache: str | None = None) -> tuple[ImageFiles, ImageFiles]:  # fmt: skip
     """Class sub-folders under `data.root` (root/<class>/*.png|jpg|...). If root has train/
@@ -123,28 +150,11 @@ def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction
     an error naming it (a file that breaks later is an error when it is read).
     `index_cache`: where the index, what is known of its files and the colour statistics are
     kept (null: ~/.cache/saturate/image_index, "": nowhere)."""
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
-        raise ConfigError([Problem("data.image_size", image_size, "an integer >= 1")])
-    if channels not in (1, 3):
-        raise ConfigError([Problem("data.channels", channels, "one of 1, 3")])
-    fraction("val_fraction", val_fraction)
-    seed("split_seed", split_seed)
-    for key, value in (("check", check), ("strict", strict)):
-        if not isinstance(value, bool):
-            raise ConfigError([Problem(f"data.{key}", value, "true or false")])
-    if not str(root).strip():
-        raise ConfigError([Problem("data.root", root, "a folder of class sub-folders (empty: it would scan the working directory)")])
+    _check_args(root, image_size, channels, val_fraction, split_seed, strict, check)
     given, root = root, Path(root).expanduser()
-    if not root.is_dir():
-        raise DataError(f"data.root={given!r}: no such folder; expected class sub-folders (root/<class>/<image files>)")
     split = (root / "train").is_dir() and (root / "val").is_dir()
     base = root / "train" if split else root
-    try:
-        classes = sorted(p.name for p in base.iterdir() if p.is_dir())
-    except OSError as e:
-        raise DataError(f"data.root={shown(given)!r}: cannot read {shown(base)} ({e.strerror})") from None
-    if len(classes) < 2:
-        raise DataError(f"data.root={shown(given)!r}: found {len(classes)} class sub-folder(s) in {shown(base)}; need at least 2")
+    classes = _classes(given, root, base)
     cache_dir = default_cache() if index_cache is None else (Path(index_cache).expanduser() if str(index_cache).strip() else None)
     cache = IndexCache(cache_dir, base, channels)
     index = index_folder(base, classes, cache, strict=strict, channels=channels, check=check)
