@@ -163,6 +163,12 @@ def _apply_hyperparameters(optimizer, scheduler, configured: list[dict], base_lr
     return changed
 
 
+def _lr_scale(value, path) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise CheckpointError(f"trainer.resume: {path}: lr_scale {value!r} is not a number > 0; the file is damaged")
+    return float(value)
+
+
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(d, dict):
         return {prefix[:-1]: d}
@@ -177,9 +183,11 @@ class Checkpointer:
     observers' states, each with state_dict()/load_state_dict()."""
 
     def __init__(self, directory: Path, cfg: CheckpointConfig, *, interval: int, model, parts: dict[str, Any], config: dict,
-                 fingerprint: dict, evaluated=None, enabled: bool = True):  # fmt: skip
+                 fingerprint: dict, evaluated=None, lr_scale=None, enabled: bool = True):  # fmt: skip
         self.directory, self.cfg, self.interval, self.parts = directory, cfg, interval, parts
         self.model, self.evaluated = model, evaluated or (lambda: model)
+        self.lr_scale_now = lr_scale or (lambda: 1.0)  # the callbacks' scaling of the configured learning rate (Run.lr_scale)
+        self.lr_scale = 1.0  # of the checkpoint resumed from
         self.pending: dict[str, Any] = {}  # restored once the observers have started (resume_observers)
         self.config, self.fingerprint, self.enabled = config, fingerprint, enabled
         self.best: float | None = None
@@ -222,6 +230,7 @@ class Checkpointer:
             "batch_in_epoch": state.batch_in_epoch,  # with the epoch's seeded order: the next sample
             "best": self.best,
             "top": self.top,
+            "lr_scale": float(self.lr_scale_now()),
             "rng": rng_state(),
             "optimizer_class": type(self.parts["optimizer"]).__name__ if "optimizer" in self.parts else None,
             "config": self.config,
@@ -297,7 +306,8 @@ class Checkpointer:
                                   f"(momentum, step counts) cannot carry over; resume with the same optim")  # fmt: skip
         # the optimizer and schedule as this run's config builds them, to apply on top of the saved state
         configured = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")} for g in optimizer.param_groups]
-        base_lrs = list(scheduler.base_lrs)
+        self.lr_scale = _lr_scale(ckpt.get("lr_scale", 1.0), path)
+        base_lrs = [lr * self.lr_scale for lr in scheduler.base_lrs]  # the config's, as the callbacks had scaled them
         restore = {"model": (self.model, ckpt.get("train_model", ckpt["model"]))}
         restore.update({name: (part, ckpt[name]) for name, part in self.parts.items() if name != "observers"})
         for name, (part, saved) in restore.items():

@@ -93,11 +93,13 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
                      direction=lambda name: "min" if name.endswith("loss") else parts.task.better(name.split("/", 1)[-1]),
                      info={"data": parts.spec.name, "model": type(parts.models.raw).__name__, "task": task_name(parts.task)})  # fmt: skip
         checkpointer = Checkpointer(run_dir / "checkpoints", watched, interval=run.trainer.checkpoint_interval, model=parts.models.raw,
-                                    evaluated=lambda: handle.eval_model, config=_recorded_config(cfg, given), fingerprint=env,
+                                    evaluated=lambda: handle.eval_model, lr_scale=lambda: handle.lr_scale,
+                                    config=_recorded_config(cfg, given), fingerprint=env, enabled=d.is_main,
                                     parts={"optimizer": parts.optimizer, "scheduler": parts.scheduler, "scaler": parts.precision.scaler,
-                                           "observers": observers}, enabled=d.is_main)  # fmt: skip
+                                           "observers": observers})  # fmt: skip
         state = TrainState(**checkpointer.resume(run.trainer.resume))
         handle.step = handle.start_step = state.step
+        handle.lr_scale = checkpointer.lr_scale
         handle.epoch = state.epoch
         timer = StepTimer(device)
         handle.timer = timer  # the steady-state windows, for a callback that stops once measured (tune's trials)

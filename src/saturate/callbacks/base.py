@@ -38,6 +38,7 @@ class Run:
         self.metrics: dict[str, float] = {}  # the latest logged value of every metric
         self.eval_model = model  # what is evaluated and saved as the run's weights (a callback may set an average)
         self.stop_reason: str | None = None
+        self.lr_scale = 1.0  # the product of scale_lr's factors (saved in checkpoints, so a resumed run keeps it)
 
     def direction(self, metric: str) -> str:
         """Which way `metric` (e.g. "val/acc") improves: "max" or "min", as the task says."""
@@ -57,7 +58,8 @@ class Run:
 
     def scale_lr(self, factor: float) -> None:
         """Multiply the learning rate by `factor` from the next step on (the schedule's base
-        rates with it, so warm-up and cosine keep their shape)."""
+        rates with it, so warm-up and cosine keep their shape); kept across a resume."""
+        self.lr_scale *= factor
         self.scheduler.base_lrs = [lr * factor for lr in self.scheduler.base_lrs]
         for group in self.optimizer.param_groups:
             group["lr"] *= factor
