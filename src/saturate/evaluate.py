@@ -18,6 +18,24 @@ from saturate.precision import Precision
 from saturate.step import batch_size
 
 
+def joined(arrays: list):
+    """Batches' (or ranks') arrays joined along the samples; where their other dimensions
+    differ (decoded sequences of another length per batch) each is padded to the largest,
+    with -1 for integers and NaN for floats."""
+    import numpy as np
+
+    shape = np.max([a.shape[1:] for a in arrays], axis=0) if arrays[0].ndim > 1 else ()
+    if all(a.shape[1:] == tuple(shape) for a in arrays):
+        return np.concatenate(arrays)
+    fill = np.nan if np.issubdtype(arrays[0].dtype, np.floating) else -1
+    padded = []
+    for a in arrays:
+        out = np.full((len(a), *shape), fill, dtype=a.dtype)
+        out[(slice(None), *(slice(0, n) for n in a.shape[1:]))] = a
+        padded.append(out)
+    return np.concatenate(padded)
+
+
 class Evaluator:
     def __init__(self, batches, precision: Precision, task, *, interval: int, split: str = "val", class_names: list[str] | None = None):
         self.batches, self.precision, self.task, self.interval, self.split = batches, precision, task, interval, split
@@ -52,7 +70,7 @@ class Evaluator:
                     kept.append({k: v.detach().cpu() for k, v in self.task.predictions(outputs, batch).items()})
         finally:
             model.train(was_training)
-        self.predictions = {k: torch.cat([p[k] for p in kept]) for k in kept[0]} if kept else {}
+        self.predictions = {k: joined([p[k].numpy() for p in kept]) for k in kept[0]} if kept else {}
         return {f"{self.split}/loss": float(loss.compute()), **self._results(metrics)}
 
     def write_predictions(self, path, dist) -> None:
@@ -63,10 +81,10 @@ class Evaluator:
 
         shard = self.batches.sampler.indices  # this rank's samples, in the order evaluated
         mine = {"index": torch.as_tensor(list(shard))[: len(next(iter(self.predictions.values()), []))], **self.predictions}
-        parts = dist.gather_objects({k: v.numpy() for k, v in mine.items()})
+        parts = dist.gather_objects({k: np.asarray(v) for k, v in mine.items()})
         if not dist.is_main:
             return
-        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts[0] else {}
+        merged = {k: joined([p[k] for p in parts]) for k in parts[0]} if parts[0] else {}
         order = np.argsort(merged["index"], kind="stable") if merged else []
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(path, **{k: v[order] for k, v in merged.items()})

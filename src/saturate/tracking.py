@@ -134,4 +134,4 @@ def matrix_image(matrix, labels: list[str] | None = None, cell: int = 28):
             x0, y0 = margin + j * cell, margin + i * cell
             draw.rectangle([x0, y0, x0 + cell - 1, y0 + cell - 1], fill=(shade, shade, 255), outline="grey")
             draw.text((x0 + 3, y0 + cell // 3), f"{v:.2f}"[1:] if v < 1 else "1.0", fill="white" if v > 0.5 else "black")
-    return torch.from_numpy(np.asarray(image)).permute(2, 0, 1).float() / 255
+    return torch.from_numpy(np.array(image)).permute(2, 0, 1).float() / 255

@@ -116,21 +116,27 @@ class Sequence(Task):
         references = [row[:n] for row, n in zip(target, lengths, strict=True)]
         text = lambda tokens: "".join(chr(TOKEN_BASE + t) for t in tokens)  # noqa: E731
         exact = torch.tensor([float(d == r) for d, r in zip(decoded, references, strict=True)])
-        for name, metric in metrics.items():
+        for name, metric in metrics.items():  # the user's too: torchmetrics' text metrics, on the tokens as characters
             if name == "seq_acc":
                 metric.update(exact.to(metric.device))
-            elif isinstance(metric, CharErrorRate) or name == "ter":
-                metric.update([text(d) for d in decoded], [text(r) for r in references])
             else:
                 metric.update([text(d) for d in decoded], [text(r) for r in references])
 
     def predictions(self, outputs, batch) -> dict[str, torch.Tensor]:
+        """Per sample: `output` (per_step: the class per frame; ctc: the decoded labels), padded
+        with -1 past `output_length`; `target` and `target_length` as the batch gave them."""
+        target = self._entry(batch, self.target_key).long()
+        target_length = self._entry(batch, self.target_length_key).long()
+        given = {"target": torch.where(torch.arange(target.shape[1], device=target.device) < target_length[:, None], target, -1),
+                 "target_length": target_length}  # fmt: skip
         if self.mode == "per_step":
             logits, lengths = outputs
-            return {"output": logits.argmax(-1), "output_length": lengths}
+            best = logits.argmax(-1)
+            return {"output": torch.where(torch.arange(best.shape[1], device=best.device) < lengths[:, None], best, -1),
+                    "output_length": lengths, **given}  # fmt: skip
         decoded = self.decode(outputs)
         width = max(1, max(len(d) for d in decoded))
         padded = torch.full((len(decoded), width), -1, dtype=torch.int64)
         for i, d in enumerate(decoded):
             padded[i, : len(d)] = torch.tensor(d, dtype=torch.int64)
-        return {"output": padded, "output_length": torch.tensor([len(d) for d in decoded])}
+        return {"output": padded, "output_length": torch.tensor([len(d) for d in decoded]), **given}
