@@ -15,6 +15,8 @@ from saturate.checkpoint import Checkpointer
 from saturate.engine import Engine
 from saturate.evaluate import Evaluator
 from saturate.loader import ResumableSampler
+from saturate.tracking import Tracker
+from tests.conftest import ROOT
 
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 
@@ -55,6 +57,7 @@ def host_reads(monkeypatch):
         (Engine, "log_train"),
         (Engine, "halt"),
         (Evaluator, "run"),
+        (Tracker, "matrices"),  # an evaluation's confusion matrix drawn as an image
         (Checkpointer, "save"),
         (Preview, "__call__"),
         (DataLoader, "__iter__"),
@@ -76,9 +79,29 @@ def host_reads(monkeypatch):
     return reads
 
 
-@pytest.mark.parametrize("setting", [["loader=resident"], ["loader=default"], ["loader=resident", "augmentation=gpu"]])
+def example(name: str) -> list[str]:
+    """An example's experiment from its own config dir (tests/test_examples.py runs them)."""
+    return [f"hydra.searchpath=[file://{ROOT / 'examples' / name / 'conf'}]", f"experiment={name}", "trainer.max_epochs=1"]
+
+
+SETTINGS = {
+    "resident": ["loader=resident"],
+    "default-loader": ["loader=default"],
+    "resident-gpu-augmentation": ["loader=resident", "augmentation=gpu"],
+    "ema": ["callbacks=[ema]"],
+    "early-stopping-plateau": ["callbacks=[early_stopping,plateau]"],
+    "regression-pm25": example("pm25"),
+    "sequence-ctc-dict-batches": example("sign"),
+    "classification-user-metrics-har": example("har"),
+    "kornia-float-images": [*example("gray128"), "loader.batch_size=8"],
+}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
 def test_no_host_reads_between_log_steps(make_cfg, host_reads, setting):
-    cfg = make_cfg(*setting, "trainer.skip_nonfinite=false", "trainer.log_interval=5", "trainer.limit_train_batches=10")
+    """Every built-in task (classification, regression, sequence with CTC over dict batches),
+    the built-in callbacks and the user's Kornia transforms: nothing read per step."""
+    cfg = make_cfg(*SETTINGS[setting], "trainer.skip_nonfinite=false", "trainer.log_interval=5", "trainer.limit_train_batches=10")
     assert saturate.train(cfg)["progress/step"] == 10
     assert host_reads == []
 
