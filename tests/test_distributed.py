@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import saturate
-from tests.conftest import CONF, ROOT
+from tests.conftest import CONF, ROOT, run_cli
 from tests.test_resume import final_weights, step_losses
 
 pytestmark = pytest.mark.slow
@@ -341,3 +341,28 @@ def test_when_one_rank_fails_the_others_say_one_line_and_the_launcher_names_its_
     assert "[rank0]: Traceback" not in out and "[rank0]:" not in out  # gloo's 54 lines are gone
     log = tmp_path / "run" / "train.rank1.log"
     assert f"error: trainer.devices=2: rank 1 failed first (exit status 1); its message is above, its log is {log}" in out
+
+
+def test_dict_batches_with_a_padding_collate_train_under_ddp_and_resume_bit_exactly_mid_epoch(tmp_path):
+    """The sign example (dict samples of variable length, pad_collate, CTC) in two gloo
+    processes: interrupted in the middle of its second epoch by a signal to both ranks, then
+    resumed, it ends as the uninterrupted two-process run, bit for bit."""
+    from tests.test_resume import signal_at
+
+    conf = ROOT / "examples" / "sign" / "conf"
+    args = [f"hydra.searchpath=[file://{conf}]", "experiment=sign", "device=cpu", "trainer.devices=2", "trainer.deterministic=true",
+            "data.train=256", "data.val=64", "data.test=64", "loader.batch_size=16", "trainer.max_epochs=2", "trainer.log_interval=1",
+            "trainer.progress=false"]  # fmt: skip
+    env = {"PYTHONPATH": str(ROOT)}
+    full = run_cli(*args, f"hydra.run.dir={tmp_path / 'full'}", cwd=tmp_path, env=env)
+    assert full.returncode == 0, full.stderr[-3000:]
+    stopped = run_cli(*args, *signal_at(12), f"hydra.run.dir={tmp_path / 'resumed'}", cwd=tmp_path, env=env)
+    assert stopped.returncode == 128 + signal.SIGUSR1, stopped.stderr[-3000:]
+    assert torch.load(tmp_path / "resumed" / "checkpoints" / "last.pt", weights_only=False)["step"] == 12  # 8 steps per epoch
+    resumed = run_cli(*args, "trainer.resume=auto", f"hydra.run.dir={tmp_path / 'resumed'}", cwd=tmp_path, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    metrics = json.loads((tmp_path / "resumed" / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["distributed/params_identical"] == 1.0 and "test/ter" in metrics
+    assert step_losses(tmp_path / "resumed") == step_losses(tmp_path / "full") and len(step_losses(tmp_path / "full")) == 16
+    for key, value in final_weights(tmp_path / "full").items():
+        assert torch.equal(final_weights(tmp_path / "resumed")[key], value), key

@@ -63,6 +63,8 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    from saturate.faults import StopSignal
+
     script = os.path.abspath(sys.argv[0])
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir=", "run_dir="))]
     pinned = f"hydra.run.dir={override_value(run_dir)}"
@@ -72,8 +74,11 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
         run(args)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()  # the first to fail: the others stopped because it did
-        if failure.exitcode == -signal.SIGTERM or failure.exitcode == 128 + signal.SIGTERM:
-            raise SystemExit(128 + signal.SIGTERM) from None
+        preempted = {128 + s for s in StopSignal.SIGNALS} | {-s for s in StopSignal.SIGNALS}
+        if failure.exitcode in preempted:  # a signal to the ranks (a scheduler's): they stopped together and saved
+            log.warning("trainer.devices=%d: the ranks were stopped by %s and saved (their message above says how to resume)", count,
+                        signal.Signals(abs(failure.exitcode) % 128).name)  # fmt: skip
+            raise SystemExit(128 + abs(failure.exitcode) % 128) from None
         log_file = Path(run_dir) / ("train.log" if rank == 0 else f"train.rank{rank}.log")
         raise UserError(f"trainer.devices={count}: rank {rank} failed first (exit status {failure.exitcode}); its message is above, "
                         f"its log is {log_file}") from None  # fmt: skip
