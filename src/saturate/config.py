@@ -439,7 +439,7 @@ def _floats(node: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
         yield prefix[:-1], node
 
 
-def _given_text(cfg: DictConfig, key: str) -> Any:
+def given_text(cfg: DictConfig, key: str) -> Any:
     """What the config holds at `key`, unresolved (an interpolation's text)."""
     try:
         parent, _, leaf = key.rpartition(".")
@@ -458,7 +458,7 @@ def validate(cfg: DictConfig, *, presets: tuple[str, ...], given: tuple[str, ...
         run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except OmegaConfBaseException as e:  # an interpolation that does not resolve, a node removed with ~
         key = getattr(e, "full_key", None) or "config"
-        raise ConfigError([Problem(key, _given_text(cfg, key), f"a value that resolves ({str(e).splitlines()[0]})")]) from None
+        raise ConfigError([Problem(key, given_text(cfg, key), f"a value that resolves ({str(e).splitlines()[0]})")]) from None
     known = [f.name for f in dataclasses.fields(RunConfig)]
     problems += [Problem(key, cfg[key], "one of the top-level keys " + ", ".join(known)) for key in cfg if key not in known]
     floats = _floats(OmegaConf.to_container(cfg, resolve=True))

@@ -19,11 +19,12 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 
 from saturate.augment import build_transforms
 from saturate.batch_size import Trial, choose
-from saturate.config import RunConfig
+from saturate.config import RunConfig, given_text
 from saturate.data import Data, DataSpec, build_datasets, describe
 from saturate.data.base import stack
 from saturate.distributed import Dist
@@ -95,7 +96,12 @@ def task_class(cfg: DictConfig, given: Given):
 
 def resolved_node(cfg: DictConfig, key: str) -> dict:
     """A node with its interpolations resolved now (`${data_info:...}` once the data is described)."""
-    return OmegaConf.to_container(cfg[key], resolve=True)
+    try:
+        return OmegaConf.to_container(cfg[key], resolve=True)
+    except OmegaConfBaseException as e:  # e.g. ${data_info:input_shape.3} of a 2-d input
+        full = getattr(e, "full_key", None) or key
+        why = str(e).splitlines()[0].removeprefix("ValueError raised while resolving interpolation: ")
+        raise ConfigError([Problem(full, given_text(cfg, full), f"a value that resolves ({why})")]) from None
 
 
 def build_task(cfg: DictConfig, spec: DataSpec, data: Data, given: Given):

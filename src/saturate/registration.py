@@ -52,6 +52,7 @@ def _output_dir() -> str:
 
 
 _DATA_INFO: dict = {}  # what the data of the run being built gives (set_data_info)
+DATA_INFO_KEYS = ("in_channels", "in_features", "input_shape", "num_classes", "num_outputs", "class_names")
 
 
 def set_data_info(info: dict) -> None:
@@ -69,6 +70,9 @@ def data_info(key: str):
     from saturate.config import DATA_INFO
 
     if not _DATA_INFO:
+        root, _, index = str(key).partition(".")
+        if root not in DATA_INFO_KEYS or (index and (root != "input_shape" or not index.lstrip("-").isdigit())):
+            raise ValueError(f"data_info:{key}: the data gives {', '.join(DATA_INFO_KEYS)} (input_shape.<i> for one dimension)")
         return f"{DATA_INFO}{key}>"
     value = _DATA_INFO
     for part in str(key).split("."):
@@ -76,8 +80,10 @@ def data_info(key: str):
             value = value[part]
         elif isinstance(value, (list, tuple)) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
             value = value[int(part)]
+        elif isinstance(value, (list, tuple)):
+            raise ValueError(f"data_info:{key}: the data's input_shape is {tuple(value)}: index it with 0 to {len(value) - 1}")
         else:
-            raise ValueError(f"data_info:{key}: the data gives {', '.join(sorted(_DATA_INFO))} (input_shape.<i> for one dimension)")
+            raise ValueError(f"data_info:{key}: the data gives {', '.join(DATA_INFO_KEYS)} (input_shape.<i> for one dimension)")
     return list(value) if isinstance(value, tuple) else value
 
 

@@ -64,7 +64,26 @@ class Data:
         for key in ("collate", "target_inverse"):
             if getattr(data, key) is not None and not callable(getattr(data, key)):
                 raise DataError(f"{where}: its {key} is a {type(getattr(data, key)).__name__}, not a function")
+        if data.collate is not None and not isinstance(data.collate, UserCollate):
+            data.collate = UserCollate(data.collate)
         return data
+
+
+class UserCollate:
+    """The data's own collate: what it raises is one message naming it, in a worker too (its
+    own UserError, e.g. pad_collate's, keeps its words)."""
+
+    def __init__(self, fn: Callable):
+        self.fn, self.name = fn, getattr(fn, "__qualname__", type(fn).__name__)
+
+    def __call__(self, samples: list):
+        try:
+            return self.fn(samples)
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 (the user's function: its error, named, in one line)
+            raise DataError(f"data: the collate function {self.name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]} "
+                            f"(batching {len(samples)} samples)") from e  # fmt: skip
 
 
 def build_datasets(node: Any) -> Data:

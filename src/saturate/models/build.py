@@ -22,7 +22,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_method, instantiate
 from torch import nn
 
-from saturate.errors import UserError
+from saturate.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,7 @@ def check(model: nn.Module, batch, task, precision, spec) -> None:
     finally:
         model.train(was_training)
     check_loss(loss, task)
+    check_finite(loss, batch, task)
 
 
 def check_loss(loss, task) -> None:
@@ -117,6 +118,22 @@ def check_loss(loss, task) -> None:
     if not loss.requires_grad:
         raise UserError(f"{what} returns a value with no gradient (detached, or not computed from the model's outputs); nothing "
                         "would train")  # fmt: skip
+
+
+def check_finite(loss, batch, task) -> None:
+    """A loss that is NaN or inf before any training: the data's values (named) or the loss."""
+    if torch.isfinite(loss.detach()).all():  # one read, at start-up
+        return
+    pairs = zip(("input", "target"), batch, strict=False) if isinstance(batch, (tuple, list)) else ()
+    entries = batch.items() if isinstance(batch, dict) else pairs
+    bad = [str(name) for name, v in entries if isinstance(v, torch.Tensor) and v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise DataError(f"data: the first batch holds NaN or inf in its {', '.join(bad)}: the loss is {float(loss):g} before any "
+                        "training; remove or fill those values")  # fmt: skip
+    fn = getattr(task, "loss_fn", None)
+    what = f"task.loss: {getattr(fn, '__name__', type(fn).__name__)}" if fn is not None else f"task {task.name}'s loss"
+    raise UserError(f"{what} is {float(loss):g} on two samples of the first batch, before any training, with finite inputs and "
+                    "targets: the loss (or the model) cannot be computed on them")  # fmt: skip
 
 
 def place(raw: nn.Module, *, device: torch.device, trainer, dist) -> nn.Module:
