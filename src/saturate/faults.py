@@ -12,6 +12,7 @@ import threading
 import torch
 
 from saturate.errors import UserError
+from saturate.ranks import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class StopSignal:
     """SIGTERM, SIGUSR1 and SIGINT only set `requested`; the engine stops at the next step
     boundary. After a first SIGINT, a second one interrupts at once (Ctrl-C twice)."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+    SIGNALS = STOP_SIGNALS
 
     def __init__(self):
         self.requested: int | None = None

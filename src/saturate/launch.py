@@ -21,6 +21,7 @@ import torch
 
 from saturate.errors import UserError
 from saturate.naming import override_value
+from saturate.ranks import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,6 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    from saturate.faults import StopSignal
-
     script = os.path.abspath(sys.argv[0])
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir=", "run_dir="))]
     pinned = f"hydra.run.dir={override_value(run_dir)}"
@@ -74,7 +73,7 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
         run(args)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()  # the first to fail: the others stopped because it did
-        preempted = {128 + s for s in StopSignal.SIGNALS} | {-s for s in StopSignal.SIGNALS}
+        preempted = {128 + s for s in STOP_SIGNALS} | {-s for s in STOP_SIGNALS}
         if failure.exitcode in preempted:  # a signal to the ranks (a scheduler's): they stopped together and saved
             log.warning("trainer.devices=%d: the ranks were stopped by %s and saved (their message above says how to resume)", count,
                         signal.Signals(abs(failure.exitcode) % 128).name)  # fmt: skip

@@ -6,6 +6,11 @@ and no process group here, so that composing a config (the run directory's name 
 from __future__ import annotations
 
 import os
+import signal
+
+# What a scheduler sends to stop a job (SLURM: SIGTERM, or SIGUSR1 with --signal; Ctrl-C: SIGINT):
+# every rank stops at the same step, saves and exits 128 + the signal (saturate.faults.StopSignal)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 def slurm_to_torch_env() -> None:
