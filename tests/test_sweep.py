@@ -121,3 +121,16 @@ def test_plot_lines_follow_the_keys_that_varied():
         "augmentation=cpu": [(64, 64.0), (128, 128.0)],
         "augmentation=gpu": [(64, 64.0), (128, 128.0)],
     }
+
+
+def test_the_report_shows_the_monitored_metric_and_the_test_split():
+    """Columns for what the jobs logged: the monitor first (a user's metric too), then the
+    task's metrics, then their test-set counterparts."""
+    from saturate.sweep import Job, figures
+
+    logged = {"status": "completed", "monitor": "val/ter", "val/ter": 0.1, "val/loss": 0.5, "test/ter": 0.2, "test/loss": 0.6,
+              "perf/samples_per_s": 10.0}  # fmt: skip
+    names = [name for _, name, _ in figures([Job(0, Path("."), {}, logged)])]
+    assert names.index("val/ter") < names.index("test/ter") < names.index("wall s") and "val/loss" not in names
+    plain = [name for _, name, _ in figures([Job(0, Path("."), {}, {"val/acc": 0.9, "val/loss": 0.3})])]
+    assert "val/acc" in plain and not any(n.startswith("test/") for n in plain)

@@ -29,15 +29,17 @@ TASK_METRICS = [("val/acc", "{:.4f}"), ("val/top5", "{:.4f}"), ("val/mae", "{:.4
 
 def figures(jobs: list[Job]) -> list[tuple[str, str, str]]:
     """The columns: throughput, data wait, memory, GPU utilisation (when sampled), the task's
-    validation metrics that some job logged (its checkpoint.monitor first), wall time."""
+    validation metrics that some job logged (its checkpoint.monitor first, whatever its
+    name), their test-set counterparts where a job has a test split, wall time."""
     logged = {k for j in jobs for k in j.metrics}
     monitors = [j.metrics["monitor"] for j in jobs if j.metrics.get("monitor", "").startswith("val/")]
     order = list(dict.fromkeys([*monitors, *(k for k, _ in TASK_METRICS if k != "val/loss")]))
-    task = [(k, k, dict(TASK_METRICS)[k]) for k in order if k in logged and k in dict(TASK_METRICS)]
+    task = [(k, k, dict(TASK_METRICS).get(k, "{:.4f}")) for k in order if k in logged and k != "val/loss"]
     if not task and "val/loss" in logged:
         task = [("val/loss", "val/loss", "{:.4f}")]
+    tested = [(f"test/{k[4:]}", f"test/{k[4:]}", fmt) for k, _, fmt in task if f"test/{k[4:]}" in logged]
     base = [f for f in FIGURES if f[0] != "gpu/util_mean" or "gpu/util_mean" in logged]
-    return base[:-1] + task + base[-1:]
+    return base[:-1] + task + tested + base[-1:]
 
 
 @dataclass
