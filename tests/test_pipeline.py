@@ -205,7 +205,7 @@ def test_report_renders_the_split_and_gpu_figures():
     gpu = {"gpu/util_mean": 41.0, "gpu/util_std": 22.0, "gpu/util_min": 3.0, "gpu/util_under_50_frac": 0.6}
     text = render(perf(0.35), diagnose(perf(0.35), facts()), steps=90, gpu=gpu)
     assert "12,800 samples/s" in text and "over 90 steps" in text and "data wait 3.50 ms (35%)" in text
-    assert "GPU utilisation: mean 41%" in text and "60% of samples under 50%" in text
+    assert "): mean 41%" in text and "60% of samples under 50%" in text
     assert "`augmentation=gpu`" in text
 
 
@@ -221,10 +221,12 @@ def test_workers_that_saturate_the_cpu_are_the_verdict_not_compute():
     cores: with the CPU load sampled, the verdict says so."""
     busy = facts(device="cpu", cpus=2, num_workers=2, placement="cpu", cpu_util=97.0)
     verdict = diagnose(perf(0.02), busy, steps=100)
-    assert verdict.kind == "CPU-saturated" and "97% busy with 2 worker process(es) on 2 CPU(s)" in verdict.reason
+    assert verdict.kind == "CPU-saturated"
+    assert "this run's processes kept 97% of its 2 CPU(s) busy with 2 worker process(es)" in verdict.reason
     assert [o for o, _ in verdict.suggestions] == ["augmentation=gpu", "loader.num_workers=0"]
     assert diagnose(perf(0.02), facts(device="cpu", cpus=2, num_workers=2, placement="cpu", cpu_util=60.0)).kind == "compute-bound"
     assert diagnose(perf(0.02), facts(device="cuda", cpus=8, num_workers=7, cpu_util=97.0)).kind == "compute-bound"  # the GPU is busy
     gpu_starved = diagnose(perf(0.40), facts(device="cuda", cpus=8, num_workers=7, placement="cpu", cpu_util=97.0))
     assert gpu_starved.kind == "CPU-saturated" and "loader.num_workers=6" in [o for o, _ in gpu_starved.suggestions]
-    assert "- CPU: 97% busy on average" in render(perf(0.02), verdict, steps=100, cpu_util=97.0)
+    line = render(perf(0.02), verdict, steps=100, facts=busy)
+    assert "- CPU: this run 97% of its 2 CPU(s) (main process and 2 worker(s))" in line

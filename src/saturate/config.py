@@ -219,6 +219,7 @@ class TrainerConfig:
 class MonitorConfig:
     enabled: bool = True  # sample GPU (NVML) and CPU (psutil) use in a background thread
     interval_s: float = 1.0
+    costs: bool = True  # count a step's FLOPs and launches, and time its batch scaling, at start-up (a few passes on 8 samples)
 
     def problems(self) -> Issues:
         if self.interval_s <= 0:

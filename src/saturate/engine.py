@@ -73,6 +73,7 @@ class Watch:
     timer: object  # saturate.timing.StepTimer
     monitor: object  # saturate.monitor.ResourceMonitor
     memory: object  # () -> peak memory in MB
+    clock: object  # saturate.timing.RunClock: seconds in evaluation, checkpoints, logging
 
 
 @dataclass
@@ -97,6 +98,7 @@ class Engine:
         self._counts: dict[str, float] = {}  # the flat counters' last logged values
         self.batch = None  # the last device batch (a reference: what a failed guard looks at)
         self.per_step = observers.has("on_train_batch_end") or observers.has("on_after_optimizer_step")
+        self.clock = watch.clock  # evaluation, checkpoints, logging: the run's time besides the steps
 
     def finished(self, state: TrainState) -> bool:
         """Whether `state` is already at max_epochs or max_steps (a finished run resumed)."""
@@ -112,6 +114,10 @@ class Engine:
         steps_per_epoch = len(self.training.batches)
         if self.finished(state):
             return dict(self.tracker.latest)
+        with self.clock.timing("loop"):
+            return self._fit(state, steps_per_epoch)
+
+    def _fit(self, state: TrainState, steps_per_epoch: int) -> dict[str, float]:
         while True:
             self.training.model.train()
             epoch_start, evaluated = time.perf_counter(), {}
@@ -138,7 +144,8 @@ class Engine:
                 return dict(self.tracker.latest)
 
     def evaluate(self, state: TrainState, steps_per_epoch: int) -> dict[str, float]:
-        evaluated = self.evaluator.run(self.run.eval_model, interrupted=self.interrupted)
+        with self.phase("evaluation"):
+            evaluated = self.evaluator.run(self.run.eval_model, interrupted=self.interrupted)
         if evaluated is None:
             self.halt(state, steps_per_epoch)  # saves, then raises Preempted
         self.tracker.log(evaluated, state.step)
@@ -194,6 +201,8 @@ class Engine:
         window = self.timer.flush()
         if window is None:
             return
+        if self.watch.monitor.phase == "start-up":  # the first window (workers starting, caches, compilation) is over
+            self.watch.monitor.phase = "train"
         self.guard.read()
         count = int(self.loss_count)  # steps applied (a device count when steps decide on the device)
         train_loss = self.loss_sum.item() / count if count else float("nan")
@@ -210,8 +219,9 @@ class Engine:
         }
         self.loss_sum.zero_()
         self.loss_count = 0
-        self.tracker.log(metrics, state.step)
-        self.tracker.progress(state.step, state.epoch)
+        with self.clock.timing("logging"):
+            self.tracker.log(metrics, state.step)
+            self.tracker.progress(state.step, state.epoch)
 
     def epoch_line(self, state: TrainState, evaluated: dict[str, float], seconds: float) -> None:
         """One line per epoch in the console and train.log, terminal or not (nohup, a
@@ -234,10 +244,23 @@ class Engine:
         return changed
 
     def save(self, state: TrainState, metrics: dict[str, float]) -> float:
-        seconds = self.checkpointer.save(state, metrics)
+        with self.phase("checkpoint"):
+            seconds = self.checkpointer.save(state, metrics)
         if self.dist.is_main:
             self.observers.call("on_checkpoint", self.run, str(self.checkpointer.last_path))
         return seconds
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Evaluation or a checkpoint: its time counted apart (RunClock), and the resource
+        samples taken meanwhile kept out of the steady state's figures."""
+        monitor = self.watch.monitor
+        before, monitor.phase = monitor.phase, name
+        try:
+            with self.clock.timing(name):
+                yield
+        finally:
+            monitor.phase = before
 
     def interrupted(self) -> bool:
         """A preemption signal during evaluation, in one process. (Across ranks the flag is

@@ -145,6 +145,39 @@ def open_nvml():
         return None, f"{type(e).__name__}: {e}"
 
 
+class Gpm:
+    """SM activity and tensor-core activity of one GPU between two NVML GPM samples (Hopper and
+    later: what DCGM reports as SM activity and tensor activity; nvidia-smi's utilisation is
+    100 % for one tiny kernel). `read()` gives {} on a GPU without GPM, and after any error."""
+
+    def __init__(self, pynvml, handle):
+        self.pynvml, self.handle, self.previous = pynvml, handle, None
+        try:
+            self.supported = bool(pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+        except Exception:  # an older driver or GPU, a MIG instance
+            self.supported = False
+
+    def read(self) -> dict[str, float]:
+        if not self.supported:
+            return {}
+        nv = self.pynvml
+        try:
+            current = nv.nvmlGpmSampleGet(self.handle, nv.nvmlGpmSampleAlloc())
+            previous, self.previous = self.previous, current
+            if previous is None:
+                return {}
+            request = nv.c_nvmlGpmMetricsGet_t()
+            request.version, request.numMetrics, request.sample1, request.sample2 = nv.NVML_GPM_METRICS_GET_VERSION, 2, previous, current
+            request.metrics[0].metricId = nv.NVML_GPM_METRIC_SM_UTIL
+            request.metrics[1].metricId = nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL
+            got = nv.nvmlGpmMetricsGet(request)
+            nv.nvmlGpmSampleFree(previous)
+            return {"sm_active": float(got.metrics[0].value), "tensor_active": float(got.metrics[1].value)}
+        except Exception:  # noqa: BLE001 (GPM refused: no such figures from now on)
+            self.supported = False
+            return {}
+
+
 class ResourceMonitor:
     """Samples every `interval_s` in a background thread: `gpu/*` for the training device
     (`gpu<k>/*` for the other visible ones) and `cpu/*` for the host and this process."""
@@ -152,6 +185,8 @@ class ResourceMonitor:
     def __init__(self, interval_s: float, device: torch.device, enabled: bool = True):
         self.interval_s, self.enabled = interval_s, enabled
         self.samples: list[dict[str, float]] = []
+        self.phases: list[str] = []  # what the run was doing at each sample: start-up, train, evaluation, checkpoint
+        self.phase = "start-up"  # set by the engine: "train" once the steady state starts
         self._taken = 0  # samples already averaged into a window
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -172,21 +207,46 @@ class ResourceMonitor:
             if not self.handles:
                 log.info("monitor: NVML found no visible NVIDIA GPU; GPU utilisation is not sampled, CPU use is")
         self.own = device.index if device.type == "cuda" and device.index is not None else 0
+        self.gpm = {index: Gpm(self.pynvml, handle) for index, handle in self.handles if index == self.own}
         self.process = psutil.Process()
         self.process.cpu_percent(None)  # the first reading only starts the clock
+        self.children: dict[int, psutil.Process] = {}  # the workers, kept so that each one's CPU clock runs
+        self.cores = psutil.cpu_count() or 1
         psutil.cpu_percent(None)
 
+    def _tree_util(self) -> tuple[float, float]:
+        """CPU use of this process and of its workers, each % of one core (a worker's first
+        reading only starts its clock: a worker that lived under one interval is not counted)."""
+        main, workers = self.process.cpu_percent(None), 0.0
+        alive = {}
+        for child in self.process.children(recursive=True):
+            known = self.children.get(child.pid, child)
+            try:
+                workers += known.cpu_percent(None)
+                alive[child.pid] = known
+            except psutil.Error:  # exited meanwhile
+                continue
+        self.children = alive
+        return main, workers
+
     def sample(self) -> dict[str, float]:
-        workers = self.process.children(recursive=True)
+        host = psutil.cpu_percent(None)
+        main, workers = self._tree_util()
+        tree = main + workers
         values = {
-            "cpu/util": psutil.cpu_percent(None),
-            "cpu/process_util": self.process.cpu_percent(None),
+            "cpu/util": host,  # all the host's cores, every process
+            "cpu/process_util": tree,  # this run's processes (main and workers), % of one core
+            "cpu/workers_util": workers,  # the loader's worker processes, % of one core
+            "cpu/run_util": min(100.0, tree / self.cores),  # this run's share of the host's cores, %
+            "cpu/other_util": max(0.0, host - tree / self.cores),  # other processes' share, %
             "cpu/rss_mb": self.process.memory_info().rss / 2**20,
-            "cpu/workers_rss_mb": sum(_rss(w) for w in workers) / 2**20,
+            "cpu/workers_rss_mb": sum(_rss(w) for w in self.children.values()) / 2**20,
         }
         for index, handle in self.handles:
             prefix = "gpu" if index == self.own else f"gpu{index}"
             values.update({f"{prefix}/{k}": v for k, v in read_gpu(self.pynvml, handle).items()})
+            if index in self.gpm:
+                values.update({f"gpu/{k}": v for k, v in self.gpm[index].read().items()})
         return values
 
     def _take(self) -> bool:
@@ -194,6 +254,7 @@ class ResourceMonitor:
         training. Returns whether it worked."""
         try:
             self.samples.append(self.sample())
+            self.phases.append(self.phase)
             return True
         except Exception as e:  # a GPU that fell off the bus, a process gone
             if not self._failed:
@@ -233,18 +294,41 @@ class ResourceMonitor:
             return {}
         return {key: statistics.fmean(s[key] for s in new if key in s) for key in new[-1]}
 
+    def steady(self) -> list[dict[str, float]]:
+        """The samples taken while training steps ran in the steady state (not start-up,
+        compilation, evaluation or checkpoints); all of them when there are none such."""
+        kept = [s for s, phase in zip(self.samples, self.phases, strict=True) if phase == "train"]
+        return kept or self.samples
+
     def cpu_mean(self) -> float | None:
-        """The host's mean CPU use over the run, %, or None if nothing was sampled."""
-        util = [s["cpu/util"] for s in self.samples if "cpu/util" in s]
+        """The host's mean CPU use over the steady state, %, or None if nothing was sampled."""
+        util = [s["cpu/util"] for s in self.steady() if "cpu/util" in s]
         return statistics.fmean(util) if util else None
 
+    def cpu_summary(self) -> dict[str, float]:
+        """The run's own CPU share and other processes' (host %), and the host's, over the steady state."""
+        steady = self.steady()
+        out = {}
+        for key in ("cpu/util", "cpu/run_util", "cpu/other_util", "cpu/workers_util"):
+            values = [s[key] for s in steady if key in s]
+            if values:
+                out[f"{key}_mean"] = statistics.fmean(values)
+        return out
+
     def gpu_summary(self) -> dict[str, float] | None:
-        """The run's GPU utilisation figures for the report, or None if none was sampled."""
-        util = [s["gpu/util"] for s in self.samples if "gpu/util" in s]
+        """The run's GPU figures over the steady state for the report (utilisation, and SM
+        and tensor activity where NVML offers them), or None if none was sampled."""
+        steady = self.steady()
+        util = [s["gpu/util"] for s in steady if "gpu/util" in s]
         if not util:
             return None
         a = analyse(util)
-        return {"gpu/util_mean": a.mean, "gpu/util_std": a.std, "gpu/util_min": a.minimum, "gpu/util_under_50_frac": a.under_50}
+        out = {"gpu/util_mean": a.mean, "gpu/util_std": a.std, "gpu/util_min": a.minimum, "gpu/util_under_50_frac": a.under_50}
+        for key in ("gpu/sm_active", "gpu/tensor_active", "gpu/mem_used_mb"):
+            values = [s[key] for s in steady if key in s]
+            if values:
+                out[f"{key}_mean"] = statistics.fmean(values)
+        return out
 
     def __enter__(self) -> ResourceMonitor:
         return self.start()

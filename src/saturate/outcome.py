@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -74,17 +75,16 @@ def finish(s: Session, last: dict) -> Metrics:
     for batches in (parts.loaders.train, parts.loaders.val):  # what every rank skipped, now that all are done
         if getattr(batches, "poll", None) is not None:
             batches.poll()
-    gpu, cpu_util = engine.watch.monitor.gpu_summary(), engine.watch.monitor.cpu_mean()
+    gpu, cpu = engine.watch.monitor.gpu_summary(), engine.watch.monitor.cpu_summary()
     steady = d.mean(engine.timer.run_window().metrics(), sum_keys=("perf/samples_per_s",))
-    cpu = {"cpu/util_mean": cpu_util} if cpu_util is not None else {}
-    metrics = {**last, **steady, **parts.spec.notes, **(gpu or {}), **cpu, **tested(s)}
+    metrics = {**last, **steady, **parts.spec.notes, **(gpu or {}), **cpu, **engine.clock.metrics(), **costs(s, steady), **tested(s)}
     metrics["time/wall_s"] = time.perf_counter() - s.start_time
     if d.world_size > 1:  # every rank must end with the same weights
         metrics["distributed/params_identical"] = float(d.params_identical(parts.models.raw))
     stopped = {"stopped_early": s.run.stop_reason} if s.run.stop_reason else {}
     if d.is_main:
         steps = engine.timer.run_window().steps
-        verdict, facts = report(s, metrics, steps=steps, gpu=gpu, cpu_util=cpu_util)
+        verdict, facts = report(s, metrics, steps=steps, gpu=gpu)
         monitor = s.outcome["monitor"]
         first = [monitor, *(f"val/{n}" for n in parts.task.names()), "val/loss", "train/loss", "perf/samples_per_s", "perf/data_wait_frac"]
         ordered = {**{k: metrics[k] for k in first if k in metrics}, **metrics}  # the ones HParams shows by default first
@@ -149,13 +149,35 @@ def already_done(run: RunConfig, state: TrainState, checkpointer: Checkpointer, 
     return metrics
 
 
-def report(s: Session, metrics: dict, *, steps: int, gpu, cpu_util) -> tuple[Any, dict]:
+def costs(s: Session, steady: dict) -> dict:
+    """FLOPs, MFU and launches of the steady-state step (saturate.costs), when counted."""
+    cost = s.parts.cost
+    if cost is None or "perf/step_ms" not in steady:
+        return {}
+    name = torch.cuda.get_device_name(s.device) if s.device.type == "cuda" else None
+    dtype = s.parts.precision.name
+    if dtype == "fp32" and s.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        dtype = "tf32"
+    figures = cost.figures(steady["perf/step_ms"] / 1000, name, dtype, s.parts.scaling, steady.get("perf/compute_ms", 0.0) / 1000)
+    return {**figures, "cost/device": s.device.type}
+
+
+def report(s: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, dict]:
     """The bottleneck report: to the console, report.md and TensorBoard. Returns the
     verdict and the facts it was judged on (for metrics.json: saturate.tune reads them)."""
     run, parts, device = s.cfg, s.parts, s.device
+    cpus, cores = cpus_per_process(), psutil.cpu_count() or 1
+    run_cpu = metrics.get("cpu/run_util_mean")
+    loop = metrics.get("time/loop_s") or 0.0
+    shares = {n: metrics.get(f"time/{n}_s", 0.0) / loop for n in ("evaluation", "checkpoint", "logging")} if loop > 0 else {}
+    launch = metrics.get("perf/launch_bound_frac") if device.type == "cuda" else metrics.get("cost/fixed_frac")
     facts = RunFacts(
-        device=device.type, batch_size=run.loader.batch_size, num_workers=parts.loaders.train.num_workers, cpus=cpus_per_process(),
-        resident=run.loader.resident, in_memory=parts.spec.in_memory, image=parts.spec.image, cpu_util=cpu_util,
+        device=device.type, batch_size=run.loader.batch_size, num_workers=parts.loaders.train.num_workers, cpus=cpus,
+        resident=run.loader.resident, in_memory=parts.spec.in_memory, image=parts.spec.image,
+        cpu_util=min(100.0, run_cpu * cores / cpus) if run_cpu is not None else None, host_cpu=metrics.get("cpu/util_mean"),
+        other_cpu=metrics.get("cpu/other_util_mean"), cores=cores, loop_shares=shares, launch_frac=launch,
+        workers_cpu=metrics.get("cpu/workers_util_mean"),
+        launches=int(metrics["cost/launches_per_step"]) if "cost/launches_per_step" in metrics else None,
         placement=run.augmentation.placement, persistent_workers=run.loader.persistent_workers,
         pin_memory=run.loader.pin_memory is True or (run.loader.pin_memory == "auto" and device.type == "cuda"),
         precision=parts.precision.name, compile=run.trainer.compile, channels_last=run.trainer.channels_last,
@@ -163,7 +185,7 @@ def report(s: Session, metrics: dict, *, steps: int, gpu, cpu_util) -> tuple[Any
         emulated_precision=emulated(parts.precision.name, device),
     )  # fmt: skip
     verdict = diagnose(metrics, facts, steps=steps)
-    text = render(metrics, verdict, steps=steps, gpu=gpu, cpu_util=cpu_util, stopped=s.run.stop_reason, notes=[parts.loaders.workers_note])
+    text = render(metrics, verdict, steps=steps, gpu=gpu, facts=facts, stopped=s.run.stop_reason, notes=[parts.loaders.workers_note])
     (Path(run.run_dir) / "report.md").write_text(text)
     s.tracker.text("bottleneck_report", text)  # TensorBoard sorts text by tag: the report before the config
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:  # one line per sweep job; the report is in its dir

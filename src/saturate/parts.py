@@ -25,6 +25,7 @@ from torch import nn
 from saturate.augment import build_transforms
 from saturate.batch_size import Trial, choose
 from saturate.config import RunConfig, given_text
+from saturate.costs import COST_SAMPLES, scaling, step_cost
 from saturate.data import Data, DataSpec, build_datasets, describe
 from saturate.data.base import stack
 from saturate.distributed import Dist
@@ -77,6 +78,8 @@ class Parts:
     search_s: float = 0.0  # how long it took (0 when the cache had the answer)
     transforms: Any = None  # the user's augmentation modules (augmentation.transforms)
     notes: dict = field(default_factory=dict)
+    cost: Any = None  # saturate.costs.StepCost: FLOPs and launches of one step (None: not counted)
+    scaling: tuple | None = None  # CPU: forward and backward timed on one sample and on COST_SAMPLES (saturate.costs.scaling)
 
 
 def data_name(run: RunConfig, given: Given) -> str:
@@ -240,6 +243,11 @@ def build_parts(cfg: DictConfig, run: RunConfig, d: Dist, device: torch.device, 
     loaders = build_loaders(run.loader, run.augmentation, data, spec, device=device, trainer=run.trainer, show_images=show_images,
                             rank=d.rank, world_size=d.world_size, transforms=transforms)  # fmt: skip
     check_last_batch(run, models.raw, data.train, d)
+    cost, fixed = None, None
+    if run.monitor.costs:  # counted on up to COST_SAMPLES real samples, scaled to the batch (conv and matmul FLOPs are linear in it)
+        counted = build_pipeline(run.loader, spec, device, run.trainer)(host_batch(data, range(min(len(data.train), COST_SAMPLES))))
+        cost = step_cost(models.raw, counted, task, precision, batch=run.loader.batch_size)
+        fixed = scaling(models.raw, counted, task, precision, device)
     total_steps = len(loaders.train) * run.trainer.max_epochs
     if run.trainer.max_steps > 0:
         total_steps = min(total_steps, run.trainer.max_steps)
@@ -248,4 +256,4 @@ def build_parts(cfg: DictConfig, run: RunConfig, d: Dist, device: torch.device, 
                                            global_batch=global_batch)  # fmt: skip
     search_s = time.perf_counter() - started if trials is not None else 0.0
     return Parts(data, spec, task, precision, models, loaders, optimizer, scheduler, total_steps, global_batch, trials, search_s,
-                 transforms)  # fmt: skip
+                 transforms, cost=cost, scaling=fixed)  # fmt: skip

@@ -1,10 +1,27 @@
-"""The bottleneck report: where the step time went, a verdict, and what to try next.
+"""The bottleneck report: where the step time and the run's time went, a verdict, and what
+to try next.
 
-The verdict is decided by one measured figure, the share of step time spent waiting for the
-next batch (`perf/data_wait_frac`): at least INPUT_BOUND is input-bound, at most
-COMPUTE_BOUND is compute-bound, in between balanced. When GPU utilisation was sampled it is
-reported beside it. Suggestions are overrides that change something this run did not
-already do, most likely to help first.
+A verdict is decided by measured figures, in this order (the first that holds):
+
+1. not judged: fewer than MIN_STEPS steady-state steps;
+2. evaluation-, checkpoint- or logging-heavy: that share of the training loop's time is at
+   least EVAL_HEAVY, CHECKPOINT_HEAVY or LOGGING_HEAVY (the steps are not the problem);
+3. CPU-saturated: the run's own processes (main and workers, not the host's other
+   processes) keep at least CPU_SATURATED % of the CPUs it may use busy, its workers at
+   least WORKERS_BUSY % of one core of it, and the device is not busy anyway (on a GPU:
+   data wait at least INPUT_BOUND);
+4. input-bound: waiting for the next batch took at least INPUT_BOUND of step time;
+5. copy-bound (CUDA): copying the batch and preparing it on the device took at least
+   COPY_BOUND of step time;
+6. launch-bound: on CUDA the device waited on kernel launches (its compute time within
+   10 % of the host's time to enqueue it) in at least LAUNCH_BOUND of the steps; on the CPU
+   the part of the measured step compute that does not grow with the batch (forward and
+   backward timed on 1 and on 8 samples at start-up) is at least LAUNCH_BOUND;
+7. compute-bound: waiting for data took at most COMPUTE_BOUND of step time; else balanced.
+
+Other processes' load is named as such and never turned into advice about the run's
+workers. Suggestions are overrides that change something this run did not already do,
+most likely to help first.
 """
 
 from __future__ import annotations
@@ -14,7 +31,12 @@ from dataclasses import dataclass, field
 INPUT_BOUND = 0.20
 COMPUTE_BOUND = 0.05
 MIN_STEPS = 10  # fewer steady-state steps than this are no basis for a verdict (experiment=debug takes 3)
-CPU_SATURATED = 90.0  # % of the host's CPUs busy: worker processes and the training compete for cores
+CPU_SATURATED = 90.0  # % of the CPUs the run may use, busy with the run's own processes: workers and training compete
+OTHER_BUSY = 25.0  # % of the host's cores used by other processes: named in the report
+WORKERS_BUSY = 50.0  # % of one core: workers that do this much are part of a CPU-saturated run
+EVAL_HEAVY, CHECKPOINT_HEAVY, LOGGING_HEAVY = 0.30, 0.20, 0.20  # shares of the training loop's time
+COPY_BOUND = 0.20  # share of step time copying and preparing the batch on the device (CUDA)
+LAUNCH_BOUND = 0.50  # share of steps (CUDA) or of compute (CPU) bound by launching operators
 
 
 @dataclass
@@ -36,7 +58,14 @@ class RunFacts:
     memory_headroom: bool  # peak memory under half of the device's
     emulated_precision: bool  # bf16/fp16 on a CPU without native kernels for them
     image: bool = True  # uint8 image inputs: the image-only options (augmentation placement, channels_last) apply
-    cpu_util: float | None = None  # mean host CPU use over the run, % (psutil), when sampled
+    cpu_util: float | None = None  # the run's own processes' CPU use, % of the CPUs it may use (steady state), when sampled
+    host_cpu: float | None = None  # the host's CPU use, % of all its cores
+    other_cpu: float | None = None  # other processes' share of the host, % of all its cores
+    cores: int = 0  # the host's cores
+    workers_cpu: float | None = None  # the loader's workers' CPU use, % of one core
+    loop_shares: dict = field(default_factory=dict)  # evaluation, checkpoint, logging: shares of the training loop's time
+    launch_frac: float | None = None  # CUDA: share of steps waiting on launches; CPU: share of compute not growing with the batch
+    launches: int | None = None  # operator launches per step
 
 
 @dataclass
@@ -69,8 +98,11 @@ def _input_fixes(f: RunFacts) -> list[tuple[str, str]]:
 
 
 def _saturated(f: RunFacts) -> bool:
-    """Worker processes keep the host's cores busy (the seeds' "CPU load < 90 %" check)."""
-    return f.cpu_util is not None and f.cpu_util >= CPU_SATURATED and f.num_workers > 0 and not f.resident
+    """The run's own processes keep its CPUs busy (the seeds' "CPU load < 90 %" check), and
+    its workers take a real part of that (at least WORKERS_BUSY % of one core: idle workers
+    beside a training that uses every core are not what slows it)."""
+    busy_workers = f.workers_cpu is None or f.workers_cpu >= WORKERS_BUSY
+    return f.cpu_util is not None and f.cpu_util >= CPU_SATURATED and f.num_workers > 0 and not f.resident and busy_workers
 
 
 def _saturated_fixes(f: RunFacts) -> list[tuple[str, str]]:
@@ -110,19 +142,73 @@ def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
     return fixes
 
 
+def _loop_verdict(f: RunFacts) -> Verdict | None:
+    """Evaluation, checkpoints or logging taking the loop's time, the largest share first."""
+    rules = {"evaluation": EVAL_HEAVY, "checkpoint": CHECKPOINT_HEAVY, "logging": LOGGING_HEAVY}
+    heavy = [(share, name) for name, share in f.loop_shares.items() if name in rules and share >= rules[name]]
+    if not heavy:
+        return None
+    share, name = max(heavy)
+    fixes = {
+        "evaluation": [("trainer.eval_interval=5", "evaluate every 5th epoch (the last is always evaluated)"),
+                       ("trainer.limit_val_batches=50", "evaluate on part of the validation set between the full ones")],
+        "checkpoint": [("trainer.checkpoint_interval=5", "save every 5th epoch (the last is always saved)"),
+                       ("checkpoint.every_n_steps=0", "no checkpoints inside epochs")],
+        "logging": [("trainer.log_interval=50", "each log step waits for the device and writes every logger"),
+                    ("logger=[tensorboard]", "fewer loggers (a slow one of yours is called at every log step)")],
+    }[name]  # fmt: skip
+    what = {"evaluation": "evaluating", "checkpoint": "saving checkpoints", "logging": "logging (waiting for the device, writing loggers)"}
+    return Verdict(f"{name}-heavy", f"{what[name]} took {share:.0%} of the training loop's time (>= {rules[name]:.0%})", fixes)
+
+
+def _launch_fixes(f: RunFacts) -> list[tuple[str, str]]:
+    if f.device != "cuda":
+        return [(f"loader.batch_size={2 * f.batch_size}", "each operator does more work per dispatch; the dispatch cost stays"),
+                ("trainer.compile=true", "fused operators: fewer dispatches per step (compiling takes a while on a CPU)")]  # fmt: skip
+    fixes = []
+    if not f.compile:
+        fixes.append(("trainer.compile=true", "fused kernels: fewer launches per step (mode='reduce-overhead' adds CUDA graphs)"))
+    fixes.append((f"loader.batch_size={2 * f.batch_size}", "more work per launch; the launch cost per step stays"))
+    if not f.resident and f.in_memory:
+        fixes.append(("loader=resident", "no per-step copies or host work between launches"))
+    return fixes
+
+
+def _copy_fixes(f: RunFacts) -> list[tuple[str, str]]:
+    fixes = []
+    if not f.pin_memory and not f.resident:
+        fixes.append(("loader.pin_memory=true", "copies from pageable memory are synchronous and slow"))
+    if not f.resident and f.in_memory:
+        fixes.append(("loader=resident", "the data set on the device: no copy per step"))
+    return fixes
+
+
 def diagnose(perf: dict[str, float], facts: RunFacts, steps: int | None = None) -> Verdict:
-    """The verdict from the measured data-wait share, and what to try; no verdict from fewer
-    than MIN_STEPS steady-state steps (start-up costs would decide it)."""
+    """The verdict from the measured figures (see the module's docstring), and what to try;
+    no verdict from fewer than MIN_STEPS steady-state steps (start-up costs would decide it)."""
     if steps is not None and steps < MIN_STEPS:
         return Verdict("not judged", f"{steps} steady-state steps are too few to judge (at least {MIN_STEPS}): run longer for a verdict")
+    loop = _loop_verdict(facts)
+    if loop is not None:
+        return loop
     wait = perf["perf/data_wait_frac"]
     if _saturated(facts) and (facts.device != "cuda" or wait >= INPUT_BOUND):
-        return Verdict("CPU-saturated", f"the CPU was {facts.cpu_util:.0f}% busy with {facts.num_workers} worker process(es) on "
-                       f"{facts.cpus} CPU(s): the workers and the training compete for the cores, so the step's compute time includes "
-                       f"waiting for one (waiting for data took {wait:.1%} of step time)", _saturated_fixes(facts))  # fmt: skip
+        return Verdict("CPU-saturated", f"this run's processes kept {facts.cpu_util:.0f}% of its {facts.cpus} CPU(s) busy with "
+                       f"{facts.num_workers} worker process(es): the workers and the training compete for the cores, so the step's "
+                       f"compute time includes waiting for one (waiting for data took {wait:.1%} of step time)",
+                       _saturated_fixes(facts))  # fmt: skip
     figure = f"waiting for data took {wait:.1%} of step time"
     if wait >= INPUT_BOUND:
         return Verdict("input-bound", f"{figure} (>= {INPUT_BOUND:.0%})", _input_fixes(facts))
+    copy = perf.get("perf/copy_ms", 0.0) / max(perf["perf/step_ms"], 1e-9)
+    if facts.device == "cuda" and copy >= COPY_BOUND:
+        return Verdict("copy-bound", f"copying the batch to the device and preparing it took {copy:.0%} of step time "
+                       f"(>= {COPY_BOUND:.0%})", _copy_fixes(facts))  # fmt: skip
+    if facts.launch_frac is not None and facts.launch_frac >= LAUNCH_BOUND:
+        said = (f"the GPU waited on kernel launches in {facts.launch_frac:.0%} of the steps" if facts.device == "cuda" else
+                f"{facts.launch_frac:.0%} of the step's compute does not grow with the batch ({facts.launches} operator "
+                "launches): the step is dispatch and Python, not arithmetic")  # fmt: skip
+        return Verdict("launch-bound", f"{said} (>= {LAUNCH_BOUND:.0%}; {figure})", _launch_fixes(facts))
     if wait <= COMPUTE_BOUND:
         return Verdict("compute-bound", f"{figure} (<= {COMPUTE_BOUND:.0%})", _compute_fixes(facts))
     both = _input_fixes(facts)[:1] + _compute_fixes(facts)[:1]
@@ -130,8 +216,9 @@ def diagnose(perf: dict[str, float], facts: RunFacts, steps: int | None = None) 
 
 
 def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[str, float] | None = None,
-           cpu_util: float | None = None, stopped: str | None = None, notes: list[str] = ()) -> str:  # fmt: skip
-    """The report as Markdown (console, report.md and TensorBoard text)."""
+           facts: RunFacts | None = None, stopped: str | None = None, notes: list[str] = ()) -> str:  # fmt: skip
+    """The report as Markdown (console, report.md and TensorBoard text). `perf`: the run's
+    final metrics (perf/*, cost/*, time/*, test/*)."""
     step = perf["perf/step_ms"]
     parts = [
         ("data wait", perf["perf/data_wait_ms"]),
@@ -145,15 +232,13 @@ def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[st
         f"- throughput: **{perf['perf/samples_per_s']:,.0f} samples/s** (steady state over {steps} steps)",
         f"- step time: {step:.2f} ms = {split}",
     ]
-    if gpu:
-        lines.append(
-            f"- GPU utilisation: mean {gpu['gpu/util_mean']:.0f}%, std {gpu['gpu/util_std']:.0f}, min {gpu['gpu/util_min']:.0f}%, "
-            f"{gpu['gpu/util_under_50_frac']:.0%} of samples under 50%"
-        )
-    else:
-        lines.append("- GPU utilisation: not sampled (no NVIDIA GPU or no NVML)")
-    if cpu_util is not None:
-        lines.append(f"- CPU: {cpu_util:.0f}% busy on average (all the host's cores)")
+    lines += _gpu_lines(perf, gpu)
+    lines += _cost_lines(perf)
+    if facts is not None and facts.cpu_util is not None:
+        lines.append(_cpu_line(facts))
+    loop = _loop_line(perf)
+    if loop:
+        lines.append(loop)
     lines += [f"- {note}" for note in notes if note]
     if stopped:
         lines.append(f"- stopped early: {stopped}")
@@ -164,6 +249,65 @@ def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[st
     if verdict.suggestions:
         lines += ["Try next (add to your command line):", ""]  # a blank line: Markdown renderers (TensorBoard's) need it for a list
         lines += [f"- `{override}`: {why}" for override, why in verdict.suggestions]
+        lines += ["", "Measure them side by side on this run: `python train.py tune=true` with this run's overrides (the loader's "
+                  "and the model's own limits, and each change, in short trials)."]  # fmt: skip
     else:
         lines.append("Nothing obvious left to try from here.")
     return "\n".join(lines) + "\n"
+
+
+def _gpu_lines(perf: dict, gpu: dict | None) -> list[str]:
+    if not gpu:
+        return ["- GPU utilisation: not sampled (no NVIDIA GPU or no NVML)"]
+    lines = [f"- GPU utilisation (steady state, NVML; 100% for a single small kernel): mean {gpu['gpu/util_mean']:.0f}%, "
+             f"std {gpu['gpu/util_std']:.0f}, min {gpu['gpu/util_min']:.0f}%, {gpu['gpu/util_under_50_frac']:.0%} of samples "
+             "under 50%"]  # fmt: skip
+    if "gpu/sm_active_mean" in gpu:
+        lines.append(f"- SM activity {gpu['gpu/sm_active_mean']:.0f}%, tensor-core activity {gpu.get('gpu/tensor_active_mean', 0):.0f}% "
+                     "(NVML GPM; DCGM's guide: 80% or more is needed, under 50% is ineffective)")  # fmt: skip
+    if "perf/gpu_idle_frac" in perf:
+        lines.append(f"- GPU idle between steps: {perf['perf/gpu_idle_frac']:.0%} of step time (waiting for data "
+                     f"{perf['perf/gpu_idle_data_frac']:.0%}, the host's own work {perf['perf/gpu_idle_host_frac']:.0%}); the GPU "
+                     f"waited on kernel launches in {perf['perf/launch_bound_frac']:.0%} of steps (host enqueue "
+                     f"{perf['perf/enqueue_ms']:.2f} ms per step)")  # fmt: skip
+    return lines
+
+
+def _cost_lines(perf: dict) -> list[str]:
+    if "cost/flops_per_step" not in perf:
+        return []
+    flops, launches = perf["cost/flops_per_step"], perf["cost/launches_per_step"]
+    achieved = perf.get("cost/achieved_tflops", 0.0) * 1e3
+    line = f"- cost: {flops / 1e9:,.2f} GFLOP per step (forward and backward), achieved {achieved:,.1f} GFLOP/s"
+    mfu, peak = perf.get("cost/mfu"), perf.get("cost/peak_tflops")
+    if mfu is not None and mfu > 1.0:
+        line += f"; MFU not shown: {mfu:.0%} of the {peak:g} TFLOP/s peak is impossible (the count or the peak is wrong)"
+    elif mfu is not None:
+        line += f"; MFU {mfu:.1%} of the {peak:g} TFLOP/s peak"
+    elif perf.get("cost/device") == "cuda":
+        line += "; MFU: no peak known for this GPU (saturate.costs.PEAK_TFLOPS)"
+    line += f"; {launches:,.0f} operator launches per step ({perf.get('cost/flops_per_launch', 0) / 1e6:,.2f} MFLOP each)"
+    if "cost/fixed_frac" in perf:
+        line += (f"; {perf['cost/fixed_frac']:.0%} of the step's compute does not grow with the batch (dispatch, Python, the "
+                 f"optimizer's update; each sample adds {perf['cost/per_sample_ms']:.3f} ms)")  # fmt: skip
+    return [line]
+
+
+def _cpu_line(f: RunFacts) -> str:
+    line = f"- CPU: this run {f.cpu_util:.0f}% of its {f.cpus} CPU(s) (main process and {f.num_workers} worker(s))"
+    if f.host_cpu is not None:  # never shown under the run's own share (the two are read from different counters)
+        line += f"; the host {max(f.host_cpu, f.cpu_util * f.cpus / max(f.cores, 1)):.0f}% of its {f.cores} cores"
+    if f.other_cpu is not None and f.other_cpu >= OTHER_BUSY:
+        line += (f"; the host is busy with other processes: {f.other_cpu * f.cores / 100:.1f} of {f.cores} cores (not this run's "
+                 "doing: no advice about its workers follows from it; its step times are slower for it)")  # fmt: skip
+    return line
+
+
+def _loop_line(perf: dict) -> str | None:
+    loop = perf.get("time/loop_s")
+    if not loop:
+        return None
+    parts = [(name, perf.get(f"time/{name}_s", 0.0)) for name in ("evaluation", "checkpoint", "logging")]
+    steps = max(0.0, loop - sum(v for _, v in parts))
+    said = ", ".join(f"{name} {v / loop:.0%}" for name, v in [("training steps", steps), *parts])
+    return f"- training loop {loop:.1f} s: {said}"

@@ -41,7 +41,7 @@ from saturate.parts import Given, Parts, build_parts, make_step
 from saturate.policy import PRESETS
 from saturate.registration import UNSET_RUN_DIR, set_data_info
 from saturate.rundir import RunDirTaken, hold, record_failure
-from saturate.timing import StepTimer
+from saturate.timing import RunClock, StepTimer
 from saturate.tracking import Tracker
 
 log = logging.getLogger("saturate")
@@ -160,7 +160,8 @@ def _engine(run: RunConfig, parts: Parts, checkpointer, tracker, observers, hand
     evaluator = Evaluator(parts.loaders.val, parts.precision, parts.task, interval=run.trainer.eval_interval,
                           class_names=class_names(parts))  # fmt: skip
     d.check_every = run.trainer.log_interval if d.world_size > 1 else 1  # stop flags agreed at log steps across ranks
-    watch = Watch(tracker, timer, ResourceMonitor(run.monitor.interval_s, device, enabled=run.monitor.enabled), peak_memory(device))
+    watch = Watch(tracker, timer, ResourceMonitor(run.monitor.interval_s, device, enabled=run.monitor.enabled), peak_memory(device),
+                  RunClock())  # fmt: skip
     control = Control(run.trainer.max_epochs, run.trainer.max_steps, stop, d, start_time, resume_hint(run.run_dir, d.world_size))
     return Engine(Training(parts.models.train, step, parts.scheduler, parts.loaders.train), evaluator, checkpointer, watch, observers,
                   handle, control)  # fmt: skip

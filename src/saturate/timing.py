@@ -1,10 +1,18 @@
 """Where each training step's time goes: waiting for the batch, copying it to the device
 (with any augmentation done there), and computing the step.
 
-The wait is host time spent in the loader's `next()`. Copy and compute are measured with
-CUDA events on a GPU (the host runs ahead of the device, so host clocks would measure
-kernel launches) and with the host clock on a CPU. Nothing here synchronises the device
-except `flush()`, which the engine calls only at log steps and epoch ends.
+The wait is host time spent in the loader's `next()`: exposed wait, what the step stalled
+on (batches that were ready because workers loaded them during the previous step cost
+nothing here). Copy and compute are measured with CUDA events on a GPU (the host runs ahead
+of the device, so host clocks would measure kernel launches) and with the host clock on a
+CPU. On a GPU the same events also give the device's idle gap between one step's compute
+and the next step's copy, split as Holistic Trace Analysis splits idle time: the part the
+host spent waiting for the batch (data), and the rest (the host's own work between steps:
+Python, logging, a synchronisation). The host's time to enqueue each step's compute is
+kept beside the device's time for it: when the device is never ahead of the host (device
+compute time within 10 % of the host's enqueue time) the GPU waits on kernel launches:
+launch-bound. Nothing here synchronises the device except `flush()`, which the engine calls
+only at log steps and epoch ends.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
+LAUNCH_RATIO = 1.1  # device compute within this factor of the host's enqueue time: the device waited on launches
 
 
 @dataclass
@@ -27,6 +37,12 @@ class Window:
     wait_s: float = 0.0
     copy_s: float = 0.0
     compute_s: float = 0.0
+    # CUDA only (from the events already recorded; no read per step)
+    gap_s: float = 0.0  # device idle between a step's compute and the next step's copy
+    gap_data_s: float = 0.0  # the part of it the host spent waiting for the batch
+    enqueue_s: float = 0.0  # host time spent enqueuing the compute phases
+    launch_steps: int = 0  # steps whose device compute took no longer than 1.1x its host enqueue: the GPU waited on launches
+    timed_steps: int = 0  # steps with device figures
 
     def add(self, other: Window) -> None:
         for name in self.__dataclass_fields__:
@@ -34,7 +50,7 @@ class Window:
 
     def metrics(self) -> dict[str, float]:
         steps, wall = max(self.steps, 1), max(self.wall_s, 1e-9)
-        return {
+        out = {
             "perf/samples_per_s": self.samples / wall,
             "perf/step_ms": 1000 * wall / steps,
             "perf/data_wait_frac": min(1.0, self.wait_s / wall),
@@ -42,6 +58,15 @@ class Window:
             "perf/copy_ms": 1000 * self.copy_s / steps,
             "perf/compute_ms": 1000 * self.compute_s / steps,
         }
+        if self.timed_steps:
+            out.update({
+                "perf/gpu_idle_frac": min(1.0, self.gap_s / wall),
+                "perf/gpu_idle_data_frac": min(1.0, self.gap_data_s / wall),
+                "perf/gpu_idle_host_frac": min(1.0, max(0.0, self.gap_s - self.gap_data_s) / wall),
+                "perf/launch_bound_frac": self.launch_steps / self.timed_steps,
+                "perf/enqueue_ms": 1000 * self.enqueue_s / self.timed_steps,
+            })  # fmt: skip
+        return out
 
 
 class StepTimer:
@@ -53,6 +78,8 @@ class StepTimer:
         self._opened: float | None = None
         self._timed: dict[str, list] = {"copy": [], "compute": []}  # (begin, end) event pairs
         self._spare: list = []  # events kept for reuse, so no step allocates one
+        self._waits: list[float] = []  # host wait before each step (CUDA: to split the device's idle gaps)
+        self._enqueue: list[float] = []  # host time enqueuing each step's compute (CUDA)
 
     def fetch(self, batches: Iterable) -> Iterator:
         """Yield from `batches`, adding the time spent waiting for each to the window."""
@@ -65,7 +92,10 @@ class StepTimer:
                 batch = next(it)
             except StopIteration:
                 return
-            self.window.wait_s += time.perf_counter() - start
+            waited = time.perf_counter() - start
+            self.window.wait_s += waited
+            if self.cuda:
+                self._waits.append(waited)
             yield batch
 
     def _event(self) -> torch.cuda.Event:
@@ -77,7 +107,10 @@ class StepTimer:
         if self.cuda:
             begin, end = self._event(), self._event()
             begin.record()
+            host = time.perf_counter()
             yield
+            if name == "compute":
+                self._enqueue.append(time.perf_counter() - host)
             end.record()
             self._timed[name].append((begin, end))
         else:
@@ -93,10 +126,13 @@ class StepTimer:
         """Synchronise, close the window and return it (None if no step ran in it)."""
         if self.cuda:
             torch.cuda.synchronize()
+            self._device_figures()
             for name, pairs in self._timed.items():
                 setattr(self.window, f"{name}_s", sum(b.elapsed_time(e) for b, e in pairs) / 1000)
                 self._spare += [event for pair in pairs for event in pair]
                 pairs.clear()
+            self._waits.clear()
+            self._enqueue.clear()
         window, opened = self.window, self._opened
         self.window, self._opened = Window(), None
         if window.steps == 0 or opened is None:
@@ -108,7 +144,43 @@ class StepTimer:
             self.rest.add(window)
         return window
 
+    def _device_figures(self) -> None:
+        """The window's device idle gaps and launch-boundness, from the events (after a synchronise)."""
+        copies, computes = self._timed["copy"], self._timed["compute"]
+        w = self.window
+        for i, ((_, compute_end), enqueue) in enumerate(zip(computes, self._enqueue, strict=False)):
+            device = computes[i][0].elapsed_time(compute_end) / 1000
+            w.enqueue_s += enqueue
+            w.timed_steps += 1
+            w.launch_steps += device <= LAUNCH_RATIO * enqueue
+            if i + 1 < len(copies) and i + 1 < len(self._waits):
+                gap = max(0.0, compute_end.elapsed_time(copies[i + 1][0]) / 1000)
+                w.gap_s += gap
+                w.gap_data_s += min(gap, self._waits[i + 1])
+
     def run_window(self) -> Window:
         """The run's steady state: every window after the first, or the first if it was the
         only one."""
         return self.rest if self.rest.steps else (self.first or Window())
+
+
+@dataclass
+class RunClock:
+    """Where the loop's time went besides the training steps: seconds spent evaluating,
+    saving checkpoints and logging (writing metrics to the loggers), and the loop's total."""
+
+    loop_s: float = 0.0
+    evaluation_s: float = 0.0
+    checkpoint_s: float = 0.0
+    logging_s: float = 0.0
+
+    @contextmanager
+    def timing(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, f"{name}_s", getattr(self, f"{name}_s") + time.perf_counter() - start)
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time/{name}": value for name, value in vars(self).items()}

@@ -1,0 +1,225 @@
+"""The verdict: right on constructed facts, blind to other processes' load, in the terms the
+GPU world measures (idle gaps, SM activity, MFU, launches). The CUDA paths are checked with
+faked events and NVML; the whole-run cases live in scripts/bench_verdict.py (slow tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from saturate import timing
+from saturate.costs import StepCost, peak_tflops, step_cost
+from saturate.monitor import Gpm, ResourceMonitor
+from saturate.precision import Precision
+from saturate.report import diagnose, render
+from saturate.timing import StepTimer
+from tests.test_pipeline import facts, perf
+
+
+def test_load_from_other_processes_is_named_and_never_turned_into_worker_advice():
+    """The issue's case: a compute-bound run on a host another job keeps busy. The host is 97%
+    busy, the run's own processes 45% of its CPUs: compute-bound, and the report says whose
+    load it is."""
+    shared = facts(device="cpu", cpus=2, cores=2, num_workers=1, placement="none", cpu_util=45.0, host_cpu=97.0, other_cpu=52.0)
+    verdict = diagnose(perf(0.001), shared, steps=100)
+    assert verdict.kind == "compute-bound" and not any("num_workers" in o for o, _ in verdict.suggestions)
+    text = render(perf(0.001), verdict, steps=100, facts=shared)
+    assert "this run 45% of its 2 CPU(s)" in text and "the host 97% of its 2 cores" in text
+    assert "busy with other processes: 1.0 of 2 cores" in text
+    own = facts(device="cpu", cpus=2, cores=2, num_workers=2, placement="cpu", cpu_util=97.0, host_cpu=98.0, other_cpu=1.0)
+    assert diagnose(perf(0.02), own, steps=100).kind == "CPU-saturated"  # the run's own workers: the advice applies
+
+
+@pytest.mark.parametrize(
+    ("shares", "kind", "first"),
+    [({"evaluation": 0.45, "checkpoint": 0.05}, "evaluation-heavy", "trainer.eval_interval=5"),
+     ({"evaluation": 0.1, "checkpoint": 0.35}, "checkpoint-heavy", "trainer.checkpoint_interval=5"),
+     ({"logging": 0.25}, "logging-heavy", "trainer.log_interval=50"),
+     ({"evaluation": 0.2, "checkpoint": 0.1, "logging": 0.1}, "input-bound", "augmentation=gpu")],
+)  # fmt: skip
+def test_a_loop_that_spends_its_time_outside_the_steps_says_where(shares, kind, first):
+    verdict = diagnose(perf(0.35), facts(loop_shares=shares), steps=100)
+    assert verdict.kind == kind and verdict.suggestions[0][0] == first
+
+
+def test_launch_and_copy_bound_verdicts():
+    cuda = diagnose(perf(0.01), facts(placement="gpu", launch_frac=0.8, in_memory=True), steps=100)
+    assert cuda.kind == "launch-bound" and "waited on kernel launches in 80% of the steps" in cuda.reason
+    assert [o for o, _ in cuda.suggestions] == ["trainer.compile=true", "loader.batch_size=256", "loader=resident"]
+    cpu = diagnose(perf(0.01), facts(device="cpu", placement="none", launch_frac=0.6, launches=300, cpus=2), steps=100)
+    assert cpu.kind == "launch-bound" and "60% of the step's compute does not grow with the batch (300 operator launches)" in cpu.reason
+    copy = {**perf(0.01), "perf/copy_ms": 3.0}
+    assert diagnose(copy, facts(placement="gpu", in_memory=True), steps=100).kind == "copy-bound"
+    assert diagnose(copy, facts(device="cpu", placement="none", cpus=2), steps=100).kind == "compute-bound"  # no copy on a CPU
+
+
+def test_mfu_against_the_detected_gpus_peak_never_borrowed_never_over_100_percent():
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0 and peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
+    assert peak_tflops("NVIDIA GeForce GTX 1080", "fp32") is None
+    cost = StepCost(flops=4.945e12, launches=1000, batch=512)
+    figures = cost.figures(0.01, "NVIDIA H100 80GB HBM3", "bf16", None, 0.009)
+    assert figures["cost/mfu"] == pytest.approx(0.5) and figures["cost/flops_per_launch"] == pytest.approx(4.945e9)
+    text = render({**perf(0.01), **figures, "cost/device": "cuda"}, diagnose(perf(0.01), facts()), steps=100)
+    assert "MFU 50.0% of the 989 TFLOP/s peak" in text and "1,000 operator launches per step" in text
+    wrong = cost.figures(0.001, "NVIDIA H100 80GB HBM3", "bf16", None, 0.0009)  # 5x the peak: a wrong count
+    text = render({**perf(0.01), **wrong, "cost/device": "cuda"}, diagnose(perf(0.01), facts()), steps=100)
+    assert "MFU not shown: 500% of the 989 TFLOP/s peak is impossible" in text
+    unknown = cost.figures(0.01, "NVIDIA GeForce GTX 1080", "fp32", None, 0.009)
+    assert "cost/mfu" not in unknown
+    text = render({**perf(0.01), **unknown, "cost/device": "cuda"}, diagnose(perf(0.01), facts()), steps=100)
+    assert "MFU: no peak known for this GPU" in text
+
+
+def test_a_steps_flops_are_counted_on_real_samples_and_leave_the_model_as_it_was():
+    """Linear(10 -> 5) on 8 samples: forward 2*8*10*5 = 800 FLOPs, backward 800 more (the
+    weight's gradient; the input needs none); scaled to a batch of 32: 6400."""
+    from saturate.tasks import Classification
+
+    model = torch.nn.Sequential(torch.nn.Linear(10, 5), torch.nn.BatchNorm1d(5))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = (torch.randn(8, 10), torch.randint(0, 5, (8,)))
+    fp32 = Precision("fp32", "cpu", None, torch.amp.GradScaler("cpu", enabled=False))
+    cost = step_cost(model, batch, Classification(5), fp32, batch=32)
+    assert cost.flops == 4 * 1600 and cost.launches > 5 and cost.batch == 32
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BatchNorm's statistics did not move
+    assert all(p.grad is None for p in model.parameters())
+
+
+class FakeEvent:
+    """A CUDA event on a made-up device clock: `record()` takes the time `FakeEvent.now`."""
+
+    now = 0.0
+    reads = 0
+
+    def __init__(self, enable_timing=True):
+        self.at = None
+
+    def record(self):
+        self.at = FakeEvent.now
+
+    def elapsed_time(self, other) -> float:
+        FakeEvent.reads += 1
+        return (other.at - self.at) * 1000  # ms
+
+
+def test_gpu_idle_gaps_are_split_and_launch_bound_steps_counted_without_reading_per_step(monkeypatch):
+    """Three steps on a made-up device timeline: between steps the device idles 4 ms; the host
+    waited 3 ms of it for the batch. Step compute takes the device 2 ms; the host needs 1.9 ms
+    to enqueue steps 1 and 2 (launch-bound: the device is never ahead), 0.5 ms for step 3."""
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    clock = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    timer = StepTimer(torch.device("cuda"))
+    timer.cuda = True
+    enqueue = [0.0019, 0.0019, 0.0005]
+
+    def batches():
+        for _ in range(3):
+            yield None
+
+    for i, _ in enumerate(timer.fetch(_waiting(batches(), clock, 0.003))):
+        with timer.phase("copy"):
+            pass
+        with timer.phase("compute"):
+            clock[0] += enqueue[i]
+        FakeEvent.now += 0.002  # the device's compute
+        timer._timed["compute"][-1][1].at = FakeEvent.now
+        timer.step_done(32)
+        FakeEvent.now += 0.004  # idle until the next step's copy
+    assert FakeEvent.reads == 0  # nothing read while the steps ran
+    window = timer.flush()
+    assert window.timed_steps == 3 and window.launch_steps == 2
+    assert window.gap_s == pytest.approx(0.008) and window.gap_data_s == pytest.approx(0.006)
+    assert window.enqueue_s == pytest.approx(0.0043)
+
+
+def _waiting(batches, clock, seconds):
+    for batch in batches:
+        clock[0] += seconds  # the host waits for each batch
+        FakeEvent.now = max(FakeEvent.now, 0.0)
+        yield batch
+
+
+def test_the_run_cpu_share_counts_its_workers_and_not_other_processes():
+    """A worker (a child of this process) burning a core counts as the run's; a stranger (not
+    a child: started through a shell that exits, as another job is) burning one does not."""
+    from scripts.bench_verdict import burning
+
+    burn = [sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"]
+    monitor = ResourceMonitor(60, torch.device("cpu"))
+    with burning(1):
+        child = subprocess.Popen(burn)
+        try:
+            monitor.sample()  # starts the worker's clock
+            time.sleep(1.5)
+            sample = monitor.sample()
+            children = {p.pid for p in psutil.Process().children(recursive=True)}
+        finally:
+            child.kill()
+    assert child.pid in children and len(children) == 1  # the stranger is not among the run's processes
+    cores = psutil.cpu_count()
+    assert sample["cpu/workers_util"] >= 30  # the worker's core (shared with the stranger and the other tests), % of one core
+    assert sample["cpu/run_util"] == pytest.approx(min(100.0, sample["cpu/process_util"] / cores))
+    assert sample["cpu/other_util"] >= 10  # the stranger: another process's load, not the run's
+
+
+class FakeGpmNvml:
+    NVML_GPM_METRICS_GET_VERSION, NVML_GPM_METRIC_SM_UTIL, NVML_GPM_METRIC_ANY_TENSOR_UTIL = 1, 2, 3
+
+    class _Metric:
+        metricId, value = 0, 0.0
+
+    class c_nvmlGpmMetricsGet_t:
+        def __init__(self):
+            self.metrics = [FakeGpmNvml._Metric(), FakeGpmNvml._Metric()]
+
+    def __init__(self, supported=True):
+        self.supported, self.freed = supported, 0
+
+    def nvmlGpmQueryDeviceSupport(self, handle):
+        return type("S", (), {"isSupportedDevice": int(self.supported)})()
+
+    def nvmlGpmSampleAlloc(self):
+        return object()
+
+    def nvmlGpmSampleGet(self, handle, sample):
+        return sample
+
+    def nvmlGpmSampleFree(self, sample):
+        self.freed += 1
+
+    def nvmlGpmMetricsGet(self, request):
+        values = {2: 72.5, 3: 41.0}
+        for m in request.metrics:
+            m.value = values[m.metricId]
+        return request
+
+
+def test_sm_and_tensor_activity_from_nvml_gpm_where_offered():
+    nvml = FakeGpmNvml()
+    gpm = Gpm(nvml, handle=0)
+    assert gpm.read() == {}  # the first sample only starts the interval
+    assert gpm.read() == {"sm_active": 72.5, "tensor_active": 41.0} and nvml.freed == 1
+    assert Gpm(FakeGpmNvml(supported=False), handle=0).read() == {}  # before Hopper: no such figures
+
+
+@pytest.mark.slow  # nine short runs, about a minute and a half
+def test_every_constructed_cpu_case_gets_its_verdict(tmp_path):
+    """scripts/bench_verdict.py's CPU cases, once each: the verdict names the cause built in,
+    and the run beside two CPU-burning processes is not told to change its workers."""
+    from tests.conftest import ROOT
+
+    out = tmp_path / "verdicts.json"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_verdict.py"), "--rounds", "1", "--no-traceml", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    results = json.loads(out.read_text())
+    assert {name: r["given"] for name, r in results.items()} == {name: [r["expected"]] for name, r in results.items()}, done.stdout
+    assert done.returncode == 0 and len(results) == 9
+    assert not any("num_workers" in o for o in results["cpu-contention"]["suggestions"])
