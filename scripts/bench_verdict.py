@@ -224,20 +224,22 @@ def _model_for(case: Case):
 @contextlib.contextmanager
 def burning(count: int):
     """`count` processes spinning on the CPU that are not the run's children (started through a
-    shell that exits at once, so that they belong to init: another job on the same host)."""
+    shell that exits at once, so that they belong to init: another job on the same host). Yields
+    their process ids."""
     if not count:
-        yield
+        yield []
         return
     with tempfile.NamedTemporaryFile("r", suffix=".pids") as pids:
         spin = f"{sys.executable} -c 'while True: pass'"
         subprocess.run(["sh", "-c", " ".join(f"({spin} & echo $! >> {pids.name});" for _ in range(count))], check=True)
         time.sleep(0.5)
+        strangers = [int(pid) for pid in pids.read().split()]
         try:
-            yield
+            yield strangers
         finally:
-            for pid in pids.read().split():
+            for pid in strangers:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), 9)
+                    os.kill(pid, 9)
 
 
 def run_saturate(case: Case, where: Path) -> dict:

@@ -128,11 +128,11 @@ def check_finite(loss, batch, task) -> None:
     entries = batch.items() if isinstance(batch, dict) else pairs
     bad = [str(name) for name, v in entries if isinstance(v, torch.Tensor) and v.is_floating_point() and not torch.isfinite(v).all()]
     if bad:
-        raise DataError(f"data: the first batch holds NaN or inf in its {', '.join(bad)}: the loss is {float(loss):g} before any "
+        raise DataError(f"data: the first batch holds NaN or inf in its {', '.join(bad)}: the loss is {float(loss.detach()):g} before any "
                         "training; remove or fill those values")  # fmt: skip
     fn = getattr(task, "loss_fn", None)
     what = f"task.loss: {getattr(fn, '__name__', type(fn).__name__)}" if fn is not None else f"task {task.name}'s loss"
-    raise UserError(f"{what} is {float(loss):g} on two samples of the first batch, before any training, with finite inputs and "
+    raise UserError(f"{what} is {float(loss.detach()):g} on two samples of the first batch, before any training, with finite inputs and "
                     "targets: the loss (or the model) cannot be computed on them")  # fmt: skip
 
 
