@@ -237,3 +237,24 @@ def test_a_resident_epoch_starts_without_a_host_device_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert x.device.type == "cuda" and len(y) == 64
+
+
+@pytest.mark.parametrize(("visible", "index", "local_rank"), [(4, 1, 0), (4, 1, 2), (1, 0, 3), (8, 2, 5)])
+def test_the_process_group_binds_nccl_to_the_gpu_the_rank_trains_on(fake_cuda, monkeypatch, visible, index, local_rank):
+    """device.index moves every rank's GPU; NCCL was bound to cuda:LOCAL_RANK before the
+    index was applied (a collective on one GPU, the training on another)."""
+    import torch.distributed as dist
+
+    from saturate import distributed
+
+    chosen = fake_cuda(visible)
+    bound = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout, device_id: bound.append(device_id))
+    monkeypatch.setattr(distributed.atexit, "register", lambda fn: None)
+    monkeypatch.setattr(dist, "get_rank", lambda: local_rank)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 8)
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    distributed.init_process_group(index)
+    trained_on = setup_device(DeviceConfig(type="cuda", index=index), local_rank=local_rank)
+    assert bound == [trained_on] and chosen == [trained_on.index, trained_on.index]

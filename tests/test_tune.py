@@ -389,3 +389,26 @@ def test_an_interrupt_during_the_confirmation_stops_at_once_and_claims_nothing(t
     table = (tmp_path / "t" / "tune.md").read_text()
     assert "Interrupted" in table and ("not confirmed" in table or "Nothing measured faster" in table)
     assert "confirmed)" in (tmp_path / "t.yaml").read_text() or not result["changes"]
+
+
+def test_each_trial_starts_with_a_fresh_compiler_state():
+    """Dynamo's recompile limit (8) reached in earlier trials made a later trial's compiled
+    model run eager without a word; each trial now starts from a reset."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from saturate.tune import fresh_compile_state
+
+    def step(x):
+        return (x * 2).sum()
+
+    compiled = torch.compile(step, backend="eager", dynamic=False)
+    fresh_compile_state()
+    for n in range(1, 12):  # eleven shapes: past the recompile limit
+        compiled(torch.ones(n))
+    captured = counters["stats"]["unique_graphs"]
+    compiled(torch.ones(40))  # another trial's shape: over the limit it is not compiled
+    assert counters["stats"]["unique_graphs"] == captured
+    fresh_compile_state()
+    compiled(torch.ones(41))
+    assert counters["stats"]["unique_graphs"] == captured + 1  # compiled again after the reset

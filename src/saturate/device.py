@@ -14,6 +14,7 @@ import torch
 
 from saturate.config import DeviceConfig, TrainerConfig
 from saturate.errors import UserError
+from saturate.ranks import cuda_index
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def setup_device(cfg: DeviceConfig, local_rank: int = 0) -> torch.device:
         return torch.device("cpu")
 
     count = torch.cuda.device_count()
-    index = cfg.index + local_rank_offset(local_rank, count)
+    index = cuda_index(cfg.index, local_rank, count)
     if index >= count:
         raise UserError(f"device.index={cfg.index}: device {index} requested but {count} CUDA device(s) are visible")
     torch.cuda.set_device(index)
@@ -73,12 +74,6 @@ def keep_host_memory() -> bool:
     except (OSError, AttributeError):  # not glibc (musl, ...)
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-
-
-def local_rank_offset(local_rank: int, visible: int) -> int:
-    """Which of the visible GPUs a rank takes, counted from device.index: its local rank when
-    the node's ranks share the visible GPUs, 0 when each rank sees only its own."""
-    return local_rank if visible > 1 else 0
 
 
 class OutOfMemory(UserError):

@@ -20,28 +20,33 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from saturate.ranks import rank_zero, world_size
+from saturate.ranks import cuda_index, rank_zero, world_size
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Dist", "alone", "no_sync", "peer_failed", "rank_zero", "shared_value", "world_size", "wrap"]
 
 
-def init_process_group() -> None:
-    """Start this run's process group from the environment, once per process."""
+def init_process_group(device_index: int | None = None) -> None:
+    """Start this run's process group from the environment, once per process. With CUDA the
+    rank's GPU (`device_index`: device.index, by saturate.ranks.cuda_index) is made current and
+    NCCL bound to it, the GPU the run then trains on; without an index (the run directory's
+    name is agreed before the config is read) the group is not bound, and Dist binds it."""
     if dist.is_initialized():
         return
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     device_id = None
-    if torch.cuda.is_available():
-        # the rank's GPU, by the rule of saturate.device.setup_device: its local rank among
-        # several visible GPUs, the only one when each rank sees one (SLURM --gpus-per-task)
-        local_rank, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
-        device_id = torch.device("cuda", local_rank if count > 1 else 0)
+    if torch.cuda.is_available() and device_index is not None:
+        device_id = torch.device("cuda", rank_gpu(device_index))
         torch.cuda.set_device(device_id)
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=10), device_id=device_id)
     atexit.register(_close_process_group)
     log.debug("process group: rank %d of %d (%s)", dist.get_rank(), dist.get_world_size(), backend)
+
+
+def rank_gpu(configured: int) -> int:
+    """This rank's GPU for device.index=`configured` (saturate.ranks.cuda_index)."""
+    return cuda_index(configured, int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count())
 
 
 def _close_process_group() -> None:
@@ -55,10 +60,13 @@ def _close_process_group() -> None:
 class Dist:
     """This process's place in the run, and the few collectives the run needs."""
 
-    def __init__(self):
+    def __init__(self, device_index: int | None = None):
+        """`device_index`: device.index when the run may use CUDA (None for device=cpu)."""
         self.world_size = world_size()
         if self.world_size > 1:
-            init_process_group()
+            init_process_group(device_index)
+            if torch.cuda.is_available() and device_index is not None:  # the group may have started unbound (shared_value)
+                torch.cuda.set_device(rank_gpu(device_index))
         self.rank = dist.get_rank() if self.world_size > 1 else 0
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.is_main = self.rank == 0

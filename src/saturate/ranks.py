@@ -33,3 +33,10 @@ def rank_zero() -> bool:
     """Whether this process is rank 0 (before any process group exists)."""
     slurm_to_torch_env()
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def cuda_index(configured: int, local_rank: int, visible: int) -> int:
+    """The GPU a rank trains on, counted within CUDA_VISIBLE_DEVICES: `device.index` plus its
+    local rank when the node's ranks share the visible GPUs, `device.index` alone when each
+    rank sees only its own. The process group binds NCCL to the same one (saturate.distributed)."""
+    return configured + (local_rank if visible > 1 else 0)

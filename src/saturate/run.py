@@ -74,7 +74,7 @@ def _train(cfg: DictConfig, given: Given) -> Metrics:
     run = validate(cfg, presets=tuple(PRESETS), given=given.nodes())
     if run.tune.enabled:  # train.py hands tune=true to saturate.tune before any training
         raise UserError("tune.enabled=true: tune through train.py (python train.py tune=true ...); saturate.fit and train() train")
-    d = Dist()
+    d = Dist(None if run.device.type == "cpu" else run.device.index)
     log.setLevel(run.trainer.log_level if d.is_main else "WARNING")  # one voice: rank 0's
     run_dir = _run_dir(run)
     observers = _observers(run, given, d)

@@ -222,6 +222,16 @@ def valid_entry(entry: dict, extra: list[str]) -> bool:
     return entry.get("confirmed") is (pairs >= 1)
 
 
+def fresh_compile_state() -> None:
+    """Forget what torch.compile compiled in earlier trials of this process: Dynamo keeps its
+    caches per code object, so after its recompile limit (8) a later trial's compiled model
+    would silently run eager, and a compile trial would measure nothing it claims."""
+    import sys
+
+    if "torch._dynamo" in sys.modules:  # nothing was compiled otherwise (and importing it costs a second)
+        torch._dynamo.reset()
+
+
 def merged(*override_lists: list[str]) -> list[str]:
     """Override lists applied in order, one entry per key (a later value replaces an
     earlier one in place), so Hydra never sees a key twice."""
@@ -276,6 +286,7 @@ class Tuner:
         )
         saturate_log = logging.getLogger("saturate")
         level, outer = saturate_log.level, HydraConfig.instance().cfg
+        fresh_compile_state()
         try:
             trial = merged(overrides, TRIAL, [f"run_dir={trial_dir}"])
             cfg = compose("config", overrides=[*self.hydra_overrides, *trial], return_hydra_config=True)
