@@ -4,8 +4,11 @@ host-reading methods while the loop runs, outside logging, evaluation and checkp
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
 
 import saturate
@@ -117,3 +120,71 @@ def test_the_non_finite_guard_reads_one_scalar_per_step_without_a_fused_optimize
                    "trainer.limit_train_batches=10")  # fmt: skip
     saturate.train(cfg)
     assert host_reads == ["item"] * 10  # the documented price of skipping a bad step before the optimizer takes it
+
+
+# ops that synchronise with a CUDA device whatever calls them: their output's size, or a count,
+# depends on the data (a Python-level read is counted by HOST_READS)
+SYNCING_OPS = {"nonzero", "_unique2", "unique_dim", "unique_consecutive", "masked_select", "bincount", "repeat_interleave"}
+
+
+class DeviceSyncs(TorchDispatchMode):
+    """Counts the ops in SYNCING_OPS (and indexing by a boolean mask) while active."""
+
+    def __init__(self, counts: collections.Counter):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        masked = name == "index" and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
+        if name in SYNCING_OPS or masked:
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def evaluation_reads(make_cfg, monkeypatch, overrides: list[str], batches: int) -> collections.Counter:
+    """Host reads and syncing ops inside evaluations, for a run evaluating `batches` batches."""
+    counts: collections.Counter = collections.Counter()
+    counting = [False]
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, _original=original, _name=name, **kwargs):
+            if counting[0]:
+                counts[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, read)
+    original_run = Evaluator.run
+
+    def run(self, *args, **kwargs):
+        counting[0] = True
+        try:
+            with DeviceSyncs(counts):
+                return original_run(self, *args, **kwargs)
+        finally:
+            counting[0] = False
+
+    monkeypatch.setattr(Evaluator, "run", run)
+    saturate.train(make_cfg(*overrides, "trainer.limit_train_batches=2", f"trainer.limit_val_batches={batches}"))
+    monkeypatch.undo()
+    return counts
+
+
+EVALUATIONS = {  # the reads each further evaluation batch costs
+    "classification": ([], {}),
+    "classification-top5-confusion": (["task.top_k=5", "task.confusion_matrix=true"], {"bincount": 1}),
+    "regression-pm25-mape": (example("pm25"), {}),
+    "user-per-class-f1-har": (example("har"), {"bincount": 2}),  # per-class F1 and the confusion matrix: torch.bincount
+    "sequence-ctc": (example("sign"), {"cpu": 1, "tolist": 4}),  # greedy decoding on the host: one copy of four tensors
+}
+
+
+@pytest.mark.parametrize("setting", list(EVALUATIONS))
+def test_an_evaluation_batch_reads_the_device_only_where_documented(make_cfg, monkeypatch, setting):
+    """The built-in metrics skip torchmetrics' argument validation and NaN checks (2-3 reads per
+    batch on CUDA); what is left per batch is named here and in saturate.evaluate."""
+    overrides, per_batch = EVALUATIONS[setting]
+    few, more = (evaluation_reads(make_cfg, monkeypatch, overrides, n) for n in (2, 4))
+    extra = {k: (more[k] - few[k]) / 2 for k in set(few) | set(more) if more[k] != few[k]}
+    assert extra == per_batch

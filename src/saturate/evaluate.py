@@ -2,6 +2,8 @@
 augmented; and the model's predictions, when asked for.
 
 Metrics are torchmetrics objects: their states accumulate on the device (no host read per
+batch for the built-in ones: no argument validation, no NaN check; torchmetrics' per-class and
+confusion metrics count with torch.bincount, which reads its input's maximum on CUDA, once per
 batch) and `compute()` sums them across DDP ranks, each rank having seen its own unpadded
 shard. The loss is averaged per sample. A metric's result is logged as `<split>/<name>`; a
 per-class result (a vector, `average=None`) as one value per class, `<split>/<name>/<class>`;
@@ -55,7 +57,7 @@ class Evaluator:
         model.eval()
         device = next(model.parameters()).device
         metrics = {name: metric.to(device) for name, metric in self.task.metrics().items()}
-        loss = MeanMetric().to(device)
+        loss = MeanMetric(nan_strategy="disable").to(device)  # its NaN check reads the device twice per batch
         kept: list[dict[str, torch.Tensor]] = []
         try:
             for batch in self.batches.epoch(0):  # this rank's shard of the split, unpadded
@@ -64,7 +66,7 @@ class Evaluator:
                 batch = self.batches.to_device(batch)
                 with self.precision.autocast():  # the loss too, as in the step (autocast computes it in fp32)
                     value, outputs = self.task.forward(model, batch)
-                loss.update(value.float(), weight=batch_size(batch))
+                loss.update(value.float().expand(batch_size(batch)))  # per sample ("disable" ignores a weight)
                 self.task.update(metrics, outputs, batch)
                 if predict:
                     kept.append({k: v.detach().cpu() for k, v in self.task.predictions(outputs, batch).items()})

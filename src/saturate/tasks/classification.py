@@ -55,13 +55,15 @@ class Classification(Task):
                             "targets disagree") from None  # fmt: skip
 
     def own_metrics(self) -> dict:
-        metrics = {"acc": MulticlassAccuracy(self.num_classes, average="micro")}
+        # validate_args=False: torchmetrics' checks read the device per batch; the targets were
+        # checked at start-up (saturate.models.build) and the outputs' shape in forward
+        metrics = {"acc": MulticlassAccuracy(self.num_classes, average="micro", validate_args=False)}
         if self.top_k:
-            metrics[f"top{self.top_k}"] = MulticlassAccuracy(self.num_classes, top_k=self.top_k, average="micro")
+            metrics[f"top{self.top_k}"] = MulticlassAccuracy(self.num_classes, top_k=self.top_k, average="micro", validate_args=False)
         if self.confusion_matrix:  # a (K, K) result: shown as an image, not logged as numbers
             from torchmetrics.classification import MulticlassConfusionMatrix
 
-            metrics["confusion"] = MulticlassConfusionMatrix(self.num_classes, normalize="true")
+            metrics["confusion"] = MulticlassConfusionMatrix(self.num_classes, normalize="true", validate_args=False)
         return metrics
 
     def metric_inputs(self, outputs, batch) -> tuple[torch.Tensor, torch.Tensor]:
