@@ -111,6 +111,22 @@ def test_bf16_asked_on_a_gpu_that_only_emulates_it_is_a_clear_error(fake_cuda, m
         resolve_mode("bf16", torch.device("cuda", 0))
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_the_doctor_counts_only_native_bf16_as_support(fake_cuda, monkeypatch, native):
+    """The doctor said "bf16 supported" on a GPU that only emulates it (torch's default answer),
+    and chose bf16 for its mixed-precision check there."""
+    from saturate.doctor import amp_dtype, run_checks
+
+    fake_cuda(1)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0) if native else (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"name": "Fake GPU", "total_memory": 2**34,
+                                                                                       "major": 7, "minor": 0})())  # fmt: skip
+    rows = {c.name: c for c in run_checks(torch.device("cuda", 0), compile_check=False) if c.name in ("bf16", "tf32")}
+    assert rows["bf16"].ok is native and ("precision=auto picks fp16" in rows["bf16"].detail) is not native
+    assert amp_dtype(torch.device("cuda", 0)) == (torch.bfloat16 if native else torch.float16)
+
+
 def test_evaluation_runs_the_uncompiled_model_without_autograd(make_cfg, monkeypatch):
     """A compiled model is for training steps: evaluating it would compile it again (eval
     mode, no gradients, a short last batch). torch.compile is replaced by a recording

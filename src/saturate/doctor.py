@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from saturate.environment import cpu_name, nvidia_driver
+from saturate.precision import native_bf16
 
 
 @dataclass
@@ -39,7 +40,7 @@ def choose_device(asked: str) -> torch.device:
 
 def amp_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if native_bf16(device) else torch.float16
     return torch.bfloat16
 
 
@@ -56,8 +57,9 @@ def run_checks(device: torch.device, *, compile_check: bool = True) -> Iterator[
     driver = nvidia_driver()
     yield Check("nvml", driver is not None, f"driver {driver}" if driver else "NVML unavailable (no NVIDIA driver): no GPU monitoring")
     cuda = device.type == "cuda"
-    bf16 = torch.cuda.is_bf16_supported() if cuda else torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    yield Check("bf16", bf16, "supported" if bf16 else "no native bf16 kernels here: mixed precision would be slow")
+    bf16 = native_bf16(device)  # torch.cuda.is_bf16_supported() alone counts a pre-Ampere GPU's emulation
+    yield Check("bf16", bf16, "supported" if bf16 else "no native bf16 kernels here (emulated at best): bf16 would be slow"
+                + ("; precision=auto picks fp16" if cuda and not bf16 else ""))  # fmt: skip
     tf32 = cuda and torch.cuda.get_device_capability(device)[0] >= 8
     yield Check("tf32", tf32, "supported (Ampere or newer)" if tf32 else "not available (needs an Ampere or newer GPU)")
     if compile_check:

@@ -58,6 +58,12 @@ def _cuda_bf16(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """bf16 kernels that are faster than fp32 on `device`: a GPU's own (not emulated), a CPU's
+    AVX512-BF16 or AMX."""
+    return _cuda_bf16(device) if device.type == "cuda" else not emulated("bf16", device)
+
+
 def resolve_mode(mode: str, device: torch.device) -> str:
     """auto: bf16 on GPUs that have it, fp16 on older GPUs, fp32 on CPU.
     amp: the same on GPUs, and bf16 on CPU (CPU autocast computes in bf16)."""
