@@ -22,6 +22,11 @@ from saturate.monitor import Analysis, analyse, open_nvml, read_gpu, visible_nvm
 FIELDS = ["time", "gpu", "util", "mem_used_mb", "power_w", "temp_c", "sm_clock_mhz"]
 
 
+def shown(values: dict, key: str, width: int, spec: str) -> str:
+    """A figure right-aligned in `width`, or '-' where NVML refused it."""
+    return format(values[key], spec).rjust(width) if key in values else "-".rjust(width)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
@@ -47,10 +52,12 @@ def main() -> int:
         while args.duration is None or time.monotonic() - start < args.duration:
             now = datetime.now().strftime("%H:%M:%S")
             for index, handle in handles:
-                v = read_gpu(pynvml, handle)
-                util[index].append(v["util"])
-                print(f"{now}  gpu{index}  util {v['util']:3.0f}%  mem {v['mem_used_mb']:8,.0f} MB  power {v['power_w']:5.0f} W  "
-                      f"temp {v['temp_c']:3.0f} C  sm {v['sm_clock_mhz']:5,.0f} MHz", flush=True)  # fmt: skip
+                v = read_gpu(pynvml, handle)  # what NVML gives: a MIG slice or a vGPU refuses some fields
+                if "util" in v:
+                    util[index].append(v["util"])
+                print(f"{now}  gpu{index}  util {shown(v, 'util', 3, ',.0f')}%  mem {shown(v, 'mem_used_mb', 8, ',.0f')} MB  power "
+                      f"{shown(v, 'power_w', 5, '.0f')} W  temp {shown(v, 'temp_c', 3, '.0f')} C  sm {shown(v, 'sm_clock_mhz', 5, ',.0f')} "
+                      "MHz", flush=True)  # fmt: skip
                 if writer:
                     writer.writerow({"time": now, "gpu": index, **v})
             time.sleep(args.interval)

@@ -38,9 +38,12 @@ def nvmlDeviceGetUtilizationRates(h):
     n = _calls[h] = _calls.get(h, -1) + 1
     return SimpleNamespace(gpu=series[n % len(series)] / (1 + h), memory=10)
 def nvmlDeviceGetMemoryInfo(h): return SimpleNamespace(used=(3 + h) * 2**30, total=80 * 2**30)
-def nvmlDeviceGetPowerUsage(h): return 250_000
-def nvmlDeviceGetTemperature(h, kind): return 61
-def nvmlDeviceGetClockInfo(h, kind): return 1980
+def _refused(name):  # FAKE_NVML_REFUSE=power,clock: NVML's answer on MIG slices and some vGPUs
+    if name in os.environ.get("FAKE_NVML_REFUSE", "").split(","):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+def nvmlDeviceGetPowerUsage(h): _refused("power"); return 250_000
+def nvmlDeviceGetTemperature(h, kind): _refused("temp"); return 61
+def nvmlDeviceGetClockInfo(h, kind): _refused("clock"); return 1980
 '''
 
 
@@ -107,6 +110,21 @@ def test_monitor_script_lines_analysis_and_csv(fake_nvml, tmp_path):
     assert "gpu1:" in result.stdout and "-> starved" in result.stdout  # the second fake GPU runs at half
     rows = list(csv.DictReader(out.open()))
     assert {r["gpu"] for r in rows} == {"0", "1"} and float(rows[0]["util"]) == 90
+
+
+def test_monitor_script_shows_what_nvml_gives_when_it_refuses_a_field(fake_nvml, tmp_path):
+    """A MIG slice refuses power and clocks: the script raised KeyError on its first line."""
+    env = {**os.environ, "PYTHONPATH": f"{fake_nvml}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "FAKE_NVML_REFUSE": "power,clock"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    out = tmp_path / "gpu.csv"
+    args = ["--interval", "0.05", "--duration", "0.3", "--csv", str(out)]
+    result = subprocess.run([sys.executable, str(ROOT / "scripts/monitor_gpu.py"), *args], capture_output=True, text=True, env=env,
+                            timeout=60)  # fmt: skip
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    line = next(line for line in result.stdout.splitlines() if "  gpu0  util" in line)
+    assert "power     - W" in line and "sm     - MHz" in line and "temp  61 C" in line and "-> stable" in result.stdout
+    row = next(csv.DictReader(out.open()))
+    assert row["power_w"] == "" and row["temp_c"] == "61.0"
 
 
 def test_check_env_on_cpu_exits_0_and_reports():
