@@ -107,6 +107,7 @@ BAD_INPUTS = [
     ("eval interval 0", ["trainer.eval_interval=0"], "trainer.eval_interval=0: expected an integer >= 1"),
     ("memory fraction over 1", ["device.memory_fraction=1.5"], "device.memory_fraction=1.5: expected a number in (0, 1]"),
     ("unknown precision", ["precision.mode=fp8"], "precision.mode='fp8': expected one of auto, amp, bf16, fp16, fp32"),
+    ("fp16 loss scale below one", ["precision.init_scale=0.5"], "precision.init_scale=0.5: expected a finite number >= 1"),
     ("flip probability over 1", ["augmentation=gpu", "augmentation.hflip=1.5"], "augmentation.hflip=1.5: expected a probability in [0, 1]"),
     ("unordered schedule", ["augmentation=progressive", "augmentation.schedule=[{from_epoch:0,preset:minimal},{from_epoch:0,preset:b}]"],
      "strictly increasing"),

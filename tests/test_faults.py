@@ -164,6 +164,17 @@ def test_fp16_overflow_is_skipped_and_the_schedule_holds_unless_decided_on_the_d
     assert metrics["train/nonfinite_steps"] == 0  # an overflow is the scaler's business, not a non-finite step
 
 
+def test_the_fp16_loss_scale_is_logged_and_overflowing_first_steps_leave_a_finite_run(make_cfg):
+    """precision.init_scale=3e38: the first steps' scaled loss is inf (the first step skipped,
+    as fp16's first steps are in most runs); the scale halves on the device and is logged
+    (train/loss_scale) at log steps only; the run goes on with finite losses."""
+    cfg = make_cfg("precision=fp16", "precision.init_scale=3e38", "loader.batch_size=8", "trainer.log_interval=1")
+    metrics = saturate.train(cfg)
+    scales = [e.value for e in events(cfg.run_dir).Scalars("train/loss_scale")]
+    assert scales[:3] == pytest.approx([1.5e38, 7.5e37, 3.75e37])  # halved at each of the three overflowing steps
+    assert math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["val/loss"]) and metrics["train/loss_scale"] == scales[-1]
+
+
 class Stalls(torch.utils.data.Dataset):
     """Item 20 never comes back (a hung worker) or kills its worker, as asked."""
 

@@ -76,9 +76,12 @@ class DeviceConfig:
 @dataclass
 class PrecisionConfig:
     mode: str = "auto"
+    init_scale: float = 65536.0  # fp16: GradScaler's first loss scale (halved after each overflowing step, skipped)
 
     def problems(self) -> Issues:
         yield from _choice("mode", self.mode, ("auto", "amp", "bf16", "fp16", "fp32"))
+        if self.init_scale < 1:  # inf and NaN: every float key's own check
+            yield "init_scale", self.init_scale, "a finite number >= 1"
 
 
 @dataclass

@@ -239,6 +239,9 @@ class Engine:
         batch): logged at the first log step and then only when they change, so they do not
         clutter TensorBoard's train group with straight lines."""
         counts = {"train/nonfinite_steps": self.guard.count, "train/micro_batches": self.training.step.micro_batches}
+        scaler = self.training.step.precision.scaler
+        if scaler.is_enabled():  # fp16: the loss scale, halved at each overflowing (skipped) step, as fairseq logs it
+            counts["train/loss_scale"] = scaler.get_scale()
         changed = {k: v for k, v in counts.items() if self._counts.get(k) != v}
         self._counts.update(changed)
         return changed

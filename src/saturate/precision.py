@@ -32,9 +32,11 @@ class Precision:
 
     def step(self, optimizer: torch.optim.Optimizer, apply: bool) -> bool:
         """Step the optimizer (if `apply`) through the GradScaler and update the loss scale.
-        Returns whether the weights really moved: with fp16, an overflow makes the scaler
+        Returns whether the weights may have moved: with fp16, an overflow makes the scaler
         skip the step (and lower the scale). Known from a hook on the optimizer's step, not
-        by reading the scale back: no host read beyond the scaler's own."""
+        by reading the scale back; a fused optimizer is always called (it skips on the
+        device, told the scaler's found_inf), so its overflowing steps count as moved: no
+        host read is spent on knowing (the loss scale is logged as train/loss_scale)."""
         if not self.scaler.is_enabled():
             if apply:
                 optimizer.step()
@@ -89,6 +91,6 @@ def setup_precision(cfg: PrecisionConfig, device: torch.device) -> Precision:
     if emulated(name, device):
         log.warning("precision %s on a CPU without native bf16/fp16 kernels (no AVX512-BF16 or AMX): expect it to be "
                     "much slower than fp32 here; precision=auto picks fp32 on CPUs", name)  # fmt: skip
-    scaler = torch.amp.GradScaler(device.type, enabled=name == "fp16")
+    scaler = torch.amp.GradScaler(device.type, init_scale=cfg.init_scale, enabled=name == "fp16")
     log.info("precision: %s (asked: %s)%s", name, cfg.mode, " with GradScaler" if scaler.is_enabled() else "")
     return Precision(name, device.type, _DTYPES[name], scaler)
