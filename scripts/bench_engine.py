@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import logging
 import os
 import platform
@@ -169,7 +170,7 @@ def lightning_loop(model, x, y, *, batch: int, window: Window, lr: float, fast: 
     return window.per_step()
 
 
-def compile_speedup(model, x, y, *, batch: int, steps: int, warmup: int) -> None:
+def compile_speedup(model, x, y, *, batch: int, steps: int, warmup: int) -> dict:
     """Eager vs torch.compile for the same model, both in bf16 autocast (the --fast target),
     the compilation timed apart on a warm-up step."""
     eager_model = copy.deepcopy(model)
@@ -185,6 +186,7 @@ def compile_speedup(model, x, y, *, batch: int, steps: int, warmup: int) -> None
                             compiled=compiled_fn)  # fmt: skip
     print(f"\ntorch.compile on {type(model).__name__}: eager {1000 * eager:.2f} ms/step, compiled {1000 * compiled:.2f} ms/step, "
           f"speed-up {eager / compiled:.2f}x; compile time {compile_s:.1f} s (not in the step times)")  # fmt: skip
+    return {"eager_ms": 1000 * eager, "compiled_ms": 1000 * compiled, "speedup": eager / compiled, "compile_s": compile_s}
 
 
 def main() -> None:
@@ -198,6 +200,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--fast", action="store_true", help="GPU fast path: bf16, channels_last, compile; saturate runs experiment=fast")
     parser.add_argument("--verbose", action="store_true", help="print each round's medians")
+    parser.add_argument("--json", default=None, help="also write the table's figures to this file (saturate selftest reads it)")
     parser.add_argument("overrides", nargs="*", help="more overrides for the saturate run, e.g. monitor.enabled=false")
     args = parser.parse_args()
     logging.getLogger("saturate").setLevel(logging.WARNING)
@@ -251,6 +254,7 @@ def main() -> None:
     print(f"\n{args.model}, synthetic 3x{args.size}x{args.size}, batch {args.batch}, {mode}; {where}, torch {torch.__version__}; "
           f"median of {args.rounds} rounds of {args.steps - args.warmup} timed steps each\n")  # fmt: skip
     hand = medians(per_round["hand loop"])
+    figures: dict = {"device": where, "mode": mode, "model": args.model, "batch": args.batch, "rounds": args.rounds, "loops": {}}
     print("| loop | step ms (wall) | samples/s | vs hand loop (wall) | paired by round (wall) | step ms (CPU) | vs hand loop (CPU) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, t in per_round.items():
@@ -261,10 +265,13 @@ def main() -> None:
         paired = statistics.median(m[0] / h[0] for m, h in zip(per_round[name], per_round["hand loop"], strict=True))
         print(f"| {name} | {1000 * wall:.2f} | {args.batch / wall:,.0f} | {wall / hand[0]:.3f}x | {paired:.3f}x | "
               f"{1000 * cpu:.2f} | {cpu / hand[1]:.3f}x |")  # fmt: skip
+        figures["loops"][name] = {"step_ms": 1000 * wall, "samples_per_s": args.batch / wall, "vs_hand": wall / hand[0], "paired": paired}
     if not per_round["lightning"]:
         print("\n(lightning is not installed: pip install -e '.[bench]')")
     if args.fast:
-        compile_speedup(model, x, y, batch=args.batch, steps=args.steps, warmup=args.warmup)
+        figures["compile"] = compile_speedup(model, x, y, batch=args.batch, steps=args.steps, warmup=args.warmup)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

@@ -94,6 +94,25 @@ def test_resnet18_on_synthetic_data_is_labelled_synthetic(make_cfg):
     assert read_metrics(cfg.run_dir)["synthetic"] is True
 
 
+def test_resnet18_with_the_imagenet_stem_does_a_real_resnet18s_work_at_224():
+    """torchvision's ResNet-18 is 1.82 GMACs per 224x224 image; the CIFAR stem (stride 1, no
+    max-pool) does 16 times the spatial work there."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from saturate.errors import UserError
+    from saturate.models import ResNet18
+
+    flops = {}
+    for stem in ("imagenet", "cifar"):
+        with FlopCounterMode(display=False) as counter:
+            out = ResNet18(3, 1000, stem=stem).eval()(torch.zeros(1, 3, 224, 224))
+        flops[stem] = counter.get_total_flops()
+    assert out.shape == (1, 1000) and flops["imagenet"] / 2 == pytest.approx(1.82e9, rel=0.01)
+    assert flops["cifar"] / flops["imagenet"] == pytest.approx(16, rel=0.1)
+    with pytest.raises(UserError, match="model.stem='resnet': expected one of cifar, imagenet"):
+        ResNet18(3, 10, stem="resnet")
+
+
 def test_fast_loader_with_worker_processes(make_cfg):
     cfg = make_cfg("loader=fast", "loader.num_workers=2", "loader.batch_size=64", "trainer.max_epochs=2")
     assert cfg.loader.persistent_workers and cfg.loader.prefetch_factor == 4

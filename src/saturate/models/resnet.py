@@ -3,6 +3,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
+from saturate.errors import UserError
+
 
 class BasicBlock(nn.Module):
     def __init__(self, c_in: int, c_out: int, stride: int):
@@ -22,12 +24,20 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    """ResNet-18 for small images (CIFAR-style): a 3x3 stride-1 stem and no max-pool, so
-    32x32 inputs reach the last stage at 4x4."""
+    """ResNet-18. `stem="cifar"` (the default, for small images): a 3x3 stride-1 stem and no
+    max-pool, so 32x32 inputs reach the last stage at 4x4. `stem="imagenet"`: torchvision's
+    7x7 stride-2 stem and 3x3 max-pool (224x224 reaches 7x7); at 224x224 the CIFAR stem does
+    16 times the work of a real ResNet-18."""
 
-    def __init__(self, in_channels: int, num_classes: int, width: int = 64):
+    def __init__(self, in_channels: int, num_classes: int, width: int = 64, stem: str = "cifar"):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True))
+        if stem not in ("cifar", "imagenet"):
+            raise UserError(f"model.stem={stem!r}: expected one of cifar, imagenet")
+        if stem == "imagenet":
+            self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                                      nn.MaxPool2d(3, 2, 1))  # fmt: skip
+        else:
+            self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True))
         stages, c_in = [], width
         for i, blocks in enumerate((2, 2, 2, 2)):
             c_out = width * 2**i
