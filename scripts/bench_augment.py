@@ -28,7 +28,6 @@ from saturate.augment import PRESETS, BatchAugment, SampleAugment, Schedule
 from saturate.data.base import ImageTensors
 from saturate.loader import ResumableSampler
 
-
 PREFETCH = 2  # batches each worker keeps ready (DataLoader's default)
 
 
