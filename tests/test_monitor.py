@@ -150,7 +150,7 @@ def test_the_fingerprint_is_in_metrics_and_tensorboard(make_cfg):
     assert fp["torch"] == str(torch.__version__) and fp["precision"] == "fp32" and fp["channels_last"] is True
     assert fp["world_size"] == 1 and fp["cpu_count"] == os.cpu_count() and fp["device"].startswith("cpu: ")
     assert fp["git_commit"] is None or len(fp["git_commit"].split("-")[0]) == 40
-    assert {"driver", "cuda", "tf32", "cudnn_benchmark", "compile"} <= fp.keys()
+    assert {"driver", "cuda", "tf32", "cudnn_benchmark", "compile"} <= fp.keys() and fp["device_index"] is None  # the GPU's index on CUDA
     assert any("fingerprint" in tag for tag in events(cfg.run_dir).Tags()["tensors"])
 
 

@@ -57,6 +57,7 @@ def fingerprint(device: torch.device, *, precision: str, compile: bool, channels
     cuda = device.type == "cuda"
     return {
         "device": torch.cuda.get_device_name(device) if cuda else f"cpu: {cpu_name()}",
+        "device_index": (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None,
         "devices_visible": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
         "driver": nvidia_driver(),
         "torch": str(torch.__version__),

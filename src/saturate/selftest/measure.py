@@ -31,11 +31,11 @@ def _gpu(f: dict) -> str:
 
 
 @check("amp-gain", "ResNet-18 on CIFAR-size data, resident: fp32 vs mixed precision (precision=amp), steps/s", kind="measure",
-       estimate_s=70, timeout_s=400)  # fmt: skip
+       estimate_s=90, timeout_s=400)  # fmt: skip
 def amp_gain(ctx: Context):
     common = ["model=resnet18", "loader=resident", "loader.batch_size=256"]
-    fp32 = steady(ctx, "amp-fp32", *common, "precision=fp32", steps=600)
-    amp = steady(ctx, "amp-amp", *common, "precision=amp", steps=600)
+    fp32 = steady(ctx, "amp-fp32", *common, "precision=fp32", steps=1000)  # each over 10 s: ten NVML samples at least
+    amp = steady(ctx, "amp-amp", *common, "precision=amp", steps=1000)
     gain = amp["samples_per_s"] / fp32["samples_per_s"]
     return (f"amp {gain:.2f}x fp32 ({amp['samples_per_s']:,.0f} vs {fp32['samples_per_s']:,.0f} samples/s); {_gpu(amp)}; verdicts "
             f"{fp32['verdict']} / {amp['verdict']}"), {"fp32": fp32, "amp": amp, "gain": round(gain, 3)}  # fmt: skip
@@ -54,7 +54,7 @@ def compile_gain(ctx: Context):
 
 
 @check("engine-overhead", "saturate's loop against a hand-written loop over the same model and data: the default run and "
-       "experiment=fast (scripts/bench_engine.py, interleaved rounds)", kind="measure", estimate_s=120, timeout_s=500)  # fmt: skip
+       "experiment=fast (scripts/bench_engine.py, interleaved rounds)", kind="measure", estimate_s=180, timeout_s=560)  # fmt: skip
 def engine_overhead(ctx: Context):
     toy = ["--steps", "4", "--warmup", "1", "--rounds", "1", "--samples", "512"]
     default = ctx.script("bench_engine.py", *(toy if ctx.dry else ["--steps", "60", "--warmup", "10", "--rounds", "5"]))
