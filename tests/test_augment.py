@@ -166,8 +166,8 @@ def test_progressive_run_shows_a_grid_per_policy_and_never_augments_validation(m
     metrics = saturate.train(cfg)
     assert metrics["progress/step"] == 6
     acc = events(cfg.run_dir)
-    assert set(acc.Tags()["images"]) == {"train/augmented/minimal", "train/augmented/strong"}
-    assert [e.step for e in acc.Images("train/augmented/strong")] == [1]  # recorded when epoch 1 began
+    assert set(acc.Tags()["images"]) == {"inputs/minimal", "inputs/strong"}
+    assert [e.step for e in acc.Images("inputs/strong")] == [1]  # recorded when epoch 1 began
 
 
 def test_validation_batches_are_not_augmented(tmp_path):

@@ -10,7 +10,6 @@ import os
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 import torch.nn.functional as F
@@ -89,7 +88,7 @@ def test_a_non_finite_step_is_skipped_counted_and_leaves_the_weights_alone(make_
     assert unchanged == {1: False, 2: True, 3: False}  # weights and momentum untouched by the skipped step 2
     assert metrics["train/nonfinite_steps"] == 1 and math.isfinite(metrics["train/loss"])
     acc = events(cfg.run_dir)
-    assert [(e.step, e.value) for e in acc.Scalars("train/nonfinite_steps")][:2] == [(1, 0), (2, 1)]  # logged when it changes
+    assert [(e.step, e.value) for e in acc.Scalars("train/nonfinite_steps")][0] == (2, 1)  # logged once it leaves 0, not as a flat line
     lrs = [e.value for e in acc.Scalars("train/lr")]
     assert (lrs[1] < lrs[0]) if fused else (lrs[1] == lrs[0] and lrs[2] < lrs[1])
 

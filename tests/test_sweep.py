@@ -3,14 +3,18 @@ the sweep report, and a failing job that does not lose the others."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.plugins.hparams import plugin_data_pb2
-from tensorboard.plugins.hparams.backend_context import _sort_and_reduce_to_hparams_limit
 
 from tests.conftest import CONF, ROOT, TINY, run_cli
 from tests.test_train import session_hparams
@@ -23,16 +27,44 @@ def sweep_dir(cwd):
     return found
 
 
-def report(directory):
-    import subprocess
-    import sys
+@contextlib.contextmanager
+def tensorboard(logdir):
+    """A real `tensorboard --logdir` server; yields post(route, body) -> JSON of its data routes."""
+    with socket.socket() as free:
+        free.bind(("localhost", 0))
+        port = free.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--port", str(port), "--host",
+                               "localhost", "--reload_interval", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
 
+    def post(route: str, body: dict):
+        request = urllib.request.Request(f"http://localhost:{port}/data/plugin/hparams/{route}", data=json.dumps(body).encode(),
+                                         headers={"X-XSRF-Protected": "1", "Content-Type": "application/json"})  # fmt: skip
+        return json.loads(urllib.request.urlopen(request, timeout=30).read())
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://localhost:{port}/data/runs", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, server.stdout.read().decode()[-2000:]
+                time.sleep(0.3)
+        yield post
+    finally:
+        server.kill()
+        server.wait()
+
+
+def report(directory):
     return subprocess.run(
         [sys.executable, str(ROOT / "scripts/sweep_report.py"), str(directory)], capture_output=True, text=True, timeout=120
     )
 
 
 def test_a_sweep_of_four_jobs_leaves_four_runs_hparams_and_a_report(tmp_path):
+    plain = run_cli(*QUICK, "hydra.run.dir=outputs/a_plain_run", cwd=tmp_path)  # the run TensorBoard reads first
+    assert plain.returncode == 0, plain.stderr
     result = run_cli("-m", "loader.batch_size=32,64", "loader.num_workers=0,2", *QUICK, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     root = sweep_dir(tmp_path)
@@ -46,15 +78,25 @@ def test_a_sweep_of_four_jobs_leaves_four_runs_hparams_and_a_report(tmp_path):
         assert json.loads((job / "metrics.json").read_text())["status"] == "completed"
         acc = EventAccumulator(str(job / "tb"))
         acc.Reload()
-        hp = session_hparams(acc)  # the swept overrides are the columns; integers as text (TensorBoard prints 32, not 32.000)
+        hp = session_hparams(job)  # the swept overrides are columns, integers as numbers
         seen.add((hp["loader.batch_size"], hp["loader.num_workers"]))
         assert "val/acc" in acc.Tags()["scalars"]
-    assert seen == {("32", "0"), ("32", "2"), ("64", "0"), ("64", "2")}
-    # TensorBoard orders the columns by (not differs, name) and ticks the first: the swept keys lead
-    experiment = plugin_data_pb2.HParamsPluginData.FromString(acc.PluginTagToContent("hparams")["_hparams_/experiment"]).experiment
-    _sort_and_reduce_to_hparams_limit(experiment)
-    assert [h.name for h in experiment.hparam_infos][:2] == ["loader.batch_size", "loader.num_workers"]
-    assert {h.name for h in experiment.hparam_infos if h.differs} == {"loader.batch_size", "loader.num_workers"}
+    assert seen == {(32, 0), (32, 2), (64, 0), (64, 2)}
+    # `tensorboard --logdir outputs` over the plain run (read first) and the sweep: the HParams tab's own data routes
+    with tensorboard(tmp_path / "outputs") as post:
+        experiment = post("experiment", {"experimentName": ""})
+        statuses = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
+        groups = post("session_groups", {"experimentName": "", "allowedStatuses": statuses, "colParams": [], "startIndex": 0,
+                                         "sliceSize": 100})["sessionGroups"]  # fmt: skip
+    columns = {h["name"]: h for h in experiment["hparamInfos"]}  # TensorBoard lists differing columns first, and ticks them
+    assert {n for n, h in columns.items() if h.get("differs")} == {"loader.batch_size", "loader.num_workers", "overrides"}
+    assert columns["loader.batch_size"]["type"] == "DATA_TYPE_FLOAT64"  # numeric axes: 64 after 32, a range filter
+    assert columns["loader.batch_size"]["domainInterval"] == {"minValue": 32.0, "maxValue": 128.0}  # the plain run's 128 too
+    assert columns["trainer.compile"]["domainDiscrete"] == ["false"]  # a boolean reads false, not 0.0000
+    assert sorted(m["name"]["tag"] for m in experiment["metricInfos"]) == [
+        "memory/peak_mb", "perf/data_wait_frac", "perf/samples_per_s", "train/loss", "val/acc", "val/loss"]  # fmt: skip
+    overrides = sorted(g["hparams"]["overrides"] for g in groups)
+    assert len(groups) == 5 and overrides[0].startswith("loader.batch_size=32 loader.num_workers=0 ")  # swept keys first
 
     done = report(root)
     assert done.returncode == 0, done.stderr

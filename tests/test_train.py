@@ -27,7 +27,10 @@ def events(run_dir) -> EventAccumulator:
     return acc
 
 
-def session_hparams(acc: EventAccumulator) -> dict:
+def session_hparams(run_dir) -> dict:
+    """This run's HParams values, from its session (the sub-run tb/hparams)."""
+    acc = EventAccumulator(str(Path(run_dir) / "tb" / "hparams"), size_guidance={"scalars": 0})
+    acc.Reload()
     content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
     return {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind")) for k, v in info.hparams.items()}
@@ -52,11 +55,11 @@ def test_tiny_run_writes_the_contract_outputs(make_cfg):
 
     acc = events(run_dir)
     scalars = set(acc.Tags()["scalars"])
-    assert set(CONTRACT_METRICS) <= scalars
+    assert set(CONTRACT_METRICS) - {"progress/step", "time/wall_s"} <= scalars  # the x axis, and a one-number summary: not charts
     assert [e.step for e in acc.Scalars("train/loss")][:3] == [1, 2, 3]  # logged every step (log_interval=1)
     assert acc.Scalars("val/acc")[-1].value == pytest.approx(metrics["val/acc"])
-    hp = session_hparams(acc)
-    assert hp["loader.batch_size"] == "32" and hp["model"] == "SmallCNN" and hp["precision"] == "fp32"
+    hp = session_hparams(run_dir)
+    assert hp["loader.batch_size"] == 32 and hp["model"] == "SmallCNN" and hp["precision"] == "fp32"
     assert "config" in "".join(acc.Tags()["tensors"])  # the resolved config as text
     (config,) = acc.Tensors("custom_scalars__config__")  # the Custom Scalars tab: loss, validation, speed, why
     charts = {c.title: list(c.multiline.tag) for c in layout_pb2.Layout.FromString(config.tensor_proto.string_val[0]).category[0].chart}
@@ -229,12 +232,17 @@ def test_progress_is_one_line_per_epoch_in_train_log_when_output_is_a_pipe(tmp_p
     assert metrics["best"]["epoch"] in (1, 2, 3) and metrics["overrides"][0] == "trainer.max_epochs=3" and metrics["started_at"][:2] == "20"
 
 
-def test_hparams_hold_the_values_used_and_list_the_task_metrics_first(make_cfg):
-    cfg = make_cfg("loader.num_workers=auto")
-    saturate.train(cfg)
-    acc = events(cfg.run_dir)
-    hp = session_hparams(acc)
-    assert hp["loader.num_workers"] == "0" and hp["augmentation.preset"] == "none"  # what ran, not "auto" and the unused preset
-    content = acc.PluginTagToContent("hparams")["_hparams_/experiment"]
-    experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
-    assert [m.name.tag for m in experiment.metric_infos][:3] == ["val/acc", "val/loss", "train/loss"]
+def test_hparams_hold_the_values_used_and_the_compared_metrics(make_cfg):
+    cfg = make_cfg("loader.num_workers=auto", "trainer.channels_last=true")
+    metrics = saturate.train(cfg)
+    hp = session_hparams(cfg.run_dir)
+    assert hp["loader.num_workers"] == 0 and hp["augmentation.preset"] == "none"  # what ran, not "auto" and the unused preset
+    assert hp["trainer.channels_last"] == "true" and hp["trainer.compile"] == "false"  # booleans read true/false, not 0.0000
+    assert hp["overrides"] == "(none)"  # train(cfg) of a composed config is given none (train.py's: tests/test_sweep.py)
+    session = EventAccumulator(str(Path(cfg.run_dir) / "tb" / "hparams"))
+    session.Reload()
+    compared = set(session.Tags()["scalars"])  # TensorBoard offers every scalar of the session's run as a metric: only these
+    assert compared == {"val/acc", "val/loss", "train/loss", "perf/samples_per_s", "perf/data_wait_frac", "memory/peak_mb"}
+    assert session.Scalars("val/acc")[0].value == pytest.approx(metrics["val/acc"])
+    shown = set(events(cfg.run_dir).Tags()["scalars"])
+    assert not {"cpu/util_mean", "time/loop_s", "cost/flops_per_step", "train/micro_batches", "train/nonfinite_steps"} & shown

@@ -265,8 +265,10 @@ class SampleAugment(Dataset):
 
 
 class Preview:
-    """Shows what the model sees: a grid of augmented training images in TensorBoard at the
-    first batch, and again whenever the epoch's policy changes (a schedule's next stage)."""
+    """Shows what the model sees: a grid of training images in TensorBoard at the first batch
+    (`inputs/<preset>`, or `inputs/unaugmented`), and again whenever the epoch's policy changes
+    (a schedule's next stage). Each image is framed and small ones enlarged (8x8 digits
+    tiled edge to edge read as stripes)."""
 
     def __init__(self, show_images, schedule: Schedule | None, count: int):
         self.show_images, self.schedule, self.count = show_images, schedule, count
@@ -280,4 +282,13 @@ class Preview:
         images = x[: self.count].float()
         if x.dtype == torch.uint8:
             images = images / 255
-        self.show_images(f"train/augmented/{policy.name if policy else 'none'}", images.clamp(0, 1), epoch)
+        self.show_images(f"inputs/{policy.name if policy else 'unaugmented'}", framed(images.clamp(0, 1)), epoch)
+
+
+def framed(images: torch.Tensor, at_least: int = 48) -> torch.Tensor:
+    """Images (N, C, H, W) enlarged by a whole factor (nearest) to `at_least` pixels on their
+    shorter side, each inside a 2-pixel white frame, so that a grid shows where one ends."""
+    factor = max(1, -(-at_least // min(images.shape[-2:])))
+    if factor > 1:
+        images = torch.nn.functional.interpolate(images, scale_factor=factor, mode="nearest")
+    return torch.nn.functional.pad(images, (2, 2, 2, 2), value=1.0)

@@ -236,15 +236,20 @@ class Engine:
 
     def changed_counts(self) -> dict[str, float]:
         """Counters that are flat in a healthy run (non-finite steps, micro-batches per
-        batch): logged at the first log step and then only when they change, so they do not
-        clutter TensorBoard's train group with straight lines."""
+        batch, the fp16 loss scale): logged once they leave their healthy value and then
+        whenever they change, so a healthy run's TensorBoard has no straight-line cards."""
+        healthy = {"train/nonfinite_steps": 0, "train/micro_batches": 1}
+        changed = {k: v for k, v in self.counts().items() if self._counts.get(k, healthy.get(k)) != v}
+        self._counts.update(changed)
+        return changed
+
+    def counts(self) -> dict[str, float]:
+        """The counters' values now (metrics.json holds them all, healthy or not)."""
         counts = {"train/nonfinite_steps": self.guard.count, "train/micro_batches": self.training.step.micro_batches}
         scaler = self.training.step.precision.scaler
         if scaler.is_enabled():  # fp16: the loss scale, halved at each overflowing (skipped) step, as fairseq logs it
             counts["train/loss_scale"] = scaler.get_scale()
-        changed = {k: v for k, v in counts.items() if self._counts.get(k) != v}
-        self._counts.update(changed)
-        return changed
+        return counts
 
     def save(self, state: TrainState, metrics: dict[str, float]) -> float:
         with self.phase("checkpoint"):

@@ -77,7 +77,17 @@ def finish(s: Session, last: dict) -> Metrics:
             batches.poll()
     gpu, cpu = engine.watch.monitor.gpu_summary(), engine.watch.monitor.cpu_summary()
     steady = d.mean(engine.timer.run_window().metrics(), sum_keys=("perf/samples_per_s",))
-    metrics = {**last, **steady, **parts.spec.notes, **(gpu or {}), **cpu, **engine.clock.metrics(), **costs(s, steady), **tested(s)}
+    metrics = {
+        **last,
+        **engine.counts(),
+        **steady,
+        **parts.spec.notes,
+        **(gpu or {}),
+        **cpu,
+        **engine.clock.metrics(),
+        **costs(s, steady),
+        **tested(s),
+    }
     metrics["time/wall_s"] = time.perf_counter() - s.start_time
     if d.world_size > 1:  # every rank must end with the same weights
         metrics["distributed/params_identical"] = float(d.params_identical(parts.models.raw))
@@ -86,9 +96,10 @@ def finish(s: Session, last: dict) -> Metrics:
         steps = engine.timer.run_window().steps
         verdict, facts = report(s, metrics, steps=steps, gpu=gpu)
         monitor = s.outcome["monitor"]
-        first = [monitor, *(f"val/{n}" for n in parts.task.names()), "val/loss", "train/loss", "perf/samples_per_s", "perf/data_wait_frac"]
-        ordered = {**{k: metrics[k] for k in first if k in metrics}, **metrics}  # the ones HParams shows by default first
-        s.tracker.hparams(hparams(s), ordered, step=s.run.step, varied=varied_keys())
+        tested_keys = [k for k in metrics if k.startswith("test/")]
+        compared = [monitor, *(f"val/{n}" for n in parts.task.names()), "val/loss", "train/loss", *tested_keys, "perf/samples_per_s",
+                    "perf/data_wait_frac", "memory/peak_mb", *(["gpu/util_mean"] if "gpu/util_mean" in metrics else [])]  # fmt: skip
+        s.tracker.hparams(hparams(s), metrics, step=s.run.step, varied=varied_keys(), compared=list(dict.fromkeys(compared)))
         used = {"batch_size": s.cfg.loader.batch_size, "num_workers": parts.loaders.train.num_workers, "world_size": d.world_size}
         best_at = s.checkpointer.best_at or (None, None)
         best = {"best": {"metric": monitor, "value": s.checkpointer.best, "epoch": best_at[0], "step": best_at[1]}}
@@ -99,6 +110,11 @@ def finish(s: Session, last: dict) -> Metrics:
     log.info("done in %.1fs: %s, %.0f samples/s, data wait %.0f%%, peak memory %.0f MB -> %s", metrics["time/wall_s"],
              ", ".join(f"{k} {metrics[k]:.4f}" for k in dict.fromkeys(shown)), metrics["perf/samples_per_s"],
              100 * metrics["perf/data_wait_frac"], metrics["memory/peak_mb"], s.cfg.run_dir)  # fmt: skip
+    if d.is_main and (Path(s.cfg.run_dir) / "tb").is_dir():
+        parts_of = Path(s.cfg.run_dir).parts
+        logdir = Path(*parts_of[: parts_of.index("outputs") + 1]) if "outputs" in parts_of else Path(s.cfg.run_dir)
+        log.info("review: tensorboard --logdir %s, then its Custom Scalars tab (http://localhost:6006/#custom_scalars): loss, "
+                 "metrics, speed and utilisation side by side", logdir)  # fmt: skip
     result = Metrics({**metrics, **stopped})
     result.objective = s.outcome["monitor"]
     return result
@@ -203,6 +219,8 @@ def hparams(s: Session) -> dict:
     preset = "+".join(x.preset for x in aug.schedule) or aug.preset
     preset = "none" if aug.placement == "none" else ("transforms" if aug.transforms else preset)
     return {
+        # a run's identity at a glance (its Trial ID starts with a date), where it writes left out
+        "overrides": " ".join(o for o in s.outcome["overrides"] if not o.lstrip("+~").startswith(("hydra.", "run_dir="))) or "(none)",
         **swept(run), "model": type(parts.models.raw).__name__, "data": parts.spec.name, "task": task_name(parts.task),
         "precision": parts.precision.name, "loader.batch_size": run.loader.batch_size,
         "loader.num_workers": parts.loaders.train.num_workers, "augmentation": aug.placement, "augmentation.preset": preset,

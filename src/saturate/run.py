@@ -220,7 +220,11 @@ def _start_tracking(run: RunConfig, parts: Parts, tracker: Tracker, cfg: DictCon
     tracker.layout({"loss": ["train/loss", "val/loss"], "validation": [f"val/{n}" for n in parts.task.names()],
                     "samples/s": ["perf/samples_per_s"], "data wait (fraction of each step)": ["perf/data_wait_frac"],
                     "utilisation %": ["gpu/util", "cpu/util"]})  # fmt: skip
-    tracker.text("config", "```yaml\n" + OmegaConf.to_yaml(_recorded_config(cfg, given)) + "```")
+    given_overrides = [o for o in _overrides(given) if not o.lstrip("+~").startswith(("hydra.", "run_dir="))]
+    head = f"**Overrides:** `{' '.join(given_overrides)}`" if given_overrides else "**Overrides:** none (the defaults)"
+    if run.augmentation.placement == "none":  # the schema's preset default would read as if it ran
+        head += "\n\nNothing is augmented (augmentation.placement=none): `augmentation.preset` below is not used."
+    tracker.text("config", f"{head}\n\n```yaml\n{OmegaConf.to_yaml(_recorded_config(cfg, given))}```")
     tracker.text("fingerprint", "```yaml\n" + OmegaConf.to_yaml(env) + "```")
     if parts.trials is not None:
         tracker.text("batch_search", table(parts.trials, run.loader.batch_size))

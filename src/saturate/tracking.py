@@ -18,9 +18,13 @@ log = logging.getLogger(__name__)
 
 
 def _plain(value: Any) -> Any:
-    """A value TensorBoard's hparams plugin accepts (bool, number or string). Integers go as
-    text: the HParams tab prints every number to five significant digits (128 as 128.00)."""
-    if isinstance(value, (bool, float, str)):
+    """A value TensorBoard's hparams plugin accepts (number or string). Numbers stay numbers,
+    integers too: the HParams tab then sorts them numerically on its axes and offers a range
+    filter (as text, 128 sorted before 64), at the price of printing 128 as 128.00. Booleans
+    as the text true/false (the tab drew them as 0.0000); anything else as its text."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
         return value
     return str(value)
 
@@ -36,6 +40,7 @@ class Tracker:
         # disable=None: tqdm turns itself off when stderr is not a terminal (logs, CI)
         self.bar = tqdm(unit="step", dynamic_ncols=True, disable=None if enabled and progress else True)
         self.latest: dict[str, float] = {}
+        self.plotted: set[str] = set()  # tags logged as time series during training
 
     def attach(self, run, total_steps: int, done: int = 0) -> None:
         self.run = run
@@ -47,6 +52,7 @@ class Tracker:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.latest.update(metrics)
+        self.plotted.update(metrics)
         if self.run is not None:
             self.run.metrics.update(metrics)
             self.observers.call("on_log", self.run, metrics, step)
@@ -79,14 +85,17 @@ class Tracker:
         for key, matrix in matrices.items():
             self.images(key, matrix_image(matrix, labels)[None], step)
 
-    def hparams(self, params: dict[str, Any], metrics: dict[str, float], step: int, varied=()) -> None:
-        """One HParams entry for this run: `params` as columns, `metrics` (logged as scalars
-        under the same tags at the final step) as the compared values; TensorBoard lists the
-        `varied` params (what a sweep varies) first and shows them by default."""
+    def hparams(self, params: dict[str, Any], metrics: dict[str, float], step: int, varied=(), compared=()) -> None:
+        """One HParams entry for this run: `params` as columns, the `compared` metrics' final
+        values as what the runs are compared by. The final values of the metrics already
+        plotted during training end their curves (a steady-state figure among them); the
+        run's other summaries (means, costs, loop time) stay in metrics.json and the report,
+        not one-point charts; the test split's are plotted once."""
         finite = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
         if self.run is not None:
-            self.observers.call("on_hparams", self.run, {k: _plain(v) for k, v in params.items()}, finite, sorted(varied))
-        self.log(finite, step)
+            chosen = {k: finite[k] for k in compared if k in finite}
+            self.observers.call("on_hparams", self.run, {k: _plain(v) for k, v in params.items()}, chosen, sorted(varied))
+        self.log({k: v for k, v in finite.items() if k in self.plotted or k.startswith("test/")}, step)
 
     def close(self) -> None:
         self.bar.close()

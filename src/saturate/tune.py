@@ -496,7 +496,7 @@ def _record(trial_dir: Path, result: Result) -> None:
     """A trial that did not train to the end still gets its row in TensorBoard's HParams
     tab: its overrides and what happened (a trained trial's run logs its own)."""
     params = {"overrides": " ".join(result.changes), "tune.outcome": result.outcome}
-    _tensorboard(trial_dir, lambda tb, run: (tb.on_hparams(run, params, {"tune/failed": 1.0}, []), tb.on_log(run, {"tune/failed": 1.0}, 0)))
+    _tensorboard(trial_dir, lambda tb, run: tb.on_hparams(run, params, {"tune/failed": 1.0}, []))
 
 
 def _tensorboard(run_dir: Path, write) -> None:
@@ -506,7 +506,7 @@ def _tensorboard(run_dir: Path, write) -> None:
 
     from saturate.loggers import TensorBoardLogger
 
-    tb, run = TensorBoardLogger(), SimpleNamespace(run_dir=run_dir, start_step=0)
+    tb, run = TensorBoardLogger(), SimpleNamespace(run_dir=run_dir, start_step=0, step=0)
     tb.on_run_start(run)
     try:
         write(tb, run)

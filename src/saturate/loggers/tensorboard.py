@@ -1,5 +1,13 @@
 """TensorBoard event files under `<run dir>/tb`: every metric as a scalar, texts (the report,
-the config), image grids, the Custom Scalars overview and the HParams entry."""
+the config), image grids, the Custom Scalars overview; and the HParams entry in
+`<run dir>/tb/hparams`.
+
+HParams: no run writes an experiment summary. TensorBoard then builds the table's columns
+from every run's own values (the union of keys, each marked as differing when its values
+do), so a sweep's keys show whichever run it reads first; with an experiment summary it
+took the first one found, and a plain run read first hid every swept key. The session sits
+in its own sub-run holding only the compared metrics' final values (TensorBoard offers
+every scalar of a session's run as a metric)."""
 
 from __future__ import annotations
 
@@ -11,6 +19,10 @@ class TensorBoardLogger:
     """A run resumed at step N first drops the events an earlier attempt wrote after N
     (TensorBoard's purge_step), so its curves do not fork."""
 
+    # in metrics.json, not plotted: the step is every chart's x axis; the main process's CPU in
+    # % of one core (over 100 with threads) is cpu/run_util's share of the machine, restated
+    HIDDEN = frozenset({"progress/step", "cpu/process_util"})
+
     def __init__(self, subdir: str = "tb"):
         self.subdir, self.writer = subdir, None
 
@@ -21,7 +33,8 @@ class TensorBoardLogger:
 
     def on_log(self, run, metrics: dict[str, float], step: int) -> None:
         for tag, value in metrics.items():
-            self.writer.add_scalar(tag, value, step)
+            if tag not in self.HIDDEN:
+                self.writer.add_scalar(tag, value, step)
 
     def on_text(self, run, tag: str, text: str, step: int) -> None:
         self.writer.add_text(tag, text, step)
@@ -35,20 +48,18 @@ class TensorBoardLogger:
         self.writer.add_custom_scalars({"saturate": exact})
 
     def on_hparams(self, run, params: dict[str, Any], metrics: dict[str, float], varied: list[str]) -> None:
-        """The experiment (columns in the order given, metrics too) and this run's session.
-        TensorBoard sorts the columns by (not differs, name) and ticks the first few: the
-        `varied` ones are marked as differing, so a sweep's keys come first."""
-        from tensorboard.plugins.hparams import plugin_data_pb2
+        """This run's session (its values of `params`) and the final values of `metrics`, in
+        the sub-run `hparams`; TensorBoard computes the columns and what differs itself."""
+        from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams
 
-        experiment, session_start, session_end = hparams(params, metrics)
-        stored = experiment.value[0].metadata.plugin_data
-        data = plugin_data_pb2.HParamsPluginData.FromString(stored.content)
-        for info in data.experiment.hparam_infos:
-            info.differs = info.name in varied
-        stored.content = data.SerializeToString()
-        for summary in (experiment, session_start, session_end):
-            self.writer.file_writer.add_summary(summary)
+        _, session_start, session_end = hparams(params, metrics)  # the experiment summary is left out (see above)
+        writer = SummaryWriter(str(run.run_dir / self.subdir / "hparams"))
+        for summary in (session_start, session_end):
+            writer.file_writer.add_summary(summary)
+        for tag, value in metrics.items():
+            writer.add_scalar(tag, value, run.step)
+        writer.close()
 
     def on_run_end(self, run, metrics: dict[str, Any]) -> None:
         if self.writer is not None:
