@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import torch.nn.functional as F
@@ -244,6 +245,7 @@ def test_a_user_error_raised_in_a_worker_keeps_its_own_words(tmp_path):
     with pytest.raises(DataError) as err:
         saturate.fit(SmallCNN(1, 10, width=8), RefusesItem20("die"), RefusesItem20("die"), overrides=overrides, run_dir=tmp_path)
     assert str(err.value) == "data: item 20 is broken (the data set's own words)"
+    assert [p for p in psutil.Process().children() if p.name() == "pt_data_worker"] == []  # ended, though err holds the traceback
 
 
 # -- a skipped first step (issue 25, item 1): torch's fused SGD makes its momentum buffers with

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -119,8 +120,11 @@ def test_resnet18_with_the_imagenet_stem_does_a_real_resnet18s_work_at_224():
 def test_fast_loader_with_worker_processes(make_cfg):
     cfg = make_cfg("loader=fast", "loader.num_workers=2", "loader.batch_size=64", "trainer.max_epochs=2")
     assert cfg.loader.persistent_workers and cfg.loader.prefetch_factor == 4
+    before = {p.pid for p in psutil.Process().children()}
     metrics = saturate.train(cfg)
     assert metrics["progress/step"] == 6
+    left = [p for p in psutil.Process().children() if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+    assert left == []  # the persistent workers end with the run, not when Python collects the loader
 
 
 def test_adamw_and_channels_last_and_grad_clip(make_cfg):

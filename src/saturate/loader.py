@@ -257,6 +257,14 @@ class StreamLoader:
     def __len__(self) -> int:
         return self.batches_per_epoch
 
+    def close(self) -> None:
+        """End persistent workers now (DataLoader ends them only when it is collected: a
+        notebook's fit() after fit() kept every earlier run's)."""
+        workers_iter = getattr(self.loader, "_iterator", None)
+        if workers_iter is not None and hasattr(workers_iter, "_shutdown_workers"):
+            workers_iter._shutdown_workers()
+        self.loader._iterator = None
+
     def epoch(self, epoch: int, start: int = 0) -> Iterator[HostBatch]:
         self.sampler.set_epoch(epoch)
         self.sampler.start = start
@@ -278,6 +286,9 @@ class StreamLoader:
         try:
             yield from watched(itertools.islice(workers_iter, count), self.timeout_s)
         except UserError as e:  # the data set's own words, without the worker's traceback DataLoader adds
+            # the workers are healthy: DataLoader's own shutdown ends them now, not when the
+            # error (whose traceback holds this iterator) is collected: fit() in a notebook kept two per failure
+            getattr(workers_iter, "_shutdown_workers", lambda: None)()
             raise own_words(e) from None
         except RuntimeError:
             from torch.utils.data._utils.signal_handling import _remove_worker_pids
@@ -500,6 +511,11 @@ class Loaders:
     val: StreamLoader | ResidentLoader | None = None
     test: StreamLoader | ResidentLoader | None = None
     workers_note: str = ""  # why num_workers=auto chose what it chose
+
+    def close(self) -> None:
+        """Every split's worker processes ended (at the end of a run, whatever ended it)."""
+        for batches in (self.train, self.val, self.test):
+            getattr(batches, "close", lambda: None)()
 
 
 def build_loaders(cfg: LoaderConfig, aug: AugmentationConfig, data, spec: DataSpec, *, device: torch.device, trainer: TrainerConfig,

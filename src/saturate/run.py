@@ -148,6 +148,7 @@ def _drive(s: Session, state: TrainState) -> Metrics:
         write(s, record)  # this run's progress, with the error (train() would keep an earlier attempt's record)
         failure.recorded = True
     finally:
+        s.parts.loaders.close()
         s.tracker.close()
         s.observers.call("on_run_end", s.run, record or {**s.tracker.latest, **s.outcome, "status": "failed"})
     raise failure  # out here, so the frames holding the loader's workers are freed
