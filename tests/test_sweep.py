@@ -29,7 +29,8 @@ def sweep_dir(cwd):
 
 @contextlib.contextmanager
 def tensorboard(logdir):
-    """A real `tensorboard --logdir` server; yields post(route, body) -> JSON of its data routes."""
+    """A real `tensorboard --logdir` server; yields post(route, body) -> JSON of its HParams
+    data routes, with the server's address as post.url."""
     with socket.socket() as free:
         free.bind(("localhost", 0))
         port = free.getsockname()[1]
@@ -41,6 +42,7 @@ def tensorboard(logdir):
                                          headers={"X-XSRF-Protected": "1", "Content-Type": "application/json"})  # fmt: skip
         return json.loads(urllib.request.urlopen(request, timeout=30).read())
 
+    post.url = f"http://localhost:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:

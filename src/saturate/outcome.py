@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -111,10 +112,8 @@ def finish(s: Session, last: dict) -> Metrics:
              ", ".join(f"{k} {metrics[k]:.4f}" for k in dict.fromkeys(shown)), metrics["perf/samples_per_s"],
              100 * metrics["perf/data_wait_frac"], metrics["memory/peak_mb"], s.cfg.run_dir)  # fmt: skip
     if d.is_main and (Path(s.cfg.run_dir) / "tb").is_dir():
-        parts_of = Path(s.cfg.run_dir).parts
-        logdir = Path(*parts_of[: parts_of.index("outputs") + 1]) if "outputs" in parts_of else Path(s.cfg.run_dir)
-        log.info("review: tensorboard --logdir %s, then its Custom Scalars tab (http://localhost:6006/#custom_scalars): loss, "
-                 "metrics, speed and utilisation side by side", logdir)  # fmt: skip
+        log.info("review: %s", review_hint(Path(s.cfg.run_dir), [s.outcome["monitor"], *(f"val/{n}" for n in parts.task.names())],
+                                           metrics))  # fmt: skip
     result = Metrics({**metrics, **stopped})
     result.objective = s.outcome["monitor"]
     return result
@@ -211,16 +210,67 @@ def report(s: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, dict]:
     return verdict, dataclasses.asdict(facts)
 
 
+def review_hint(run_dir: Path, watched: list[str], metrics: dict) -> str:
+    """The TensorBoard command for this run's logdir (the `outputs` folder above it, which
+    `tensorboard --logdir outputs` shows) and a link to Time Series with the learning curves
+    pinned first (its groups are ordered by name: cpu/ before train/), unsmoothed for a run of
+    few evaluations (the default smoothing, 0.6, draws their last value far from the real one)."""
+    import urllib.parse
+
+    parts_of = run_dir.parts
+    logdir = Path(*parts_of[: len(parts_of) - parts_of[::-1].index("outputs")]) if "outputs" in parts_of else run_dir
+    if logdir.is_absolute() and logdir.is_relative_to(Path.cwd()):  # as the user would type it, from where they ran
+        logdir = logdir.relative_to(Path.cwd())
+    pinned = [t for t in dict.fromkeys(["train/loss", "val/loss", *watched]) if t in metrics]
+    query = {"pinnedCards": json.dumps([{"plugin": "scalars", "tag": t} for t in pinned], separators=(",", ":"))}
+    short = metrics.get("progress/epoch", 0) < 20
+    if short:
+        query["smoothing"] = "0"
+    return (
+        f"tensorboard --logdir {logdir}, then http://localhost:6006/?{urllib.parse.urlencode(query)}#timeseries (loss and "
+        f"metrics pinned first{', unsmoothed: a short run' if short else ''}; the Custom Scalars tab is the overview)"
+    )
+
+
+def identity(overrides: list[str], varied: set[str]) -> str:
+    """A run's overrides as one line, what its sweep varies first: the HParams `overrides`
+    column, a run's identity at a glance (the Trial ID is its path, which starts with a date
+    and is cut there). Where it writes is left out."""
+    given = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "run_dir="))]
+    first = [o for o in given if o.lstrip("+~").partition("=")[0] in varied]
+    return " ".join([*first, *(o for o in given if o not in first)]) or "(none)"
+
+
+def settings(run) -> dict:
+    """Every setting of the run as `group.key`: scalars as they are, lists as their text, so
+    that each run holds a value for any key another run varies (TensorBoard's parallel
+    coordinates leave out a run that lacks one; a plain run lacked the width a sweep varied)."""
+    from omegaconf import OmegaConf
+
+    out: dict = {}
+
+    def walk(key: str, node) -> None:
+        if isinstance(node, dict):
+            for name, value in node.items():
+                walk(f"{key}.{name}", value)
+        else:
+            out[key] = json.dumps(node) if isinstance(node, (list, tuple)) or node is None else node
+
+    for group, node in OmegaConf.to_container(OmegaConf.structured(run), resolve=True).items():
+        if group not in ("run_dir", "tune", "hydra"):
+            walk(group, node)
+    return out
+
+
 def hparams(s: Session) -> dict:
-    """The columns of this run in TensorBoard's HParams tab: the overrides it was given
-    (every job of a sweep has the same keys), then its main settings."""
+    """The columns of this run in TensorBoard's HParams tab: its overrides on one line, every
+    setting, and what ran where the config left a choice (workers, the preset, the optimizer)."""
     run, parts = s.cfg, s.parts
     aug = run.augmentation
     preset = "+".join(x.preset for x in aug.schedule) or aug.preset
     preset = "none" if aug.placement == "none" else ("transforms" if aug.transforms else preset)
     return {
-        # a run's identity at a glance (its Trial ID starts with a date), where it writes left out
-        "overrides": " ".join(o for o in s.outcome["overrides"] if not o.lstrip("+~").startswith(("hydra.", "run_dir="))) or "(none)",
+        "overrides": identity(s.outcome["overrides"], varied_keys()), **settings(run),
         **swept(run), "model": type(parts.models.raw).__name__, "data": parts.spec.name, "task": task_name(parts.task),
         "precision": parts.precision.name, "loader.batch_size": run.loader.batch_size,
         "loader.num_workers": parts.loaders.train.num_workers, "augmentation": aug.placement, "augmentation.preset": preset,
