@@ -206,7 +206,7 @@ def test_benchmark_scripts_run_and_print_their_tables(script):
     args = {
         "bench_engine.py": ["--steps", "5", "--warmup", "1", "--rounds", "1", "--samples", "512", "--batch", "32"],
         "bench_loader.py": ["--batches", "5", "--rounds", "1", "--samples", "1024"],
-        "bench_augment.py": ["--batches", "2", "--rounds", "1", "--workers", "0", "1", "--batch", "32", "--model", "small_cnn"],
+        "bench_augment.py": ["--batches", "4", "--rounds", "1", "--workers", "0", "1", "--batch", "32", "--model", "small_cnn"],
     }[script]
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

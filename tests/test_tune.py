@@ -127,7 +127,8 @@ def _events(folder: Path) -> EventAccumulator:
 
 
 def _has_hparams(tb: Path) -> bool:
-    return "_hparams_/session_start_info" in _events(tb).PluginTagToContent("hparams")
+    """A trial's HParams session (in its tb/hparams sub-run: saturate.loggers.tensorboard)."""
+    return "_hparams_/session_start_info" in _events(tb / "hparams").PluginTagToContent("hparams")
 
 
 def _cfg_job(args: list[str], cwd: Path) -> str:
