@@ -333,7 +333,8 @@ def test_when_one_rank_fails_the_others_say_one_line_and_the_launcher_names_its_
     (tmp_path / "conf" / "model").mkdir(parents=True)
     (tmp_path / "conf" / "model" / "breaks.yaml").write_text("_target_: userpkg.Breaks\nwidth: 8\n")
     done = subprocess.run([sys.executable, str(ROOT / "train.py"), f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "model=breaks",
-                           "device=cpu", "trainer.devices=2", "trainer.progress=false", "monitor.costs=false", "hydra.run.dir=run"], cwd=tmp_path,
+                           "device=cpu", "trainer.devices=2", "trainer.progress=false", "monitor.costs=false", "hydra.run.dir=run"],
+                          cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(tmp_path)})  # fmt: skip
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]
