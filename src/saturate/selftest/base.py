@@ -91,11 +91,11 @@ class Context:
                 "trainer.limit_val_batches=2", f"trainer.log_interval={max(1, steps // 2)}", "trainer.progress=false",
                 f"loader.batch_size={batch}", "loader.num_workers=0", f"device={self.device}", "trainer.devices=1"]  # fmt: skip
 
-    def train(self, name: str, *overrides: str, expect: int | None = 0, env: dict | None = None, launcher: list[str] | None = None) -> Run:
+    def train(self, name: str, *overrides: str, expect: int | None = 0, env: dict | None = None) -> Run:
         """`python train.py OVERRIDES` into runs/NAME, as a user runs it; Failed when its exit
         status is not `expect` (None: any)."""
         run_dir = self.work / "runs" / name
-        command = [*(launcher or [sys.executable]), str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
+        command = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
         print("$", " ".join(command), flush=True)
         done = subprocess.run(command, cwd=self.work, capture_output=True, text=True, env={**os.environ, **(env or {})})
         print(done.stdout[-4000:], done.stderr[-4000:], sep="\n", flush=True)  # into this check's log
