@@ -176,7 +176,7 @@ def test_the_fp16_loss_scale_is_logged_and_overflowing_first_steps_leave_a_finit
 
 
 class Stalls(torch.utils.data.Dataset):
-    """Item 20 never comes back (a hung worker) or kills its worker, as asked."""
+    """Item 20 never comes back (a hung worker) or kills its worker, as asked ("fine": neither)."""
 
     classes = list(range(10))
 
@@ -187,7 +187,7 @@ class Stalls(torch.utils.data.Dataset):
         return 64
 
     def __getitem__(self, index):
-        if index == 20 and torch.utils.data.get_worker_info() is not None:
+        if index == 20 and self.how in ("hang", "die") and torch.utils.data.get_worker_info() is not None:
             if self.how == "hang":
                 time.sleep(600)
             os._exit(1)
@@ -212,6 +212,24 @@ def test_a_worker_that_hangs_or_dies_is_a_clear_error_and_leaves_no_process(tmp_
     while psutil.Process().children(recursive=True) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert psutil.Process().children(recursive=True) == []
+
+
+class WorkerDeathInALogger:
+    """torch's SIGCHLD handler raises a worker's death in whatever the main thread runs: here,
+    as seen once in a fresh clone, inside TensorBoard's on_log."""
+
+    def on_log(self, run, metrics, step):
+        if step == 2:
+            raise RuntimeError("DataLoader worker (pid 17344) exited unexpectedly with exit code 1. Details are lost due to "
+                               "multiprocessing. Rerunning with num_workers=0 may give better error trace.")  # fmt: skip
+
+
+def test_a_worker_death_surfacing_in_a_logger_is_the_loaders_failure_not_the_loggers(tmp_path):
+    from saturate.models import SmallCNN
+
+    with pytest.raises(DataError, match=r"^loader: a worker process died \(DataLoader worker \(pid 17344\) exited"):
+        saturate.fit(SmallCNN(1, 10, width=8), Stalls("fine"), Stalls("fine"), overrides=[*TINY, "loader.num_workers=2",
+                     "loader.batch_size=8"], run_dir=tmp_path, loggers=[WorkerDeathInALogger()])  # fmt: skip
 
 
 def test_a_worker_dying_mid_send_is_the_same_clear_error():

@@ -64,6 +64,10 @@ class Observers:
             except CallbackHung:
                 log.warning("%s did not return within %.0f s of the stop signal: abandoned; the run stops", self.running, HANG_S)
             except Exception as e:
+                if isinstance(e, RuntimeError) and "DataLoader worker" in str(e):
+                    # torch's SIGCHLD handler raises a worker's death in whatever the main thread
+                    # runs, a logger's hook included: the loader's failure, not the hook's
+                    raise
                 raise CallbackError(f"{self.running} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
             finally:
                 self._disarm()
