@@ -56,7 +56,8 @@ def test_tiny_run_writes_the_contract_outputs(make_cfg):
 
     acc = events(run_dir)
     scalars = set(acc.Tags()["scalars"])
-    assert set(CONTRACT_METRICS) - {"progress/step", "time/wall_s"} <= scalars  # the x axis, and a one-number summary: not charts
+    assert set(CONTRACT_METRICS) - {"progress/step", "time/wall_s"} <= scalars  # the x axes (step, relative time): not charts
+    assert not {"progress/step", "time/wall_s", "cpu/process_util"} & scalars
     assert [e.step for e in acc.Scalars("train/loss")][:3] == [1, 2, 3]  # logged every step (log_interval=1)
     assert acc.Scalars("val/acc")[-1].value == pytest.approx(metrics["val/acc"])
     hp = session_hparams(run_dir)

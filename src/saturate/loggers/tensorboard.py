@@ -19,9 +19,10 @@ class TensorBoardLogger:
     """A run resumed at step N first drops the events an earlier attempt wrote after N
     (TensorBoard's purge_step), so its curves do not fork."""
 
-    # in metrics.json, not plotted: the step is every chart's x axis; the main process's CPU in
-    # % of one core (over 100 with threads) is cpu/run_util's share of the machine, restated
-    HIDDEN = frozenset({"progress/step", "cpu/process_util"})
+    # in metrics.json, not plotted: the step is every chart's x axis and the wall time its
+    # "Relative" axis; the main process's CPU in % of one core (over 100 with threads) is
+    # cpu/run_util's share of the machine, restated
+    HIDDEN = frozenset({"progress/step", "time/wall_s", "cpu/process_util"})
 
     def __init__(self, subdir: str = "tb"):
         self.subdir, self.writer = subdir, None
