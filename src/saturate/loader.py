@@ -253,17 +253,19 @@ class StreamLoader:
         self.batch_size, self.num_workers, self.dataset = cfg.batch_size, num_workers, dataset
         self.timeout_s = cfg.timeout_s
         self.poll = getattr(dataset, "poll", None)  # e.g. names the files the workers skipped (saturate.data.base)
+        self._workers_iter = None  # the epoch's worker iterator (close() ends its workers)
 
     def __len__(self) -> int:
         return self.batches_per_epoch
 
     def close(self) -> None:
-        """End persistent workers now (DataLoader ends them only when it is collected: a
-        notebook's fit() after fit() kept every earlier run's)."""
-        workers_iter = getattr(self.loader, "_iterator", None)
-        if workers_iter is not None and hasattr(workers_iter, "_shutdown_workers"):
-            workers_iter._shutdown_workers()
-        self.loader._iterator = None
+        """End the workers now: the persistent ones, and an epoch's that a failure left behind
+        (DataLoader ends them only when its iterator is collected, which an error's
+        traceback delays: a notebook's fit() after fit() kept every earlier run's)."""
+        for workers_iter in (getattr(self.loader, "_iterator", None), self._workers_iter):
+            if workers_iter is not None and hasattr(workers_iter, "_shutdown_workers"):
+                workers_iter._shutdown_workers()
+        self.loader._iterator = self._workers_iter = None
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[HostBatch]:
         self.sampler.set_epoch(epoch)
@@ -282,14 +284,11 @@ class StreamLoader:
         on: a frozen (SIGSTOPped) worker ignores the SIGTERM DataLoader's shutdown sends,
         and joining it would hang the run that is trying to stop. The workers start at the
         first fetch, inside the loop's timing, as they did without supervision."""
-        workers_iter = iter(self.loader)
+        workers_iter = self._workers_iter = iter(self.loader)
         try:
             yield from watched(itertools.islice(workers_iter, count), self.timeout_s)
         except UserError as e:  # the data set's own words, without the worker's traceback DataLoader adds
-            # the workers are healthy: DataLoader's own shutdown ends them now, not when the
-            # error (whose traceback holds this iterator) is collected: fit() in a notebook kept two per failure
-            getattr(workers_iter, "_shutdown_workers", lambda: None)()
-            raise own_words(e) from None
+            raise own_words(e) from None  # its healthy workers end with the run (close())
         except RuntimeError:
             from torch.utils.data._utils.signal_handling import _remove_worker_pids
 

@@ -232,11 +232,16 @@ def review_hint(run_dir: Path, watched: list[str], metrics: dict) -> str:
     )
 
 
+def settings_given(overrides: list[str]) -> list[str]:
+    """The overrides that set the run, where it writes (hydra.*, run_dir) left out."""
+    return [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "run_dir="))]
+
+
 def identity(overrides: list[str], varied: set[str]) -> str:
     """A run's overrides as one line, what its sweep varies first: the HParams `overrides`
     column, a run's identity at a glance (the Trial ID is its path, which starts with a date
-    and is cut there). Where it writes is left out."""
-    given = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "run_dir="))]
+    and is cut there)."""
+    given = settings_given(overrides)
     first = [o for o in given if o.lstrip("+~").partition("=")[0] in varied]
     return " ".join([*first, *(o for o in given if o not in first)]) or "(none)"
 

@@ -36,7 +36,7 @@ from saturate.launch import resume_hint
 from saturate.loader import loader_failure
 from saturate.models.build import build
 from saturate.monitor import ResourceMonitor, peak_memory
-from saturate.outcome import Metrics, Session, already_done, class_names, finish, task_name, write
+from saturate.outcome import Metrics, Session, already_done, class_names, finish, settings_given, task_name, write
 from saturate.parts import Given, Parts, build_parts, make_step
 from saturate.policy import PRESETS
 from saturate.registration import UNSET_RUN_DIR, set_data_info
@@ -221,7 +221,7 @@ def _start_tracking(run: RunConfig, parts: Parts, tracker: Tracker, cfg: DictCon
     tracker.layout({"loss": ["train/loss", "val/loss"], "validation": [f"val/{n}" for n in parts.task.names()],
                     "samples/s": ["perf/samples_per_s"], "data wait (fraction of each step)": ["perf/data_wait_frac"],
                     "utilisation %": ["gpu/util", "cpu/util"]})  # fmt: skip
-    given_overrides = [o for o in _overrides(given) if not o.lstrip("+~").startswith(("hydra.", "run_dir="))]
+    given_overrides = settings_given(_overrides(given))
     head = f"**Overrides:** `{' '.join(given_overrides)}`" if given_overrides else "**Overrides:** none (the defaults)"
     if run.augmentation.placement == "none":  # the schema's preset default would read as if it ran
         head += "\n\nNothing is augmented (augmentation.placement=none): `augmentation.preset` below is not used."

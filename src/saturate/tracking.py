@@ -40,7 +40,6 @@ class Tracker:
         # disable=None: tqdm turns itself off when stderr is not a terminal (logs, CI)
         self.bar = tqdm(unit="step", dynamic_ncols=True, disable=None if enabled and progress else True)
         self.latest: dict[str, float] = {}
-        self.plotted: set[str] = set()  # tags logged as time series during training
 
     def attach(self, run, total_steps: int, done: int = 0) -> None:
         self.run = run
@@ -52,7 +51,6 @@ class Tracker:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.latest.update(metrics)
-        self.plotted.update(metrics)
         if self.run is not None:
             self.run.metrics.update(metrics)
             self.observers.call("on_log", self.run, metrics, step)
@@ -95,7 +93,7 @@ class Tracker:
         if self.run is not None:
             chosen = {k: finite[k] for k in compared if k in finite}
             self.observers.call("on_hparams", self.run, {k: _plain(v) for k, v in params.items()}, chosen, sorted(varied))
-        self.log({k: v for k, v in finite.items() if k in self.plotted or k.startswith("test/")}, step)
+        self.log({k: v for k, v in finite.items() if k in self.latest or k.startswith("test/")}, step)  # latest: what was logged
 
     def close(self) -> None:
         self.bar.close()

@@ -95,27 +95,27 @@ class Context:
         """`python train.py OVERRIDES` into runs/NAME, as a user runs it; Failed when its exit
         status is not `expect` (None: any)."""
         run_dir = self.work / "runs" / name
-        command = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
-        print("$", " ".join(command), flush=True)
-        done = subprocess.run(command, cwd=self.work, capture_output=True, text=True, env={**os.environ, **(env or {})})
-        print(done.stdout[-4000:], done.stderr[-4000:], sep="\n", flush=True)  # into this check's log
-        run = Run(run_dir, done.returncode, done.stdout + done.stderr)
-        self.runs.append(run)
-        if expect is not None and done.returncode != expect:
-            raise Failed(f"train.py exited {done.returncode} (expected {expect}): {run.error_line()}")
+        run = self._command([sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"], run_dir, env)
+        if expect is not None and run.returncode != expect:
+            raise Failed(f"train.py exited {run.returncode} (expected {expect}): {run.error_line()}")
         return run
 
     def script(self, name: str, *args: str) -> dict:
         """`python scripts/NAME ARGS --json FILE`: the figures it wrote."""
         out = self.work / "logs" / f"{Path(name).stem}.{len(self.runs)}.json"
-        command = [sys.executable, str(ROOT / "scripts" / name), *args, "--json", str(out)]
-        print("$", " ".join(command), flush=True)
-        done = subprocess.run(command, cwd=self.work, capture_output=True, text=True)
-        print(done.stdout[-4000:], done.stderr[-4000:], sep="\n", flush=True)
-        self.runs.append(Run(out.parent, done.returncode, done.stdout + done.stderr))
-        if done.returncode != 0 or not out.exists():
-            raise Failed(f"scripts/{name} exited {done.returncode}: {self.runs[-1].error_line()}")
+        run = self._command([sys.executable, str(ROOT / "scripts" / name), *args, "--json", str(out)], out.parent)
+        if run.returncode != 0 or not out.exists():
+            raise Failed(f"scripts/{name} exited {run.returncode}: {run.error_line()}")
         return json.loads(out.read_text())
+
+    def _command(self, command: list[str], where: Path, env: dict | None = None) -> Run:
+        """`command` run from the work folder, its output's tail in this check's log."""
+        print("$", " ".join(command), flush=True)
+        done = subprocess.run(command, cwd=self.work, capture_output=True, text=True, env={**os.environ, **(env or {})})
+        print(done.stdout[-4000:], done.stderr[-4000:], sep="\n", flush=True)
+        run = Run(where, done.returncode, done.stdout + done.stderr)
+        self.runs.append(run)
+        return run
 
 
 def expect(condition: bool, message: str) -> None:
