@@ -54,6 +54,12 @@ def test_launch_and_copy_bound_verdicts():
     assert [o for o, _ in cuda.suggestions] == ["trainer.compile=true", "loader.batch_size=256", "loader=resident"]
     cpu = diagnose(perf(0.01), facts(device="cpu", placement="none", launch_frac=0.6, launches=300, cpus=2), steps=100)
     assert cpu.kind == "launch-bound" and "60% of the step's compute does not grow with the batch (300 operator launches)" in cpu.reason
+    # beside other processes' load the step's timings stretch and the start-up's do not (a compute-bound
+    # CNN measured 51% "fixed" beside two CPU burners): not judged, and the report says why
+    busy = facts(device="cpu", placement="none", launch_frac=0.6, launches=300, cpus=2, cores=2, cpu_util=49.0, other_cpu=51.0)
+    assert diagnose(perf(0.01), busy, steps=100).kind == "compute-bound"
+    costs = {**perf(0.01), "cost/flops_per_step": 1e9, "cost/launches_per_step": 300.0, "cost/fixed_frac": 0.6, "cost/per_sample_ms": 0.1}
+    assert "(not judged: other processes' load stretched" in render(costs, diagnose(perf(0.01), busy, steps=100), steps=100, facts=busy)
     copy = {**perf(0.01), "perf/copy_ms": 3.0}
     assert diagnose(copy, facts(placement="gpu", in_memory=True), steps=100).kind == "copy-bound"
     assert diagnose(copy, facts(device="cpu", placement="none", cpus=2), steps=100).kind == "compute-bound"  # no copy on a CPU

@@ -16,7 +16,10 @@ A verdict is decided by measured figures, in this order (the first that holds):
 6. launch-bound: on CUDA the device waited on kernel launches (its compute time within
    10 % of the host's time to enqueue it) in at least LAUNCH_BOUND of the steps; on the CPU
    the part of the measured step compute that does not grow with the batch (forward and
-   backward timed on 1 and on 8 samples at start-up) is at least LAUNCH_BOUND;
+   backward timed on 1 and on 8 samples at start-up) is at least LAUNCH_BOUND, judged only
+   while other processes take less than OTHER_BUSY of the host (their load stretches the
+   step's long timings and not the start-up's short ones: a compute-bound CNN beside two
+   CPU-burning processes measured 51 % "fixed");
 7. compute-bound: waiting for data took at most COMPUTE_BOUND of step time; else balanced.
 
 Other processes' load is named as such and never turned into advice about the run's
@@ -95,6 +98,12 @@ def _input_fixes(f: RunFacts) -> list[tuple[str, str]]:
     if f.device == "cuda" and not f.pin_memory and not f.resident:
         fixes.append(("loader.pin_memory=true", "copies from pageable memory are synchronous"))
     return fixes
+
+
+def _host_busy(f: RunFacts) -> bool:
+    """On the CPU, other processes take at least OTHER_BUSY % of the host: the step's timings
+    are stretched by their load, and no longer compare with the start-up's."""
+    return f.device != "cuda" and f.other_cpu is not None and f.other_cpu >= OTHER_BUSY
 
 
 def _saturated(f: RunFacts) -> bool:
@@ -204,7 +213,7 @@ def diagnose(perf: dict[str, float], facts: RunFacts, steps: int | None = None) 
     if facts.device == "cuda" and copy >= COPY_BOUND:
         return Verdict("copy-bound", f"copying the batch to the device and preparing it took {copy:.0%} of step time "
                        f"(>= {COPY_BOUND:.0%})", _copy_fixes(facts))  # fmt: skip
-    if facts.launch_frac is not None and facts.launch_frac >= LAUNCH_BOUND:
+    if facts.launch_frac is not None and facts.launch_frac >= LAUNCH_BOUND and not _host_busy(facts):
         said = (f"the GPU waited on kernel launches in {facts.launch_frac:.0%} of the steps" if facts.device == "cuda" else
                 f"{facts.launch_frac:.0%} of the step's compute does not grow with the batch ({facts.launches} operator "
                 "launches): the step is dispatch and Python, not arithmetic")  # fmt: skip
@@ -233,7 +242,7 @@ def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[st
         f"- step time: {step:.2f} ms = {split}",
     ]
     lines += _gpu_lines(perf, gpu)
-    lines += _cost_lines(perf)
+    lines += _cost_lines(perf, host_busy=facts is not None and _host_busy(facts))
     if facts is not None and facts.cpu_util is not None:
         lines.append(_cpu_line(facts))
     loop = _loop_line(perf)
@@ -273,7 +282,7 @@ def _gpu_lines(perf: dict, gpu: dict | None) -> list[str]:
     return lines
 
 
-def _cost_lines(perf: dict) -> list[str]:
+def _cost_lines(perf: dict, host_busy: bool = False) -> list[str]:
     if "cost/flops_per_step" not in perf:
         return []
     flops, launches = perf["cost/flops_per_step"], perf["cost/launches_per_step"]
@@ -290,6 +299,8 @@ def _cost_lines(perf: dict) -> list[str]:
     if "cost/fixed_frac" in perf:
         line += (f"; {perf['cost/fixed_frac']:.0%} of the step's compute does not grow with the batch (dispatch, Python, the "
                  f"optimizer's update; each sample adds {perf['cost/per_sample_ms']:.3f} ms)")  # fmt: skip
+        if host_busy:
+            line += " (not judged: other processes' load stretched the step's timings, not the start-up's)"
     return [line]
 
 
