@@ -151,6 +151,8 @@ def _drive(s: Session, state: TrainState) -> Metrics:
         s.parts.loaders.close()
         s.tracker.close()
         s.observers.call("on_run_end", s.run, record or {**s.tracker.latest, **s.outcome, "status": "failed"})
+        if record is not None and record["status"] == "completed":
+            s.dist.barrier()  # the ranks leave together: one that tore down gloo while rank 0 still wrote aborted once in CI
     raise failure  # out here, so the frames holding the loader's workers are freed
 
 
