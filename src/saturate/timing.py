@@ -126,9 +126,10 @@ class StepTimer:
         """Synchronise, close the window and return it (None if no step ran in it)."""
         if self.cuda:
             torch.cuda.synchronize()
-            self._device_figures()
+            seconds = {name: [b.elapsed_time(e) / 1000 for b, e in pairs] for name, pairs in self._timed.items()}
+            self._device_figures(seconds["compute"])
             for name, pairs in self._timed.items():
-                setattr(self.window, f"{name}_s", sum(b.elapsed_time(e) for b, e in pairs) / 1000)
+                setattr(self.window, f"{name}_s", sum(seconds[name]))
                 self._spare += [event for pair in pairs for event in pair]
                 pairs.clear()
             self._waits.clear()
@@ -144,12 +145,13 @@ class StepTimer:
             self.rest.add(window)
         return window
 
-    def _device_figures(self) -> None:
-        """The window's device idle gaps and launch-boundness, from the events (after a synchronise)."""
+    def _device_figures(self, computed: list[float]) -> None:
+        """The window's device idle gaps and launch-boundness, from the events (after a
+        synchronise) and the device's seconds for each step's compute (`computed`)."""
         copies, computes = self._timed["copy"], self._timed["compute"]
         w = self.window
-        for i, ((_, compute_end), enqueue) in enumerate(zip(computes, self._enqueue, strict=False)):
-            device = computes[i][0].elapsed_time(compute_end) / 1000
+        for i, (device, enqueue) in enumerate(zip(computed, self._enqueue, strict=False)):
+            compute_end = computes[i][1]
             w.enqueue_s += enqueue
             w.timed_steps += 1
             w.launch_steps += device <= LAUNCH_RATIO * enqueue
