@@ -3,7 +3,7 @@
     python scripts/bench_augment.py --size 32 --batch 256 --workers 0 1 2
     python scripts/bench_augment.py --size 224 --batch 256 --workers 0 4 8 16 --model resnet18   # on a GPU
 
-Both placements run the same policy (saturate.augment). Per-sample rows go through a real
+Both placements run the same policy (saturate.data.augment). Per-sample rows go through a real
 DataLoader (uint8 in, uint8 out, collated, as `augmentation=cpu` runs it); the batched row
 copies the uint8 batch to the device and augments it there with Kornia (as
 `augmentation=gpu` runs it), timed with a synchronisation per batch. All rows run in this one
@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from saturate.augment import PRESETS, BatchAugment, SampleAugment, Schedule
+from saturate.data.augment import PRESETS, BatchAugment, SampleAugment, Schedule
 from saturate.data.base import ImageTensors
-from saturate.loader import ResumableSampler
+from saturate.data.loader import ResumableSampler
 
 PREFETCH = 2  # batches each worker keeps ready (DataLoader's default)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 import saturate
-from saturate.batch_size import Trial, table
+from saturate.parts.batch_size import Trial, table
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 saturate.register()  # the schema and resolvers, before composing conf/

@@ -83,7 +83,7 @@ def loaders(root: Path, size: int, workers: int, batch: int, scratch: Path) -> d
     from torch.utils.data import DataLoader
 
     from saturate.data.image_folder import load_image_folder
-    from saturate.loader import ResumableSampler, already_collated
+    from saturate.data.loader import ResumableSampler, already_collated
 
     with tempfile.TemporaryDirectory() as cache:
         train, _ = load_image_folder(root=str(root), image_size=size, channels=3, val_fraction=0.1, split_seed=0, strict=False,

@@ -3,7 +3,7 @@
     python scripts/bench_loader.py [--batch 256] [--size 32] [--samples 10240]
 
 Each preset is built by the same code as `python train.py loader=<preset>` (config composed
-from conf/, saturate.loader.build_loaders) over a synthetic uint8 data set of 3 x size x size
+from conf/, saturate.data.loader.build_loaders) over a synthetic uint8 data set of 3 x size x size
 images, with `loader.batch_size` set to --batch for all; a batch counts once it is on the
 training device as the normalised float tensor the model gets. Two reference rows: raw
 index_select slicing of a uint8 tensor plus the float conversion, and
@@ -26,10 +26,10 @@ from hydra import compose, initialize_config_dir
 from torch.utils.data import DataLoader, TensorDataset
 
 import saturate
-from saturate.augment import PRESETS as PRESETS_AUG
-from saturate.config import validate
+from saturate.config.schema import validate
 from saturate.data import build_datasets, describe
-from saturate.loader import build_loaders
+from saturate.data.augment import PRESETS as PRESETS_AUG
+from saturate.data.loader import build_loaders
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 saturate.register()  # the schema and resolvers, before composing conf/

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from saturate.sweep import common_overrides, markdown, plot, read_jobs, rows, write_csv
+from saturate.observe.sweep import common_overrides, markdown, plot, read_jobs, rows, write_csv
 
 
 def main() -> int:

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import saturate
-from saturate.augment import (
+from saturate.data.augment import (
     PRESETS,
     BatchAugment,
     Policy,
@@ -21,7 +21,7 @@ from saturate.augment import (
     kornia_pipeline,
 )
 from saturate.data.base import ImageTensors
-from saturate.loader import ResumableSampler
+from saturate.data.loader import ResumableSampler
 from tests.conftest import TINY
 from tests.test_train import events
 

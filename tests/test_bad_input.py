@@ -432,7 +432,7 @@ def test_a_hung_callback_cannot_keep_a_run_alive_through_sigterm(tmp_path, caplo
     import time
 
     from saturate.callbacks.dispatch import HANG_S
-    from saturate.faults import Preempted
+    from saturate.loop.faults import Preempted
 
     class Hangs:
         def on_log(self, run, metrics, step):
@@ -477,7 +477,7 @@ import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails with EFBIG, as on a full disk
 resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
 from pathlib import Path
-from saturate.rundir import write_json
+from saturate.parts.rundir import write_json
 try:
     write_json(Path(sys.argv[1]) / "metrics.json", {"status": "completed", "val/acc": 0.5, "pad": "x" * 200})
 except Exception as e:

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import saturate
-from saturate.batch_size import Cache, Trial, search
-from saturate.config import OptimConfig
-from saturate.device import OutOfMemory
-from saturate.optim import scaled_lr
+from saturate.config.schema import OptimConfig
+from saturate.parts.batch_size import Cache, Trial, search
+from saturate.parts.device import OutOfMemory
+from saturate.parts.optim import scaled_lr
 from tests.test_train import events
 
 
@@ -224,7 +224,7 @@ def test_a_short_last_batch_is_not_split_into_empty_pieces(make_cfg):
 
 
 def test_cublas_and_cudnn_allocation_failures_are_out_of_memory():
-    from saturate.device import is_oom
+    from saturate.parts.device import is_oom
 
     assert is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
     assert is_oom(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
@@ -243,7 +243,7 @@ def test_out_of_memory_in_the_optimizer_step_is_a_clear_error(make_cfg, monkeypa
 
 
 def test_out_of_memory_preparing_the_batch_on_the_device_is_a_clear_error(make_cfg, monkeypatch):
-    from saturate.loader import DevicePipeline
+    from saturate.data.loader import DevicePipeline
 
     calls, original = [], DevicePipeline.__call__
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import saturate
-from saturate.faults import Preempted
+from saturate.loop.faults import Preempted
 from tests.conftest import ROOT, TINY, read_metrics, run_cli
 from tests.test_resume import EXACT, final_weights, signal_at, step_losses
 from tests.test_train import events

@@ -19,8 +19,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from saturate.launch import command_line
-from saturate.run import resume_hint
+from saturate.compose.run import resume_hint
+from saturate.scale.launch import command_line
 from tests.conftest import CONF, ROOT, TINY, read_metrics, run_cli
 
 

@@ -8,9 +8,9 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 import saturate
-from saturate.augment import PRESETS
-from saturate.config import RunConfig
-from saturate.config import validate as validate_with
+from saturate.config.schema import RunConfig
+from saturate.config.schema import validate as validate_with
+from saturate.data.augment import PRESETS
 from saturate.errors import ConfigError
 from tests.conftest import CONF, TINY, compose_config
 

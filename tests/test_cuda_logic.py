@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from saturate.config import DeviceConfig
-from saturate.device import setup_device
+from saturate.config.schema import DeviceConfig
+from saturate.parts.device import setup_device
 
 
 @pytest.fixture
@@ -46,20 +46,20 @@ def test_an_index_past_the_visible_gpus_is_a_clear_error(fake_cuda):
 def test_deterministic_on_cuda_warns_instead_of_failing(make_cfg, monkeypatch, caplog):
     """`use_deterministic_algorithms(True)` stops a CUDA run at the first op without a
     deterministic kernel; on CUDA saturate asks torch to warn instead, and says so."""
-    import saturate.run
+    import saturate.compose.run
 
     calls = []
     monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on, warn_only=False: calls.append((on, warn_only)))
     with (
         caplog.at_level(logging.WARNING, logger="saturate"),
-        saturate.run.seeded(  # the seeding step, on a CUDA device
-            saturate.config.TrainerConfig(deterministic=True), torch.device("cuda", 0)
+        saturate.compose.run.seeded(  # the seeding step, on a CUDA device
+            saturate.config.schema.TrainerConfig(deterministic=True), torch.device("cuda", 0)
         ),
     ):
         pass
     assert calls[0] == (True, True) and "bit-exact results are promised on the CPU only" in caplog.text
     calls.clear()
-    with saturate.run.seeded(saturate.config.TrainerConfig(deterministic=True), torch.device("cpu")):
+    with saturate.compose.run.seeded(saturate.config.schema.TrainerConfig(deterministic=True), torch.device("cpu")):
         pass
     assert calls[0] == (True, False)  # strict on the CPU
 
@@ -69,7 +69,7 @@ def test_deterministic_on_cuda_warns_instead_of_failing(make_cfg, monkeypatch, c
     [(4, "auto", "auto", 4), (4, "auto", "cpu", 1), (0, "auto", "auto", 1), (1, "auto", "cuda", 1), (4, 2, "cuda", 2), (0, 2, "cpu", 2)],
 )
 def test_trainer_devices_starts_one_process_per_gpu_by_default(fake_cuda, monkeypatch, visible, devices, device_type, expected):
-    from saturate.launch import processes
+    from saturate.scale.launch import processes
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     if visible:
@@ -81,7 +81,7 @@ def test_trainer_devices_starts_one_process_per_gpu_by_default(fake_cuda, monkey
 
 def test_more_processes_than_gpus_is_a_clear_error(fake_cuda, monkeypatch):
     from saturate.errors import UserError
-    from saturate.launch import processes
+    from saturate.scale.launch import processes
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     fake_cuda(2)
@@ -94,7 +94,7 @@ def test_more_processes_than_gpus_is_a_clear_error(fake_cuda, monkeypatch):
 def test_amp_picks_bf16_only_where_the_gpu_has_it_natively(fake_cuda, monkeypatch, native, mode, expected):
     """A pre-Ampere GPU (V100, T4) emulates bf16: torch.cuda.is_bf16_supported() says True
     unless asked for native support; amp must pick fp16 there."""
-    from saturate.precision import resolve_mode
+    from saturate.parts.precision import resolve_mode
 
     fake_cuda(1)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
@@ -103,7 +103,7 @@ def test_amp_picks_bf16_only_where_the_gpu_has_it_natively(fake_cuda, monkeypatc
 
 def test_bf16_asked_on_a_gpu_that_only_emulates_it_is_a_clear_error(fake_cuda, monkeypatch):
     from saturate.errors import UserError
-    from saturate.precision import resolve_mode
+    from saturate.parts.precision import resolve_mode
 
     fake_cuda(1)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
@@ -115,7 +115,7 @@ def test_bf16_asked_on_a_gpu_that_only_emulates_it_is_a_clear_error(fake_cuda, m
 def test_the_doctor_counts_only_native_bf16_as_support(fake_cuda, monkeypatch, native):
     """The doctor said "bf16 supported" on a GPU that only emulates it (torch's default answer),
     and chose bf16 for its mixed-precision check there."""
-    from saturate.doctor import amp_dtype, run_checks
+    from saturate.observe.doctor import amp_dtype, run_checks
 
     fake_cuda(1)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
@@ -167,7 +167,7 @@ def test_evaluation_runs_the_uncompiled_model_without_autograd(make_cfg, monkeyp
 def test_the_resident_budget_counts_the_allocators_cache_and_the_memory_cap(monkeypatch):
     """After the batch search and compile, the caching allocator keeps blocks mem_get_info
     calls used; device.memory_fraction caps what the allocator may take."""
-    from saturate.loader import memory_budget
+    from saturate.data.loader import memory_budget
 
     gib = 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 80 * gib))
@@ -181,8 +181,8 @@ def test_the_resident_budget_counts_the_allocators_cache_and_the_memory_cap(monk
 
 
 def test_the_batch_search_runs_with_the_resident_datas_room_taken(monkeypatch):
-    from saturate import loader
-    from saturate.config import LoaderConfig
+    from saturate.config.schema import LoaderConfig
+    from saturate.data import loader
     from saturate.data.base import DataSpec
 
     spec = DataSpec("cifar", (3, 32, 32), torch.uint8, (), True, 10)
@@ -210,10 +210,10 @@ def test_the_batch_search_runs_with_the_resident_datas_room_taken(monkeypatch):
 
 def test_host_memory_is_kept_for_reuse_unless_the_user_chose_an_allocator(monkeypatch):
     """glibc's malloc otherwise returns every block over 128 KiB to the OS when freed, and a
-    step takes them again: page faults every step (saturate.device.keep_host_memory)."""
+    step takes them again: page faults every step (saturate.parts.device.keep_host_memory)."""
     import sys
 
-    from saturate.device import keep_host_memory
+    from saturate.parts.device import keep_host_memory
 
     if sys.platform != "linux":
         pytest.skip("glibc's mallopt")
@@ -228,7 +228,7 @@ def test_host_memory_is_kept_for_reuse_unless_the_user_chose_an_allocator(monkey
 
 
 def test_setup_device_keeps_host_memory_when_asked(monkeypatch):
-    from saturate import device
+    from saturate.parts import device
 
     calls = []
     monkeypatch.setattr(device, "keep_host_memory", lambda: calls.append(1) or True)
@@ -241,9 +241,9 @@ def test_setup_device_keeps_host_memory_when_asked(monkeypatch):
 def test_a_resident_epoch_starts_without_a_host_device_sync():
     """The epoch's permutation reaches the GPU behind the queued steps (pinned, non_blocking),
     not through a pageable copy that waits for the device to drain (issue 16, item 16)."""
-    from saturate.config import LoaderConfig
+    from saturate.config.schema import LoaderConfig
     from saturate.data.base import InMemory
-    from saturate.loader import PlainPipeline, ResidentLoader
+    from saturate.data.loader import PlainPipeline, ResidentLoader
 
     data = InMemory(torch.randn(1024, 8), torch.randint(0, 10, (1024,)))
     device = torch.device("cuda", 0)
@@ -265,7 +265,7 @@ def test_the_process_group_binds_nccl_to_the_gpu_the_rank_trains_on(fake_cuda, m
     index was applied (a collective on one GPU, the training on another)."""
     import torch.distributed as dist
 
-    from saturate import distributed
+    from saturate.scale import distributed
 
     chosen = fake_cuda(visible)
     bound = []

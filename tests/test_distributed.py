@@ -49,7 +49,7 @@ def test_two_processes_one_run_dir_identical_ranks_and_the_single_process_result
     assert outputs == [ddp_run / "metrics.json"]  # exactly one run dir and one metrics.json
     assert sorted(p.name for p in ddp_run.iterdir()) == [
         ".hydra",
-        ".lock",  # rank 0 holds the run dir (saturate.rundir)
+        ".lock",  # rank 0 holds the run dir (saturate.parts.rundir)
         "checkpoints",
         "metrics.json",
         "report.md",
@@ -174,7 +174,7 @@ def test_sync_batchnorm_on_cpu_ranks_is_a_clean_error(tmp_path):
 @pytest.mark.parametrize(("procid", "localid", "rank", "local"), [("0", "0", "0", "0"), ("3", "1", "3", "1")])
 def test_slurm_tasks_become_torchrun_ranks(procid, localid, rank, local):
     pytest.importorskip("submitit")
-    from saturate import distributed
+    from saturate.scale import distributed
 
     slurm = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "4", "SLURM_PROCID": procid, "SLURM_LOCALID": localid,
              "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "gpu[07-08]"}  # fmt: skip
@@ -200,7 +200,7 @@ def test_slurm_launcher_preset_wires_one_task_per_gpu():
 
 
 def test_a_single_process_needs_no_process_group():
-    from saturate.distributed import Dist
+    from saturate.scale.distributed import Dist
 
     d = Dist()
     assert (d.world_size, d.rank, d.is_main) == (1, 0, True) and not torch.distributed.is_initialized()
@@ -238,8 +238,8 @@ def test_a_mistake_under_trainer_devices_is_one_line_per_process(tmp_path):
 def _syncbn_rank(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    from saturate.distributed import Dist, alone
     from saturate.models import SmallCNN
+    from saturate.scale.distributed import Dist, alone
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     d = Dist()

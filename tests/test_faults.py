@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 import saturate
-from saturate import checkpoint
+from saturate.parts import checkpoint
 from saturate.errors import DataError
-from saturate.faults import NonFiniteGuard, TrainingDiverged
-from saturate.precision import Precision
-from saturate.step import TrainStep
+from saturate.loop.faults import NonFiniteGuard, TrainingDiverged
+from saturate.loop.step import TrainStep
+from saturate.parts.precision import Precision
 from tests.conftest import TINY
 from tests.test_train import events
 
@@ -244,7 +244,7 @@ def test_a_worker_dying_mid_send_is_the_same_clear_error():
     """The pipe's own error can reach the loop before the DataLoader sees its worker gone (seen
     once in a fresh-clone run of the test above); a dataset's own ConnectionError, re-raised
     from a worker ("Caught ... in DataLoader worker") or raised without workers, stays itself."""
-    from saturate.loader import loader_failure
+    from saturate.data.loader import loader_failure
 
     died = loader_failure(ConnectionResetError(104, "Connection reset by peer"), 3, workers=2)
     assert str(died).startswith("loader: a worker process died (ConnectionResetError: [Errno 104] Connection reset by peer)")
@@ -306,8 +306,8 @@ def test_a_skipped_first_step_leaves_the_optimizer_as_new(name, kind, determinis
     """Step 1 non-finite and skipped (on the device for a fused optimizer, by the host read
     otherwise), then step 2: weights and optimizer state exactly those of a new optimizer
     that only ever took step 2."""
-    from saturate.config import OptimConfig
-    from saturate.optim import setup_optimizer
+    from saturate.config.schema import OptimConfig
+    from saturate.parts.optim import setup_optimizer
 
     def build():
         torch.manual_seed(0)
@@ -366,8 +366,8 @@ def test_a_run_whose_first_step_is_skipped_trains_on(make_cfg, deterministic):
 def test_an_fp16_overflow_at_the_first_step_leaves_fused_sgd_momentum_clean(deterministic):
     """fp16's first step overflows in most runs (GradScaler starts at 2^16); GradScaler hands a
     fused optimizer `found_inf` on the device, the same path as the guard's."""
-    from saturate.config import OptimConfig
-    from saturate.optim import setup_optimizer
+    from saturate.config.schema import OptimConfig
+    from saturate.parts.optim import setup_optimizer
 
     with deterministic_mode(deterministic):
         torch.manual_seed(0)

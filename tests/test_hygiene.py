@@ -12,13 +12,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
 
 import saturate
-from saturate import augment
-from saturate.augment import Preview
-from saturate.checkpoint import Checkpointer
-from saturate.engine import Engine
-from saturate.evaluate import Evaluator
-from saturate.loader import ResumableSampler
-from saturate.tracking import Tracker
+from saturate.data import augment
+from saturate.data.augment import Preview
+from saturate.data.loader import ResumableSampler
+from saturate.loop.engine import Engine
+from saturate.loop.evaluate import Evaluator
+from saturate.observe.tracking import Tracker
+from saturate.parts.checkpoint import Checkpointer
 from tests.conftest import ROOT
 
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
@@ -183,7 +183,7 @@ EVALUATIONS = {  # the reads each further evaluation batch costs
 @pytest.mark.parametrize("setting", list(EVALUATIONS))
 def test_an_evaluation_batch_reads_the_device_only_where_documented(make_cfg, monkeypatch, setting):
     """The built-in metrics skip torchmetrics' argument validation and NaN checks (2-3 reads per
-    batch on CUDA); what is left per batch is named here and in saturate.evaluate."""
+    batch on CUDA); what is left per batch is named here and in saturate.loop.evaluate."""
     overrides, per_batch = EVALUATIONS[setting]
     few, more = (evaluation_reads(make_cfg, monkeypatch, overrides, n) for n in (2, 4))
     extra = {k: (more[k] - few[k]) / 2 for k in set(few) | set(more) if more[k] != few[k]}

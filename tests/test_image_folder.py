@@ -62,7 +62,7 @@ def every_batch(dataset, workers: int) -> list:
     polled after each batch as saturate's loader does."""
     from torch.utils.data import DataLoader
 
-    from saturate.loader import already_collated
+    from saturate.data.loader import already_collated
 
     batches = []
     for batch in DataLoader(dataset, batch_size=3, num_workers=workers, collate_fn=already_collated):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import saturate
-from saturate.monitor import analyse
+from saturate.observe.monitor import analyse
 from tests.conftest import ROOT, read_metrics
 from tests.test_train import events
 
@@ -192,7 +192,7 @@ def test_a_gpu_that_refuses_some_fields_never_stops_the_run(make_cfg, fake_nvml,
 def test_gpus_are_matched_to_nvml_by_uuid_not_position(monkeypatch):
     """CUDA numbers GPUs fastest first, NVML by PCI bus: on a machine with an H100 on bus 1
     and an A10 on bus 0, cuda:0 is the H100 and NVML's index 0 the A10."""
-    from saturate.monitor import cuda_uuids, visible_nvml_handles
+    from saturate.observe.monitor import cuda_uuids, visible_nvml_handles
 
     nvml_order = ["GPU-aaaa-a10", "GPU-bbbb-h100"]  # by PCI bus
     nvml = SimpleNamespace(

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import saturate
-from saturate.config import LoaderConfig
+from saturate.config.schema import LoaderConfig
 from saturate.data.base import ImageTensors
+from saturate.data.loader import DevicePipeline, ResidentLoader, ResumableSampler
 from saturate.errors import ConfigError, DataError
-from saturate.loader import DevicePipeline, ResidentLoader, ResumableSampler
-from saturate.report import RunFacts, diagnose, render
+from saturate.observe.report import RunFacts, diagnose, render
 from scripts.make_image_folder import write_digits
 from tests.conftest import read_metrics, run_cli
 from tests.test_train import events

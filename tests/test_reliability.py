@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 import saturate
 from saturate.errors import CheckpointError, DataError
-from saturate.faults import TrainingDiverged
+from saturate.loop.faults import TrainingDiverged
 from tests.conftest import ROOT, TINY, read_metrics
 from tests.test_train import events
 
@@ -124,9 +124,9 @@ def test_divergence_never_writes_non_finite_weights(make_cfg):
 
 
 def test_a_model_holding_nan_is_never_saved(tmp_path, caplog):
-    from saturate.checkpoint import Checkpointer
-    from saturate.config import CheckpointConfig
-    from saturate.engine import TrainState
+    from saturate.config.schema import CheckpointConfig
+    from saturate.loop.engine import TrainState
+    from saturate.parts.checkpoint import Checkpointer
 
     model = bn_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -203,7 +203,7 @@ class SlowValidation(Dataset):
 
 
 def test_sigterm_during_evaluation_saves_and_stops_between_batches(tmp_path):
-    from saturate.faults import Preempted
+    from saturate.loop.faults import Preempted
 
     overrides = [*TINY, "trainer.limit_val_batches=-1"]
     with pytest.raises(Preempted) as stopped:

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import saturate
-from saturate import checkpoint
-from saturate.faults import Preempted
+from saturate.parts import checkpoint
+from saturate.loop.faults import Preempted
 from tests.conftest import ROOT, read_metrics, run_cli
 from tests.test_train import events
 
@@ -158,7 +158,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(tmp_path, monke
 SAVER = """
 import sys, torch
 from pathlib import Path
-from saturate.checkpoint import atomic_save
+from saturate.parts.checkpoint import atomic_save
 out = Path(sys.argv[1])
 big = torch.randn(16, 1024, 1024)  # 64 MB: a save takes long enough to be killed in the middle
 for step in range(1, 10_000):

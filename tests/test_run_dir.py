@@ -16,7 +16,7 @@ import torch
 from hydra.errors import CompactHydraException
 
 import saturate
-from saturate.rundir import RunDirTaken
+from saturate.parts.rundir import RunDirTaken
 from tests.conftest import ROOT, TINY, read_metrics, run_cli
 
 

@@ -260,7 +260,7 @@ def test_nothing_in_a_shard_is_unpickled(tmp_path):
 def test_shards_are_shuffled_a_few_at_a_time_the_same_way_on_every_rank():
     """A permutation that is a function of (seed, epoch); its first 4 shards' worth of samples
     come from 4 shards (a worker keeps few open); the ranks' shares are disjoint and cover it."""
-    from saturate.loader import ResumableSampler
+    from saturate.data.loader import ResumableSampler
 
     class Sharded(torch.utils.data.Dataset):
         sample_groups = [100] * 12 + [37]

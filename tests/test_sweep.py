@@ -154,7 +154,7 @@ def test_optuna_preset_searches_lr_and_batch_size(tmp_path):
 def test_plot_lines_follow_the_keys_that_varied():
     """A sweep of augmentation x batch size is drawn one line per augmentation, not per
     worker count (which did not vary)."""
-    from saturate.sweep import Job, lines
+    from saturate.observe.sweep import Job, lines
 
     jobs = [
         Job(n, Path(str(n)), {"augmentation": aug, "loader.batch_size": str(b)},
@@ -170,7 +170,7 @@ def test_plot_lines_follow_the_keys_that_varied():
 def test_the_report_shows_the_monitored_metric_and_the_test_split():
     """Columns for what the jobs logged: the monitor first (a user's metric too), then the
     task's metrics, then their test-set counterparts."""
-    from saturate.sweep import Job, figures
+    from saturate.observe.sweep import Job, figures
 
     logged = {"status": "completed", "monitor": "val/ter", "val/ter": 0.1, "val/loss": 0.5, "test/ter": 0.2, "test/loss": 0.6,
               "perf/samples_per_s": 10.0}  # fmt: skip

@@ -14,7 +14,7 @@ from torch.utils.data import TensorDataset
 import saturate
 from saturate.data import pad_collate
 from saturate.errors import UserError
-from saturate.evaluate import joined
+from saturate.loop.evaluate import joined
 from saturate.tasks.base import Task
 from tests.conftest import TINY, read_metrics, run_cli
 from tests.test_bad_input import Samples, fit, mlp, windows

@@ -15,13 +15,13 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from saturate.augment import PRESETS
-from saturate.config import validate
+from saturate.config.schema import validate
+from saturate.data.augment import PRESETS
 from saturate.errors import ConfigError
 from saturate.tune import COMPUTE, candidates, merged, preset_text, side_order
 from tests.conftest import CONF, ROOT, compose_config, run_cli
 
-# what the bottleneck report records of a run (saturate.report.RunFacts), plus the loader's prefetch
+# what the bottleneck report records of a run (saturate.observe.report.RunFacts), plus the loader's prefetch
 FACTS = {"device": "cpu", "batch_size": 128, "num_workers": 0, "cpus": 4, "resident": False, "in_memory": False, "placement": "none",
          "persistent_workers": False, "pin_memory": False, "precision": "fp32", "compile": False, "channels_last": False,
          "memory_headroom": True, "emulated_precision": False, "image": True, "cpu_util": 40.0, "prefetch_factor": 2}  # fmt: skip
@@ -254,7 +254,7 @@ def test_the_preset_goes_to_the_users_config_dir_else_saturates(tmp_path):
 
 def test_a_trial_stops_once_its_steady_state_is_measured(make_cfg):
     import saturate
-    from saturate.parts import Given
+    from saturate.compose.build import Given
     from saturate.tune import Measured
     from tests.conftest import read_metrics
 
@@ -328,7 +328,7 @@ def test_a_tune_cache_entry_is_checked_before_it_is_used():
 
 @pytest.mark.parametrize("content", ["[]", '"a string"', "7", '{"k": 5}', '{"k": []}', "[" * 50_000 + "]" * 50_000, "{ not json"])
 def test_a_cache_file_of_any_shape_is_measured_again_with_a_warning(tmp_path, caplog, content):
-    from saturate.batch_size import Cache, valid_choice
+    from saturate.parts.batch_size import Cache, valid_choice
 
     path = tmp_path / "cache.json"
     path.write_text(content)

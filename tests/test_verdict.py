@@ -13,12 +13,12 @@ import psutil
 import pytest
 import torch
 
-from saturate import timing
-from saturate.costs import StepCost, peak_tflops, step_cost
-from saturate.monitor import Gpm, ResourceMonitor
-from saturate.precision import Precision
-from saturate.report import diagnose, render
-from saturate.timing import StepTimer
+from saturate.observe import timing
+from saturate.observe.costs import StepCost, peak_tflops, step_cost
+from saturate.observe.monitor import Gpm, ResourceMonitor
+from saturate.observe.report import diagnose, render
+from saturate.observe.timing import StepTimer
+from saturate.parts.precision import Precision
 from tests.test_pipeline import facts, perf
 
 

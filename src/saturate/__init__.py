@@ -7,7 +7,7 @@ and says, with measurements, why it is not.
 - `saturate.callbacks`: the hooks and loggers a run calls.
 """
 
-from saturate.registration import register
+from saturate.config.registration import register
 
 __all__ = ["Metrics", "fit", "register", "train"]
 __version__ = "0.1.0"
@@ -17,7 +17,7 @@ def __getattr__(name: str):
     """`train`, `fit` and `Metrics` are imported when first asked for: `import saturate` (and
     train.py's --help, and a config's mistakes) stay free of torch's start-up time."""
     if name in ("Metrics", "train"):
-        from saturate import run
+        from saturate.compose import run
 
         return getattr(run, name)
     if name == "fit":

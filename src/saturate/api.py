@@ -14,9 +14,9 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from saturate.config.naming import run_name
+from saturate.config.registration import register
 from saturate.errors import UserError
-from saturate.naming import run_name
-from saturate.registration import register
 from saturate.tasks import BUILT_IN
 
 
@@ -47,10 +47,10 @@ def fit(model, train_data, val_data=None, *, test_data=None, task: str | Any = "
     - `target_inverse`: takes targets back to their units (regression metrics `*_raw`).
 
     Writes the same run dir as train.py (default: outputs/runs/<date>/<time>) and returns the
-    final metrics (saturate.run.Metrics)."""
+    final metrics (saturate.compose.run.Metrics)."""
+    from saturate.compose.build import Given
+    from saturate.compose.run import train
     from saturate.data import Data
-    from saturate.parts import Given
-    from saturate.run import train
 
     register()
     overrides, loss = _fit_arguments(overrides, loss, task)

@@ -23,8 +23,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from saturate.config.registration import register
 from saturate.errors import Problem, UserError, shown
-from saturate.registration import register
 
 log = logging.getLogger("saturate")
 _answering = False  # run() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
@@ -91,21 +91,21 @@ def shorthand(arg: str) -> str:
 
 def task(cfg: DictConfig):
     """`saturate.train` as train.py's task, in as many processes as `trainer.devices` asks
-    for (saturate.launch). In a single run a UserError leaves at once, as a SystemExit, so
+    for (saturate.scale.launch). In a single run a UserError leaves at once, as a SystemExit, so
     that Hydra adds nothing to its message; in a multirun it is raised as usual: the job is
     recorded as failed and the sweep goes on."""
     try:
         try:
             _check(cfg)  # every mistake in the config now, before torch is imported
         except UserError as e:
-            from saturate.rundir import record_failure
+            from saturate.parts.rundir import record_failure
 
             record_failure(cfg.run_dir, e)  # for sweep reports: this job failed, and why
             raise
         import torch  # noqa: F401 (torch, torchmetrics and the rest: imported here, before any thread of the run starts)
 
-        from saturate.launch import command_line, launch, processes
-        from saturate.run import Metrics, train
+        from saturate.compose.run import Metrics, train
+        from saturate.scale.launch import command_line, launch, processes
         from saturate.tune import tune
 
         if cfg.tune.enabled:
@@ -135,8 +135,8 @@ def task(cfg: DictConfig):
 def _check(cfg: DictConfig) -> None:
     """The config's every mistake, found with plain Python (no torch): a misspelt value fails
     in a fraction of a second. train() checks again (for saturate.fit and the compose API)."""
-    from saturate.config import validate
-    from saturate.policy import PRESETS
+    from saturate.config.schema import validate
+    from saturate.data.policy import PRESETS
 
     validate(cfg, presets=tuple(PRESETS))
 

@@ -46,17 +46,17 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saturate.batch_size import Cache
-from saturate.environment import cpu_name
+from saturate.compose.build import Given
+from saturate.compose.run import Metrics, train
+from saturate.config.naming import slug
+from saturate.data.loader import cpus_per_process
 from saturate.errors import UserError
-from saturate.faults import Preempted, StopSignal, TrainingDiverged
-from saturate.launch import command_line
-from saturate.loader import cpus_per_process
-from saturate.naming import slug
-from saturate.parts import Given
-from saturate.report import MIN_STEPS
-from saturate.run import Metrics, train
-from saturate.rundir import write_json
+from saturate.loop.faults import Preempted, StopSignal, TrainingDiverged
+from saturate.observe.environment import cpu_name
+from saturate.observe.report import MIN_STEPS
+from saturate.parts.batch_size import Cache
+from saturate.parts.rundir import write_json
+from saturate.scale.launch import command_line
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def side_order(verdict: str) -> tuple[str, ...]:
 
 def candidates(dimension: str, facts: dict, *, allow: list[str], cuda: bool) -> list[list[str]]:
     """The override sets to try for `dimension`, given the facts of the best run so far
-    (saturate.report.RunFacts as a dict); [] when it does not apply. Ordered: a
+    (saturate.observe.report.RunFacts as a dict); [] when it does not apply. Ordered: a
     dimension with several values stops at the first that does not pay."""
     f = facts
     workers, resident, placement = f["num_workers"], f["resident"], f["placement"]
@@ -244,7 +244,7 @@ def merged(*override_lists: list[str]) -> list[str]:
 
 class Tuner:
     def __init__(self, cfg: DictConfig, overrides: list[str], run_dir: Path):
-        """`overrides`: the whole command line (saturate.launch.command_line), Hydra's own
+        """`overrides`: the whole command line (saturate.scale.launch.command_line), Hydra's own
         overrides first: every trial composes with them (a user's config dir included)."""
         self.tune = cfg.tune
         self.hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra.")]
@@ -475,8 +475,8 @@ def tune(cfg: DictConfig) -> Metrics:
 
 
 def _check(cfg: DictConfig) -> None:
-    from saturate.augment import PRESETS
-    from saturate.config import validate
+    from saturate.config.schema import validate
+    from saturate.data.augment import PRESETS
 
     validate(cfg, presets=tuple(PRESETS))  # every mistake now, not in the first trial
 

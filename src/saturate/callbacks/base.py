@@ -29,7 +29,7 @@ class Run:
                  rank: int = 0, world_size: int = 1, info: dict[str, Any] | None = None, direction=None):  # fmt: skip
         self.run_dir, self.model, self.optimizer, self.scheduler = Path(run_dir), model, optimizer, scheduler
         self._direction = direction or (lambda name: "min" if name.endswith("loss") else "max")
-        self.timer = None  # the step timer's steady-state windows (saturate.timing.StepTimer), read-only
+        self.timer = None  # the step timer's steady-state windows (saturate.observe.timing.StepTimer), read-only
         self.monitor, self.mode = monitor, mode  # checkpoint.monitor and its direction (max or min), resolved
         self.total_steps, self.start_step = total_steps, start_step
         self.rank, self.world_size = rank, world_size

@@ -168,7 +168,7 @@ def profiler(ctx: Context) -> str:
 @check("nvml", "NVML: the fields the monitor reads, and GPM's SM and tensor activity where offered",
        needs_cuda="NVML is NVIDIA's driver library: there is no NVIDIA GPU here")  # fmt: skip
 def nvml(ctx: Context) -> str:
-    from saturate.monitor import Gpm, open_nvml, read_gpu, visible_nvml_handles
+    from saturate.observe.monitor import Gpm, open_nvml, read_gpu, visible_nvml_handles
 
     pynvml, why = open_nvml()
     expect(pynvml is not None, f"NVML did not start: {why}")

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from saturate.device import OutOfMemory, free_device_memory, is_oom
-from saturate.distributed import no_sync
+from saturate.parts.device import OutOfMemory, free_device_memory, is_oom
+from saturate.scale.distributed import no_sync
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from saturate.config.naming import override_value
 from saturate.errors import UserError
-from saturate.naming import override_value
-from saturate.ranks import STOP_SIGNALS
+from saturate.scale.ranks import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
 

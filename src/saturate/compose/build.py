@@ -22,22 +22,22 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 
-from saturate.augment import build_transforms
-from saturate.batch_size import Trial, choose
-from saturate.config import RunConfig, given_text
-from saturate.costs import COST_SAMPLES, scaling, step_cost
+from saturate.config.registration import set_data_info
+from saturate.config.schema import RunConfig, given_text
 from saturate.data import Data, DataSpec, build_datasets, describe
+from saturate.data.augment import build_transforms
 from saturate.data.base import stack
-from saturate.distributed import Dist
-from saturate.environment import cpu_name
+from saturate.data.loader import Loaders, build_loaders, build_pipeline, device_augment, room_for_resident
 from saturate.errors import ConfigError, Problem, UserError
-from saturate.faults import NonFiniteGuard
-from saturate.loader import Loaders, build_loaders, build_pipeline, device_augment, room_for_resident
-from saturate.models.build import Models, build, data_arguments, setup_model
-from saturate.optim import prime_state, setup_optimizer
-from saturate.precision import Precision, setup_precision
-from saturate.registration import set_data_info
-from saturate.step import TrainStep
+from saturate.loop.faults import NonFiniteGuard
+from saturate.loop.step import TrainStep
+from saturate.observe.costs import COST_SAMPLES, scaling, step_cost
+from saturate.observe.environment import cpu_name
+from saturate.parts.batch_size import Trial, choose
+from saturate.parts.model import Models, build, data_arguments, setup_model
+from saturate.parts.optim import prime_state, setup_optimizer
+from saturate.parts.precision import Precision, setup_precision
+from saturate.scale.distributed import Dist
 from saturate.tasks import DATA_ARGUMENTS as TASK_ARGUMENTS
 
 log = logging.getLogger("saturate")
@@ -78,8 +78,8 @@ class Parts:
     search_s: float = 0.0  # how long it took (0 when the cache had the answer)
     transforms: Any = None  # the user's augmentation modules (augmentation.transforms)
     notes: dict = field(default_factory=dict)
-    cost: Any = None  # saturate.costs.StepCost: FLOPs and launches of one step (None: not counted)
-    scaling: tuple | None = None  # CPU: forward and backward timed on one sample and on COST_SAMPLES (saturate.costs.scaling)
+    cost: Any = None  # saturate.observe.costs.StepCost: FLOPs and launches of one step (None: not counted)
+    scaling: tuple | None = None  # CPU: forward and backward timed on one sample and on COST_SAMPLES (saturate.observe.costs.scaling)
 
 
 def data_name(run: RunConfig, given: Given) -> str:
@@ -180,7 +180,7 @@ def make_step(run: RunConfig, models: Models, optimizer, precision: Precision, t
 
 def search_batch_size(run: RunConfig, models: Models, precision: Precision, task, data: Data, spec: DataSpec, device, d: Dist,
                       transforms) -> tuple[int, list[Trial]]:  # fmt: skip
-    """loader.batch_size=auto: saturate.batch_size.choose, keyed by what decides the size."""
+    """loader.batch_size=auto: saturate.parts.batch_size.choose, keyed by what decides the size."""
     cfg = run.batch_search
     key = {
         "model": {

@@ -14,9 +14,9 @@ from datetime import datetime
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from saturate.config import RunConfig
-from saturate.naming import run_name
-from saturate.ranks import rank_zero, world_size
+from saturate.config.naming import run_name
+from saturate.config.schema import RunConfig
+from saturate.scale.ranks import rank_zero, world_size
 
 
 def _run_stamp() -> str:
@@ -26,7 +26,7 @@ def _run_stamp() -> str:
     stamp = lambda: datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
     if world_size() == 1:
         return stamp()
-    from saturate.distributed import shared_value  # torch's process group: only under torchrun
+    from saturate.scale.distributed import shared_value  # torch's process group: only under torchrun
 
     return shared_value(stamp)
 
@@ -67,7 +67,7 @@ def data_info(key: str):
     in_features, input_shape, input_shape.0, num_classes, num_outputs, class_names), so that
     a constructor with its own argument names needs no hard-coded shapes. Before the data is
     described (while the config is checked) it is a placeholder."""
-    from saturate.config import DATA_INFO
+    from saturate.config.schema import DATA_INFO
 
     if not _DATA_INFO:
         root, _, index = str(key).partition(".")

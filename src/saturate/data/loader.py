@@ -24,8 +24,8 @@ import torch
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from saturate.augment import BatchAugment, Preview, SampleAugment, Schedule
-from saturate.config import AugmentationConfig, LoaderConfig, TrainerConfig
+from saturate.config.schema import AugmentationConfig, LoaderConfig, TrainerConfig
+from saturate.data.augment import BatchAugment, Preview, SampleAugment, Schedule
 from saturate.data.base import DataSpec, InMemory, materialize, stack
 from saturate.errors import DataError, UserError
 
@@ -494,7 +494,7 @@ IN_MEMORY_S = 100e-6  # a sample read faster than this is in memory already: wor
 def auto_workers_for(spec: DataSpec, per_sample_augment: bool) -> tuple[int, str]:
     """loader.num_workers=auto, and why: 0 for data already in memory (a sample read in
     micro-seconds: tensors, numpy arrays), else one worker per CPU this process may use, less
-    one for the main process (saturate.loader.auto_workers)."""
+    one for the main process (saturate.data.loader.auto_workers)."""
     fast = spec.in_memory or (spec.sample_s is not None and spec.sample_s < IN_MEMORY_S)
     if fast and not per_sample_augment:
         read = f"{1e6 * spec.sample_s:.0f} us" if spec.sample_s is not None else "no time"

@@ -12,7 +12,7 @@ import threading
 import torch
 
 from saturate.errors import UserError
-from saturate.ranks import STOP_SIGNALS
+from saturate.scale.ranks import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from saturate.config import CheckpointConfig
+from saturate.config.schema import CheckpointConfig
 from saturate.errors import CheckpointError
-from saturate.rundir import OWN_NAMES
+from saturate.parts.rundir import OWN_NAMES
 
 log = logging.getLogger(__name__)
 

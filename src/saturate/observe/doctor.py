@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from saturate.environment import cpu_name, nvidia_driver
-from saturate.precision import native_bf16
+from saturate.observe.environment import cpu_name, nvidia_driver
+from saturate.parts.precision import native_bf16
 
 
 @dataclass

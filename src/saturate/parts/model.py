@@ -176,7 +176,7 @@ def setup_model(node: dict | None, spec, task, precision, *, device: torch.devic
     device, maybe SyncBN, DDP and compiled. Evaluated uncompiled: the compiled graph is for
     training steps of one batch shape; eval mode, no gradients and a short last batch would
     each compile it again."""
-    from saturate.distributed import wrap
+    from saturate.scale.distributed import wrap
 
     raw = place(make(node, spec, given), device=device, trainer=trainer, dist=dist)
     check(raw, _first_two(batch), task, precision, spec)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from saturate.config import PrecisionConfig
+from saturate.config.schema import PrecisionConfig
 from saturate.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -19,19 +19,19 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from saturate.callbacks import Observers, Run
-from saturate.checkpoint import Checkpointer, load
-from saturate.config import RunConfig
-from saturate.distributed import Dist
-from saturate.engine import Engine, TrainState
-from saturate.evaluate import Evaluator
-from saturate.loader import cpus_per_process
-from saturate.monitor import device_memory_mb
-from saturate.naming import varied_keys
-from saturate.parts import Parts
-from saturate.precision import emulated
-from saturate.report import RunFacts, diagnose, render
-from saturate.rundir import write_json
-from saturate.tracking import Tracker, swept
+from saturate.compose.build import Parts
+from saturate.config.naming import varied_keys
+from saturate.config.schema import RunConfig
+from saturate.data.loader import cpus_per_process
+from saturate.loop.engine import Engine, TrainState
+from saturate.loop.evaluate import Evaluator
+from saturate.observe.monitor import device_memory_mb
+from saturate.observe.report import RunFacts, diagnose, render
+from saturate.observe.tracking import Tracker, swept
+from saturate.parts.checkpoint import Checkpointer, load
+from saturate.parts.precision import emulated
+from saturate.parts.rundir import write_json
+from saturate.scale.distributed import Dist
 
 log = logging.getLogger("saturate")
 
@@ -165,7 +165,7 @@ def already_done(run: RunConfig, state: TrainState, checkpointer: Checkpointer, 
 
 
 def costs(s: Session, steady: dict) -> dict:
-    """FLOPs, MFU and launches of the steady-state step (saturate.costs), when counted."""
+    """FLOPs, MFU and launches of the steady-state step (saturate.observe.costs), when counted."""
     cost = s.parts.cost
     if cost is None or "perf/step_ms" not in steady:
         return {}

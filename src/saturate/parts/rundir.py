@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from saturate.errors import ConfigError, UserError, shown
-from saturate.ranks import rank_zero
+from saturate.scale.ranks import rank_zero
 
 log = logging.getLogger(__name__)
 

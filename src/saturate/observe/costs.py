@@ -58,7 +58,7 @@ class StepCost:
     def figures(self, step_s: float, device_name: str | None, dtype: str, scaled: tuple | None, compute_s: float) -> dict:
         """The cost against the measured step: achieved FLOP/s, MFU with its peak (CUDA),
         launches per step, work per launch, and on the CPU the share of the step's compute
-        that does not grow with the batch (`scaled`: saturate.costs.scaling's timings)."""
+        that does not grow with the batch (`scaled`: saturate.observe.costs.scaling's timings)."""
         out = {"cost/flops_per_step": self.flops, "cost/launches_per_step": float(self.launches)}
         if self.launches:
             out["cost/flops_per_launch"] = self.flops / self.launches

@@ -65,7 +65,7 @@ class DeviceConfig:
     tf32: bool = True  # TF32 matmuls and convolutions on Ampere and newer
     cudnn_benchmark: bool = True
     memory_fraction: float = 1.0  # cap on this process's share of device memory
-    keep_host_memory: bool = True  # glibc malloc keeps freed blocks up to 32 MiB (no page faults per step; saturate.device)
+    keep_host_memory: bool = True  # glibc malloc keeps freed blocks up to 32 MiB (no page faults per step; saturate.parts.device)
 
     def problems(self) -> Issues:
         yield from _choice("type", self.type, ("auto", "cpu", "cuda"))
@@ -117,7 +117,7 @@ class StageConfig:
 class AugmentationConfig:
     placement: str = "none"  # none | cpu (per sample, in the workers) | gpu (batched, on the device)
     transforms: list[Any] = field(default_factory=list)  # your own augmentation: `_target_` nodes of Kornia modules; replaces the policy
-    preset: str = "standard"  # minimal | standard | strong (see saturate.augment.PRESETS)
+    preset: str = "standard"  # minimal | standard | strong (see saturate.data.augment.PRESETS)
     schedule: list[StageConfig] = field(default_factory=list)  # by epoch; replaces `preset`
     # Set any of these to override the preset (every stage of a schedule):
     hflip: float | None = None  # probability
@@ -192,7 +192,7 @@ class TrainerConfig:
     profile: bool = False  # record a torch.profiler trace of a few steady-state steps
     profile_wait: int = 5  # steps before the trace (warm-up: compilation, workers, caches)
     profile_steps: int = 5  # steps in the trace
-    devices: Any = "auto"  # processes: "auto" (every visible CUDA device; 1 on a CPU) or a number (saturate.launch)
+    devices: Any = "auto"  # processes: "auto" (every visible CUDA device; 1 on a CPU) or a number (saturate.scale.launch)
 
     def problems(self) -> Issues:
         yield from _at_least("max_epochs", self.max_epochs, 1)
@@ -231,7 +231,7 @@ class MonitorConfig:
 
 @dataclass
 class BatchSearchConfig:
-    """How loader.batch_size=auto searches (see saturate.batch_size)."""
+    """How loader.batch_size=auto searches (see saturate.parts.batch_size)."""
 
     min: int = 16  # first candidate
     max: int = 4096  # never above this, nor above the training set
@@ -335,7 +335,7 @@ class RunConfig:
 
 
 MAX_SEED = 2**32 - 1
-# the data-derived arguments a model's constructor may name (saturate.run: model_arguments)
+# the data-derived arguments a model's constructor may name (saturate.compose.run: model_arguments)
 DATA_ARGUMENTS = ("in_channels", "in_features", "num_classes", "num_outputs", "input_shape")
 GROUPS = ("device", "precision", "loader", "augmentation", "optim", "trainer", "checkpoint", "batch_search", "monitor", "tune")
 
@@ -389,7 +389,7 @@ def _nested_targets(value: Any, prefix: str) -> Iterator[Problem]:
             yield from _nested_targets(inner, f"{prefix}[{i}]")
 
 
-DATA_INFO = "<data_info:"  # what ${data_info:...} resolves to before the data is described (saturate.registration)
+DATA_INFO = "<data_info:"  # what ${data_info:...} resolves to before the data is described (saturate.config.registration)
 _A = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 

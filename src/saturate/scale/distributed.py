@@ -21,7 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from saturate.ranks import cuda_index, rank_zero, world_size
+from saturate.scale.ranks import cuda_index, rank_zero, world_size
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ __all__ = ["Dist", "alone", "no_sync", "peer_failed", "rank_zero", "shared_value
 
 def init_process_group(device_index: int | None = None) -> None:
     """Start this run's process group from the environment, once per process. With CUDA the
-    rank's GPU (`device_index`: device.index, by saturate.ranks.cuda_index) is made current and
+    rank's GPU (`device_index`: device.index, by saturate.scale.ranks.cuda_index) is made current and
     NCCL bound to it, the GPU the run then trains on; without an index (the run directory's
     name is agreed before the config is read) the group is not bound, and Dist binds it."""
     if dist.is_initialized():
@@ -46,7 +46,7 @@ def init_process_group(device_index: int | None = None) -> None:
 
 
 def rank_gpu(configured: int) -> int:
-    """This rank's GPU for device.index=`configured` (saturate.ranks.cuda_index)."""
+    """This rank's GPU for device.index=`configured` (saturate.scale.ranks.cuda_index)."""
     return cuda_index(configured, int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count())
 
 

@@ -12,9 +12,9 @@ import sys
 import numpy as np
 import torch
 
-from saturate.config import DeviceConfig, TrainerConfig
+from saturate.config.schema import DeviceConfig, TrainerConfig
 from saturate.errors import UserError
-from saturate.ranks import cuda_index
+from saturate.scale.ranks import cuda_index
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ which options built them.
 
 It touches the host only at log steps (the loss is summed on the device and read there),
 apart from the non-finite guard's one scalar per step with an optimizer that cannot skip a
-step on the device (saturate.faults.NonFiniteGuard). Callbacks steer it only through the
+step on the device (saturate.loop.faults.NonFiniteGuard). Callbacks steer it only through the
 requests the Run offers: a stop (agreed across ranks at the next point where they already
 communicate: a stop-flag check at a log step, or the end of an evaluation), a learning-rate
 scale, the model to evaluate.
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from saturate.device import OutOfMemory, free_device_memory, is_oom
-from saturate.faults import Preempted
-from saturate.step import TrainStep
+from saturate.loop.faults import Preempted
+from saturate.loop.step import TrainStep
+from saturate.parts.device import OutOfMemory, free_device_memory, is_oom
 
 log = logging.getLogger(__name__)
 
@@ -62,18 +62,18 @@ class Training:
     model: nn.Module  # what the step calls: DDP-wrapped and/or compiled
     step: TrainStep
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    batches: object  # a loader: epoch(e, start) and to_device(batch) (saturate.loader)
+    batches: object  # a loader: epoch(e, start) and to_device(batch) (saturate.data.loader)
 
 
 @dataclass
 class Watch:
     """What watches the run, at log steps only."""
 
-    tracker: object  # saturate.tracking.Tracker: loggers (through the observers), progress bar, latest metrics
-    timer: object  # saturate.timing.StepTimer
-    monitor: object  # saturate.monitor.ResourceMonitor
+    tracker: object  # saturate.observe.tracking.Tracker: loggers (through the observers), progress bar, latest metrics
+    timer: object  # saturate.observe.timing.StepTimer
+    monitor: object  # saturate.observe.monitor.ResourceMonitor
     memory: object  # () -> peak memory in MB
-    clock: object  # saturate.timing.RunClock: seconds in evaluation, checkpoints, logging
+    clock: object  # saturate.observe.timing.RunClock: seconds in evaluation, checkpoints, logging
 
 
 @dataclass
@@ -82,8 +82,8 @@ class Control:
 
     max_epochs: int
     max_steps: int
-    stop: object  # saturate.faults.StopSignal
-    dist: object  # saturate.distributed.Dist
+    stop: object  # saturate.loop.faults.StopSignal
+    dist: object  # saturate.scale.distributed.Dist
     start_time: float
     resume_hint: str = "trainer.resume=auto"
 

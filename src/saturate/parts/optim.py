@@ -10,7 +10,7 @@ import torch
 from hydra.utils import instantiate
 from torch import nn
 
-from saturate.config import OptimConfig
+from saturate.config.schema import OptimConfig
 from saturate.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -294,7 +294,7 @@ def _cost_lines(perf: dict, host_busy: bool = False) -> list[str]:
     elif mfu is not None:
         line += f"; MFU {mfu:.1%} of the {peak:g} TFLOP/s peak"
     elif perf.get("cost/device") == "cuda":
-        line += "; MFU: no peak known for this GPU (saturate.costs.PEAK_TFLOPS)"
+        line += "; MFU: no peak known for this GPU (saturate.observe.costs.PEAK_TFLOPS)"
     line += f"; {launches:,.0f} operator launches per step ({perf.get('cost/flops_per_launch', 0) / 1e6:,.2f} MFLOP each)"
     if "cost/fixed_frac" in perf:
         line += (f"; {perf['cost/fixed_frac']:.0%} of the step's compute does not grow with the batch (dispatch, Python, the "

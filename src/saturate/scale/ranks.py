@@ -9,7 +9,7 @@ import os
 import signal
 
 # What a scheduler sends to stop a job (SLURM: SIGTERM, or SIGUSR1 with --signal; Ctrl-C: SIGINT):
-# every rank stops at the same step, saves and exits 128 + the signal (saturate.faults.StopSignal)
+# every rank stops at the same step, saves and exits 128 + the signal (saturate.loop.faults.StopSignal)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
@@ -38,5 +38,5 @@ def rank_zero() -> bool:
 def cuda_index(configured: int, local_rank: int, visible: int) -> int:
     """The GPU a rank trains on, counted within CUDA_VISIBLE_DEVICES: `device.index` plus its
     local rank when the node's ranks share the visible GPUs, `device.index` alone when each
-    rank sees only its own. The process group binds NCCL to the same one (saturate.distributed)."""
+    rank sees only its own. The process group binds NCCL to the same one (saturate.scale.distributed)."""
     return configured + (local_rank if visible > 1 else 0)

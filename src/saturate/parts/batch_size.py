@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch.utils._pytree import tree_map
 
-from saturate.device import OutOfMemory, free_device_memory, is_oom
+from saturate.parts.device import OutOfMemory, free_device_memory, is_oom
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def choose(cfg, *, key: dict, samples: int, world_size: int, make_step: Callable
     from out-of-memory itself). Under DDP each rank searches on its own device with the plain
     model (no collectives in the trials: not DDP's, and SyncBatchNorm's only within the rank
     itself; `dist.alone`) and the smallest choice wins, so it fits everywhere."""
-    from saturate.distributed import alone
+    from saturate.scale.distributed import alone
 
     high = min(cfg.max, samples // world_size)
     cache = Cache(cfg.cache, valid=valid_choice)

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
-from saturate.precision import Precision
-from saturate.step import batch_size
+from saturate.loop.step import batch_size
+from saturate.parts.precision import Precision
 
 
 def joined(arrays: list):

@@ -1,6 +1,6 @@
 """What an augmentation does (a `Policy`) and the named presets: plain values, no torch, so
 that a config can be checked against them before anything heavy is imported. Where and how
-a policy runs is saturate.augment's business."""
+a policy runs is saturate.data.augment's business."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`train(cfg)`: check the config, build the parts of a run in order, hand them to the engine,
 record the outcome. The composition root: each part is built by the module its name points
-to (saturate.parts calls data, task, precision, model, batch search, loaders, optimizer in
+to (saturate.compose.build calls data, task, precision, model, batch search, loaders, optimizer in
 order); this module wires them to the loop and writes what the run leaves behind.
 
 `saturate.fit` (saturate.api) passes objects where train.py's config names them; the rest is
@@ -23,26 +23,26 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from saturate.callbacks import CallbackError, Observers, Run
 from saturate.callbacks.profiler import Profiler
-from saturate.checkpoint import Checkpointer
-from saturate.config import RunConfig, validate
-from saturate.device import seeded, setup_device
-from saturate.distributed import Dist, peer_failed, world_size
-from saturate.engine import Control, Engine, Training, TrainState, Watch
-from saturate.environment import fingerprint
+from saturate.compose.build import Given, Parts, build_parts, make_step
+from saturate.compose.outcome import Metrics, Session, already_done, class_names, finish, settings_given, task_name, write
+from saturate.config.registration import UNSET_RUN_DIR, set_data_info
+from saturate.config.schema import RunConfig, validate
+from saturate.data.loader import loader_failure
+from saturate.data.policy import PRESETS
 from saturate.errors import UserError
-from saturate.evaluate import Evaluator
-from saturate.faults import Preempted, StopSignal, TrainingDiverged
-from saturate.launch import resume_hint
-from saturate.loader import loader_failure
-from saturate.models.build import build
-from saturate.monitor import ResourceMonitor, peak_memory
-from saturate.outcome import Metrics, Session, already_done, class_names, finish, settings_given, task_name, write
-from saturate.parts import Given, Parts, build_parts, make_step
-from saturate.policy import PRESETS
-from saturate.registration import UNSET_RUN_DIR, set_data_info
-from saturate.rundir import RunDirTaken, hold, record_failure
-from saturate.timing import RunClock, StepTimer
-from saturate.tracking import Tracker
+from saturate.loop.engine import Control, Engine, Training, TrainState, Watch
+from saturate.loop.evaluate import Evaluator
+from saturate.loop.faults import Preempted, StopSignal, TrainingDiverged
+from saturate.observe.environment import fingerprint
+from saturate.observe.monitor import ResourceMonitor, peak_memory
+from saturate.observe.timing import RunClock, StepTimer
+from saturate.observe.tracking import Tracker
+from saturate.parts.checkpoint import Checkpointer
+from saturate.parts.device import seeded, setup_device
+from saturate.parts.model import build
+from saturate.parts.rundir import RunDirTaken, hold, record_failure
+from saturate.scale.distributed import Dist, peer_failed, world_size
+from saturate.scale.launch import resume_hint
 
 log = logging.getLogger("saturate")
 
@@ -217,7 +217,7 @@ def _overrides(given: Given) -> list[str]:
 
 
 def _start_tracking(run: RunConfig, parts: Parts, tracker: Tracker, cfg: DictConfig, given: Given, env: dict, d: Dist) -> None:
-    from saturate.batch_size import table
+    from saturate.parts.batch_size import table
 
     # Time Series orders groups by name (cpu/ before train/); this tab opens on what matters
     tracker.layout({"loss": ["train/loss", "val/loss"], "validation": [f"val/{n}" for n in parts.task.names()],
