@@ -40,7 +40,9 @@ def warmup_batches(workers: int) -> int:
 def per_sample_ms(data: SampleAugment, batch: int, workers: int, batches: int) -> list[float]:
     """ms per batch over `batches` batches, after the warm-up batches (warmup_batches)."""
     sampler = ResumableSampler(data, batch_size=batch, shuffle=True, seed=0, rank=0, world_size=1, keyed=True)
-    loader = DataLoader(data, batch_size=batch, sampler=sampler, num_workers=workers, prefetch_factor=PREFETCH if workers else None)
+    loader = DataLoader(
+        data, batch_size=batch, sampler=sampler, num_workers=workers, prefetch_factor=PREFETCH if workers else None
+    )
     it = iter(loader)
     for _ in range(warmup_batches(workers)):
         next(it)
@@ -50,7 +52,9 @@ def per_sample_ms(data: SampleAugment, batch: int, workers: int, batches: int) -
     return [1000 * (time.perf_counter() - start) / batches]
 
 
-def batched_ms(images: torch.Tensor, augment: BatchAugment, device: torch.device, batch: int, batches: int) -> list[float]:
+def batched_ms(
+    images: torch.Tensor, augment: BatchAugment, device: torch.device, batch: int, batches: int
+) -> list[float]:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     augment(images[:batch].to(device).float().div_(255), 0, 0)  # warm-up: build the pipeline
     sync()
@@ -62,7 +66,9 @@ def batched_ms(images: torch.Tensor, augment: BatchAugment, device: torch.device
     return [1000 * (time.perf_counter() - start) / batches]
 
 
-def step_ms(model_name: str, batch: int, size: int, device: torch.device, warmup: int = 3, steps: int = 10) -> tuple[float, str]:
+def step_ms(
+    model_name: str, batch: int, size: int, device: torch.device, warmup: int = 3, steps: int = 10
+) -> tuple[float, str]:
     """One training step of the model at this batch, set up as a tuned run would be: on a
     GPU bf16 autocast, channels_last, cuDNN autotuning and torch.compile (what
     `experiment=fast` runs), on a CPU channels_last in fp32 (the report's CPU advice; bf16
@@ -71,7 +77,8 @@ def step_ms(model_name: str, batch: int, size: int, device: torch.device, warmup
     from hydra.utils import instantiate
 
     node = {"_target_": "saturate.models.SmallCNN"}
-    if model_name == "resnet18":  # a real ResNet-18 on large images (the CIFAR stem would do 16 times its work at 224x224)
+    # a real ResNet-18 on large images (the CIFAR stem would do 16 times its work at 224x224)
+    if model_name == "resnet18":
         node = {"_target_": "saturate.models.ResNet18", "stem": "imagenet" if size >= 128 else "cifar"}
     model = instantiate(node, in_channels=3, num_classes=10)
     model = model.to(device, memory_format=torch.channels_last)
@@ -105,15 +112,21 @@ def main() -> None:
     parser.add_argument("--preset", default="standard", choices=sorted(PRESETS))
     parser.add_argument("--batches", type=int, default=10, help="timed batches per row and round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--model", choices=["none", "small_cnn", "resnet18"], default="none",
-                        help="also time a training step of this model (resnet18: the ImageNet stem from 128x128 up)")  # fmt: skip
+    parser.add_argument(
+        "--model",
+        choices=["none", "small_cnn", "resnet18"],
+        default="none",
+        help="also time a training step of this model (resnet18: the ImageNet stem from 128x128 up)",
+    )
     parser.add_argument("--json", default=None, help="also write the figures to this file (saturate selftest reads it)")
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.batches < 2 * PREFETCH * max(args.workers):
-        parser.error(f"--batches {args.batches}: at least {2 * PREFETCH * max(args.workers)} with {max(args.workers)} workers (twice "
-                     "what they hold prefetched), or the figure times batches made before the clock started")  # fmt: skip
+        parser.error(
+            f"--batches {args.batches}: at least {2 * PREFETCH * max(args.workers)} with {max(args.workers)} "
+            "workers (twice what they hold prefetched), or the figure times batches made before the clock started"
+        )
     n = max(args.batch * (args.batches + warmup_batches(max(args.workers)) + 1), 2048)
     images = torch.randint(0, 256, (n, 3, args.size, args.size), dtype=torch.uint8)
     # the batched row copies from pinned memory (as loader=resident stages it); the workers read
@@ -140,17 +153,29 @@ def main() -> None:
     print(f"\naugmentation '{args.preset}' on {args.batch} x 3x{args.size}x{args.size}; {machine}; {rounds}\n")
     print(f"| {'placement':<40} | ms/batch | images/s | vs best per-sample |")
     print(f"|{'-' * 42}|---------:|---------:|-------------------:|")
-    figures: dict = {"device": batched_row, "size": args.size, "batch": args.batch, "batches": args.batches, "rounds": args.rounds,
-                     "rows": {}}  # fmt: skip
+    figures: dict = {
+        "device": batched_row,
+        "size": args.size,
+        "batch": args.batch,
+        "batches": args.batches,
+        "rounds": args.rounds,
+        "rows": {},
+    }
     for name, ms in medians.items():
         print(f"| {name:<40} | {ms:8.2f} | {1000 * args.batch / ms:8.0f} | {best_cpu / ms:17.2f}x |")
-        figures["rows"][name] = {"ms_per_batch": ms, "images_per_s": 1000 * args.batch / ms, "vs_best_per_sample": best_cpu / ms}
+        figures["rows"][name] = {
+            "ms_per_batch": ms,
+            "images_per_s": 1000 * args.batch / ms,
+            "vs_best_per_sample": best_cpu / ms,
+        }
     if args.model != "none":
         step, setting = step_ms(args.model, args.batch, args.size, device)
         aug = medians[batched_row]
         share = 100 * aug / (step + aug)
-        print(f"\n{args.model} step at batch {args.batch} ({setting}): {step:.1f} ms; batched augmentation {aug:.2f} ms = "
-              f"{share:.1f}% of the step")  # fmt: skip
+        print(
+            f"\n{args.model} step at batch {args.batch} ({setting}): {step:.1f} ms; batched augmentation {aug:.2f} "
+            f"ms = {share:.1f}% of the step"
+        )
         figures["step"] = {"model": args.model, "setting": setting, "step_ms": step, "augmentation_share": share / 100}
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))

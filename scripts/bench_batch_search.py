@@ -19,6 +19,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 import saturate
+from saturate import names
 from saturate.parts.batch_size import Trial, table
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -36,11 +37,14 @@ def main() -> None:
         report = json.loads((Path(tmp) / "search" / "metrics.json").read_text())
     trials = [Trial(**t) for t in report["batch_search"]["trials"]]
     search_s = report["batch_search"]["seconds"]
-    epoch_s = epoch["progress/step"] * epoch["perf/step_ms"] / 1000
+    epoch_s = epoch[names.STEP] * epoch[names.STEP_MS] / 1000
     print(f"\n{' '.join(overrides) or 'default config'}\n")
     print(table(trials, report["batch_size"]))
-    print(f"\nsearch: {search_s:.2f} s for {len(trials)} trials; one epoch at the configured batch: {epoch_s:.2f} s "
-          f"({int(epoch['progress/step'])} steps x {epoch['perf/step_ms']:.1f} ms); search / epoch = {search_s / epoch_s:.2f}")  # fmt: skip
+    print(
+        f"\nsearch: {search_s:.2f} s for {len(trials)} trials; one epoch at the configured batch: {epoch_s:.2f} s "
+        f"({int(epoch[names.STEP])} steps x {epoch[names.STEP_MS]:.1f} ms); search / epoch = "
+        f"{search_s / epoch_s:.2f}"
+    )
 
 
 if __name__ == "__main__":

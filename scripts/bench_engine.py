@@ -120,7 +120,9 @@ def saturate_loop(overrides: list[str], run_dir: str, window: Window) -> tuple[f
     StepClock.window = window
     clock = [f"+callbacks.clock._target_={__name__}.StepClock"]  # this module, however it was started
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides, *clock, f"trainer.max_steps={window.steps}", f"run_dir={run_dir}"])
+        cfg = compose(
+            "config", overrides=[*overrides, *clock, f"trainer.max_steps={window.steps}", f"run_dir={run_dir}"]
+        )
     saturate.train(cfg)
     return window.per_step()
 
@@ -163,9 +165,18 @@ def lightning_loop(model, x, y, *, batch: int, window: Window, lr: float, fast: 
 
     sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(range(len(x))), batch, drop_last=True)
     loader = torch.utils.data.DataLoader(Batches(x, y), sampler=sampler, batch_size=None)
-    trainer = L.Trainer(max_steps=window.steps, accelerator=x.device.type, devices=1, logger=False, enable_checkpointing=False,
-                        precision="bf16-mixed" if fast else "32-true",
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[Clock()], num_sanity_val_steps=0)  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=window.steps,
+        accelerator=x.device.type,
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        precision="bf16-mixed" if fast else "32-true",
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Clock()],
+        num_sanity_val_steps=0,
+    )
     trainer.fit(Module(), loader)
     return window.per_step()
 
@@ -174,7 +185,9 @@ def compile_speedup(model, x, y, *, batch: int, steps: int, warmup: int) -> dict
     """Eager vs torch.compile for the same model, both in bf16 autocast (the --fast target),
     the compilation timed apart on a warm-up step."""
     eager_model = copy.deepcopy(model)
-    eager, _ = hand_loop(eager_model, x, y, batch=batch, window=Window(x.device, warmup, steps), lr=0.1, fast=True, compiled=eager_model)
+    eager, _ = hand_loop(
+        eager_model, x, y, batch=batch, window=Window(x.device, warmup, steps), lr=0.1, fast=True, compiled=eager_model
+    )
     compiled_model = copy.deepcopy(model)
     compiled_fn = torch.compile(compiled_model)
     start = time.perf_counter()
@@ -182,11 +195,27 @@ def compile_speedup(model, x, y, *, batch: int, steps: int, warmup: int) -> dict
         F.cross_entropy(compiled_fn(x[:batch]), y[:batch]).backward()
     sync(x.device)
     compile_s = time.perf_counter() - start
-    compiled, _ = hand_loop(compiled_model, x, y, batch=batch, window=Window(x.device, warmup, steps), lr=0.1, fast=True,
-                            compiled=compiled_fn)  # fmt: skip
-    print(f"\ntorch.compile on {type(model).__name__}: eager {1000 * eager:.2f} ms/step, compiled {1000 * compiled:.2f} ms/step, "
-          f"speed-up {eager / compiled:.2f}x; compile time {compile_s:.1f} s (not in the step times)")  # fmt: skip
-    return {"eager_ms": 1000 * eager, "compiled_ms": 1000 * compiled, "speedup": eager / compiled, "compile_s": compile_s}
+    compiled, _ = hand_loop(
+        compiled_model,
+        x,
+        y,
+        batch=batch,
+        window=Window(x.device, warmup, steps),
+        lr=0.1,
+        fast=True,
+        compiled=compiled_fn,
+    )
+    print(
+        f"\ntorch.compile on {type(model).__name__}: eager {1000 * eager:.2f} ms/step, compiled "
+        f"{1000 * compiled:.2f} ms/step, "
+        f"speed-up {eager / compiled:.2f}x; compile time {compile_s:.1f} s (not in the step times)"
+    )
+    return {
+        "eager_ms": 1000 * eager,
+        "compiled_ms": 1000 * compiled,
+        "speedup": eager / compiled,
+        "compile_s": compile_s,
+    }
 
 
 def main() -> None:
@@ -198,9 +227,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--fast", action="store_true", help="GPU fast path: bf16, channels_last, compile; saturate runs experiment=fast")
+    parser.add_argument(
+        "--fast", action="store_true", help="GPU fast path: bf16, channels_last, compile; saturate runs experiment=fast"
+    )
     parser.add_argument("--verbose", action="store_true", help="print each round's medians")
-    parser.add_argument("--json", default=None, help="also write the table's figures to this file (saturate selftest reads it)")
+    parser.add_argument(
+        "--json", default=None, help="also write the table's figures to this file (saturate selftest reads it)"
+    )
     parser.add_argument("overrides", nargs="*", help="more overrides for the saturate run, e.g. monitor.enabled=false")
     args = parser.parse_args()
     logging.getLogger("saturate").setLevel(logging.WARNING)
@@ -211,9 +244,25 @@ def main() -> None:
     if args.warmup < 1 or args.steps <= args.warmup:
         parser.error("--warmup must be at least 1 and less than --steps")
     samples = max(args.samples, args.batch * (args.steps + 1))  # no epoch end inside the timed steps
-    data = ["data=synthetic", f"data.num_train={samples}", "data.num_val=256", f"data.height={args.size}", f"data.width={args.size}"]
-    common = [*data, f"model={args.model}", f"loader.batch_size={args.batch}", "trainer.progress=false", "optim.warmup_epochs=0"]
-    setting = ["experiment=fast", "augmentation=none"] if args.fast else ["loader=resident", "augmentation=none", "precision=fp32"]
+    data = [
+        "data=synthetic",
+        f"data.num_train={samples}",
+        "data.num_val=256",
+        f"data.height={args.size}",
+        f"data.width={args.size}",
+    ]
+    common = [
+        *data,
+        f"model={args.model}",
+        f"loader.batch_size={args.batch}",
+        "trainer.progress=false",
+        "optim.warmup_epochs=0",
+    ]
+    setting = (
+        ["experiment=fast", "augmentation=none"]
+        if args.fast
+        else ["loader=resident", "augmentation=none", "precision=fp32"]
+    )
     with tempfile.TemporaryDirectory() as tmp:
         # the same data, model and lr as the saturate run, built from the same option files
         node = OmegaConf.load(CONF / "data" / "synthetic.yaml")
@@ -225,7 +274,9 @@ def main() -> None:
         if args.fast:
             x = x.contiguous(memory_format=torch.channels_last)
         torch.manual_seed(0)
-        model = instantiate(OmegaConf.load(CONF / "model" / f"{args.model}.yaml"), in_channels=3, num_classes=node.num_classes).to(device)
+        model = instantiate(
+            OmegaConf.load(CONF / "model" / f"{args.model}.yaml"), in_channels=3, num_classes=node.num_classes
+        ).to(device)
         if args.fast:
             model = model.to(memory_format=torch.channels_last)
         lr = OmegaConf.load(CONF / "optim" / "sgd.yaml").optimizer.lr
@@ -234,28 +285,51 @@ def main() -> None:
             return Window(device, args.warmup, args.steps)
 
         runners = {
-            "hand loop": lambda r: hand_loop(copy.deepcopy(model), x, y, batch=args.batch, window=window(), lr=lr, fast=args.fast),
+            "hand loop": lambda r: hand_loop(
+                copy.deepcopy(model), x, y, batch=args.batch, window=window(), lr=lr, fast=args.fast
+            ),
             "saturate": lambda r: saturate_loop([*common, *setting, *args.overrides], f"{tmp}/run{r}", window()),
-            "lightning": lambda r: lightning_loop(copy.deepcopy(model), x, y, batch=args.batch, window=window(), lr=lr, fast=args.fast),
+            "lightning": lambda r: lightning_loop(
+                copy.deepcopy(model), x, y, batch=args.batch, window=window(), lr=lr, fast=args.fast
+            ),
         }
-        per_round: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}  # (wall, CPU) s per step, each round
+        # (wall, CPU) s per step, each round
+        per_round: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
         names = list(runners)
-        for r in range(args.rounds):  # interleaved, and each round starts with the next runner: no one always goes first
+        # interleaved, and each round starts with the next runner: no one always goes first
+        for r in range(args.rounds):
             for name in names[r % 3 :] + names[: r % 3]:
                 per_step = runners[name](r)
                 if per_step is not None:  # None: lightning is not installed
                     per_round[name].append(per_step)
                     if args.verbose:
-                        print(f"round {r}: {name:<10} {1000 * per_step[0]:.2f} ms wall, {1000 * per_step[1]:.2f} ms CPU per step",
-                              flush=True)  # fmt: skip
+                        print(
+                            f"round {r}: {name:<10} {1000 * per_step[0]:.2f} ms wall, {1000 * per_step[1]:.2f} ms "
+                            "CPU per step",
+                            flush=True,
+                        )
 
-    where = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({platform.machine()}, {os.cpu_count()} CPUs)"
+    where = (
+        torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({platform.machine()}, {os.cpu_count()} CPUs)"
+    )
     mode = "experiment=fast" if args.fast else "loader=resident fp32"
-    print(f"\n{args.model}, synthetic 3x{args.size}x{args.size}, batch {args.batch}, {mode}; {where}, torch {torch.__version__}; "
-          f"median of {args.rounds} rounds of {args.steps - args.warmup} timed steps each\n")  # fmt: skip
+    print(
+        f"\n{args.model}, synthetic 3x{args.size}x{args.size}, batch {args.batch}, {mode}; {where}, torch "
+        f"{torch.__version__}; median of {args.rounds} rounds of {args.steps - args.warmup} timed steps each\n"
+    )
     hand = medians(per_round["hand loop"])
-    figures: dict = {"device": where, "mode": mode, "model": args.model, "batch": args.batch, "rounds": args.rounds, "loops": {}}
-    print("| loop | step ms (wall) | samples/s | vs hand loop (wall) | paired by round (wall) | step ms (CPU) | vs hand loop (CPU) |")
+    figures: dict = {
+        "device": where,
+        "mode": mode,
+        "model": args.model,
+        "batch": args.batch,
+        "rounds": args.rounds,
+        "loops": {},
+    }
+    print(
+        "| loop | step ms (wall) | samples/s | vs hand loop (wall) | paired by round (wall) | step ms (CPU) | vs "
+        "hand loop (CPU) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, t in per_round.items():
         if not t:
@@ -263,9 +337,16 @@ def main() -> None:
         wall, cpu = medians(t)
         # within a round the loops ran back to back, so each round's ratio is a paired comparison, robust to drift
         paired = statistics.median(m[0] / h[0] for m, h in zip(per_round[name], per_round["hand loop"], strict=True))
-        print(f"| {name} | {1000 * wall:.2f} | {args.batch / wall:,.0f} | {wall / hand[0]:.3f}x | {paired:.3f}x | "
-              f"{1000 * cpu:.2f} | {cpu / hand[1]:.3f}x |")  # fmt: skip
-        figures["loops"][name] = {"step_ms": 1000 * wall, "samples_per_s": args.batch / wall, "vs_hand": wall / hand[0], "paired": paired}
+        print(
+            f"| {name} | {1000 * wall:.2f} | {args.batch / wall:,.0f} | {wall / hand[0]:.3f}x | {paired:.3f}x | "
+            f"{1000 * cpu:.2f} | {cpu / hand[1]:.3f}x |"
+        )
+        figures["loops"][name] = {
+            "step_ms": 1000 * wall,
+            "samples_per_s": args.batch / wall,
+            "vs_hand": wall / hand[0],
+            "paired": paired,
+        }
     if not per_round["lightning"]:
         print("\n(lightning is not installed: pip install -e '.[bench]')")
     if args.fast:

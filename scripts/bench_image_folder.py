@@ -34,8 +34,10 @@ import json, resource, sys, time
 from saturate.data.image_folder import load_image_folder
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
-train, val = load_image_folder(root=sys.argv[1], image_size=int(sys.argv[2]), channels=3, val_fraction=0.1, split_seed=0,
-                               strict=False, index_cache=sys.argv[3])
+train, val = load_image_folder(
+    root=sys.argv[1], image_size=int(sys.argv[2]), channels=3, val_fraction=0.1, split_seed=0, strict=False,
+    index_cache=sys.argv[3],
+)
 seconds = time.perf_counter() - t
 print(json.dumps({"seconds": seconds, "mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024,
                   "files": len(train) + len(val)}))
@@ -69,7 +71,9 @@ def make_folder(root: Path, files: int, size: int, classes: int) -> None:
         x, y = rng.randint(0, photo.width - w), rng.randint(0, photo.height - h)
         folder = root / f"class_{i % classes:04d}"
         folder.mkdir(parents=True, exist_ok=True)
-        photo.crop((x, y, x + w, y + h)).resize((width, height), Image.BILINEAR).save(folder / f"{i:07d}.jpg", quality=90)
+        photo.crop((x, y, x + w, y + h)).resize((width, height), Image.BILINEAR).save(
+            folder / f"{i:07d}.jpg", quality=90
+        )
 
 
 def start_up(code: str, *args: str) -> dict:
@@ -86,8 +90,9 @@ def loaders(root: Path, size: int, workers: int, batch: int, scratch: Path) -> d
     from saturate.data.loader import ResumableSampler, already_collated
 
     with tempfile.TemporaryDirectory() as cache:
-        train, _ = load_image_folder(root=str(root), image_size=size, channels=3, val_fraction=0.1, split_seed=0, strict=False,
-                                     index_cache=cache)  # fmt: skip
+        train, _ = load_image_folder(
+            root=str(root), image_size=size, channels=3, val_fraction=0.1, split_seed=0, strict=False, index_cache=cache
+        )
     common = {"batch_size": batch, "num_workers": workers, "drop_last": True, "persistent_workers": workers > 0}
 
     def sampled(dataset):  # saturate's own sampler (shards: a few shards shuffled together at a time)
@@ -99,7 +104,9 @@ def loaders(root: Path, size: int, workers: int, batch: int, scratch: Path) -> d
 
         out = scratch / "shards"
         script = Path(__file__).with_name("make_shards.py")
-        subprocess.run([sys.executable, str(script), str(root), str(out), "--val-fraction", "0.1"], capture_output=True, check=True)
+        subprocess.run(
+            [sys.executable, str(script), str(root), str(out), "--val-fraction", "0.1"], capture_output=True, check=True
+        )
         shards, _ = load_shards(train=str(out / "train.json"), val=None, image_size=size, channels=3)
         found["saturate shards"] = DataLoader(shards, collate_fn=already_collated, sampler=sampled(shards), **common)
     except Exception as e:  # noqa: BLE001 (wids or webdataset not installed)
@@ -115,9 +122,12 @@ def loaders(root: Path, size: int, workers: int, batch: int, scratch: Path) -> d
     resize = v2.Resize((size, size), antialias=True)
     common["shuffle"] = True
     found["torchvision decode_jpeg"] = DataLoader(
-        ImageFolder(str(root), loader=lambda p: decode_jpeg(read_file(p), mode=ImageReadMode.RGB), transform=resize), **common
+        ImageFolder(str(root), loader=lambda p: decode_jpeg(read_file(p), mode=ImageReadMode.RGB), transform=resize),
+        **common,
     )
-    found["torchvision PIL"] = DataLoader(ImageFolder(str(root), transform=v2.Compose([v2.PILToTensor(), resize])), **common)
+    found["torchvision PIL"] = DataLoader(
+        ImageFolder(str(root), transform=v2.Compose([v2.PILToTensor(), resize])), **common
+    )
     assert torch  # imported for the transforms' tensors
     return found
 
@@ -147,7 +157,9 @@ def images_per_s(loader, batches: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, help="an existing folder of class sub-folders (default: made in a temporary folder)")
+    parser.add_argument(
+        "--root", type=Path, help="an existing folder of class sub-folders (default: made in a temporary folder)"
+    )
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--size", type=int, default=64, choices=[64, 224])
     parser.add_argument("--classes", type=int, default=100)
@@ -155,7 +167,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--batches", type=int, default=10, help="timed batches per round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cold", action="store_true", help="images/s with the files dropped from the page cache before each pass")
+    parser.add_argument(
+        "--cold", action="store_true", help="images/s with the files dropped from the page cache before each pass"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -163,13 +177,19 @@ def main() -> None:
         if args.root is None:
             t = time.perf_counter()
             make_folder(root, args.files, args.size, args.classes)
-            print(f"made {args.files} JPEGs ({'64x64' if args.size == 64 else '500x375'}) in {args.classes} classes in "
-                  f"{time.perf_counter() - t:.0f} s")  # fmt: skip
+            print(
+                f"made {args.files} JPEGs ({'64x64' if args.size == 64 else '500x375'}) in {args.classes} classes in "
+                f"{time.perf_counter() - t:.0f} s"
+            )
         cache = Path(scratch) / "index_cache"
         rows: dict[str, list[dict]] = {}
         for _ in range(args.rounds):  # interleaved: the systems take turns
-            rows.setdefault("saturate first", []).append(start_up(START_SATURATE, str(root), str(args.size), str(cache / "fresh")))
-            rows.setdefault("saturate cached", []).append(start_up(START_SATURATE, str(root), str(args.size), str(cache / "kept")))
+            rows.setdefault("saturate first", []).append(
+                start_up(START_SATURATE, str(root), str(args.size), str(cache / "fresh"))
+            )
+            rows.setdefault("saturate cached", []).append(
+                start_up(START_SATURATE, str(root), str(args.size), str(cache / "kept"))
+            )
             try:
                 rows.setdefault("torchvision", []).append(start_up(START_TORCHVISION, str(root)))
             except subprocess.CalledProcessError:
@@ -183,7 +203,12 @@ def main() -> None:
         print(f"\nstart-up, {files} files (best of {args.rounds}; peak memory added by the start-up):")
         tv = best.get("torchvision")
         for name, r in best.items():
-            ratio = f"  {r['seconds'] / tv['seconds']:.2f}x torchvision's time, {r['mb'] / max(tv['mb'], 1):.2f}x its memory" if tv else ""
+            ratio = (
+                f"  {r['seconds'] / tv['seconds']:.2f}x torchvision's time, {r['mb'] / max(tv['mb'], 1):.2f}x its "
+                "memory"
+                if tv
+                else ""
+            )
             print(f"  {name:18s} {r['seconds']:7.3f} s  {r['mb']:7.1f} MB{ratio}")
         print(f"projected to {IMAGENET:,} files (linear in files):")
         for name, r in best.items():
@@ -198,9 +223,14 @@ def main() -> None:
                     evict(Path(scratch) / "shards")
                 rates[name].append(images_per_s(loader, args.batches))
         where = ", files out of the page cache" if args.cold else ""
-        print(f"\nimages/s, {args.workers} workers, batch {args.batch}, uint8 {args.size}x{args.size}{where} (best of {args.rounds}):")
+        print(
+            f"\nimages/s, {args.workers} workers, batch {args.batch}, uint8 {args.size}x{args.size}{where} (best of "
+            f"{args.rounds}):"
+        )
         for name, r in rates.items():
-            others = "".join(f", {max(r) / max(o):.2f}x {n}" for n, o in rates.items() if n != name and name.startswith("saturate"))
+            others = "".join(
+                f", {max(r) / max(o):.2f}x {n}" for n, o in rates.items() if n != name and name.startswith("saturate")
+            )
             print(f"  {name:24s} {max(r):8.0f}{others}")
 
 

@@ -76,7 +76,13 @@ def main() -> None:
         for preset in PRESETS:
             with initialize_config_dir(str(CONF), version_base="1.3"):
                 cfg = compose(
-                    "config", overrides=[f"loader={preset}", f"loader.batch_size={args.batch}", *data_overrides, f"run_dir={tmp}"]
+                    "config",
+                    overrides=[
+                        f"loader={preset}",
+                        f"loader.batch_size={args.batch}",
+                        *data_overrides,
+                        f"run_dir={tmp}",
+                    ],
                 )
             run = validate(cfg, presets=tuple(PRESETS_AUG))
             data = build_datasets(run.data)
@@ -97,11 +103,17 @@ def main() -> None:
                 yield images.index_select(0, index).float(), labels.index_select(0, index)
 
         reference = DataLoader(
-            TensorDataset(train_set.images.float(), train_set.labels), batch_size=args.batch, shuffle=True, drop_last=True
+            TensorDataset(train_set.images.float(), train_set.labels),
+            batch_size=args.batch,
+            shuffle=True,
+            drop_last=True,
         )
         rows = {
             "raw index_select + float (reference)": (raw_slices, lambda batch: None),
-            "DataLoader(TensorDataset) (reference)": (lambda: iter(reference), lambda batch: [t.to(device) for t in batch]),
+            "DataLoader(TensorDataset) (reference)": (
+                lambda: iter(reference),
+                lambda batch: [t.to(device) for t in batch],
+            ),
             **rows,
         }
         results: dict[str, list[float]] = {name: [] for name in rows}
@@ -112,8 +124,10 @@ def main() -> None:
     medians = {name: statistics.median(r) for name, r in results.items()}
     base = medians["DataLoader(TensorDataset) (reference)"]
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu, {os.cpu_count()} CPUs"
-    print(f"\nbatch {args.batch} of 3x{args.size}x{args.size} uint8, {args.samples} samples; device {where} ({platform.machine()}), "
-          f"torch {torch.__version__}; median of {args.rounds} rounds x {args.batches} batches\n")  # fmt: skip
+    print(
+        f"\nbatch {args.batch} of 3x{args.size}x{args.size} uint8, {args.samples} samples; device {where} "
+        f"({platform.machine()}), torch {torch.__version__}; median of {args.rounds} rounds x {args.batches} batches\n"
+    )
     print(f"| {'loader':<40} | batches/s | ms/batch | vs DataLoader(TensorDataset) |")
     print(f"|{'-' * 42}|----------:|---------:|-----------------------------:|")
     for name, rate in medians.items():

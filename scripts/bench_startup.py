@@ -23,7 +23,12 @@ COMMANDS = {
     "import torch": [sys.executable, "-c", "import torch"],
     "train.py --help": [sys.executable, str(ROOT / "train.py"), "--help"],
     "a misspelt key": [sys.executable, str(ROOT / "train.py"), "trainer.max_epoch=3"],
-    "an out-of-range value": [sys.executable, str(ROOT / "train.py"), "loader.num_workers=-1", "hydra.run.dir=/tmp/saturate-bench-startup"],
+    "an out-of-range value": [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "loader.num_workers=-1",
+        "hydra.run.dir=/tmp/saturate-bench-startup",
+    ],
 }
 
 

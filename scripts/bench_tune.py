@@ -28,14 +28,23 @@ import tempfile
 import time
 from pathlib import Path
 
+from saturate import names
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from scripts.make_image_folder import write_digits  # noqa: E402
 
 START = ["data=image_folder", "data.image_size=32", "model.width=8", "augmentation=cpu", "loader.num_workers=0"]
 CIFAR = ["data=synthetic", "data.num_train=50000", "model=resnet18", "augmentation=cpu"]
-HAND_PICKED = ["loader=resident", "augmentation=gpu", "precision=amp", "trainer.compile=true", "trainer.channels_last=true",
-               "loader.batch_size=512", "optim.lr_scaling=sqrt"]  # fmt: skip
+HAND_PICKED = [
+    "loader=resident",
+    "augmentation=gpu",
+    "precision=amp",
+    "trainer.compile=true",
+    "trainer.channels_last=true",
+    "loader.batch_size=512",
+    "optim.lr_scaling=sqrt",
+]
 
 
 def train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -66,7 +75,12 @@ def main() -> None:
         print((tmp / "tune" / "tune.md").read_text())
         print(f"tune: {tune_s:.0f} s in all (process start-up included), {len(result['results'])} trials\n")
         tuned = [f"hydra.searchpath=[file://{tmp / 'conf'}]", "experiment=tuned_bench"]
-        steps = [f"trainer.max_steps={opts.steps}", "trainer.max_epochs=1000", "trainer.progress=false", "trainer.eval_interval=1000"]
+        steps = [
+            f"trainer.max_steps={opts.steps}",
+            "trainer.max_epochs=1000",
+            "trainer.progress=false",
+            "trainer.eval_interval=1000",
+        ]
         configs = {"start": start, "tuned": tuned}
         if opts.case == "cifar":
             configs["hand-picked"] = [*start, *HAND_PICKED]
@@ -74,11 +88,15 @@ def main() -> None:
         for r in range(opts.rounds):
             for name, args in configs.items():
                 train([*args, *steps, f"hydra.run.dir=runs/{name}{r}"], tmp)
-                rates[name].append(json.loads((tmp / "runs" / f"{name}{r}" / "metrics.json").read_text())["perf/samples_per_s"])
+                rates[name].append(
+                    json.loads((tmp / "runs" / f"{name}{r}" / "metrics.json").read_text())[names.SAMPLES_PER_S]
+                )
     for name, values in rates.items():
         print(f"{name:>11}: {statistics.mean(values):8,.0f} samples/s  ({', '.join(f'{v:,.0f}' for v in values)})")
     mean = {name: statistics.mean(values) for name, values in rates.items()}
-    print(f"tuned / start = {mean['tuned'] / mean['start']:.2f}x" + (" (target >= 1.5x)" if opts.case == "folder" else ""))
+    print(
+        f"tuned / start = {mean['tuned'] / mean['start']:.2f}x" + (" (target >= 1.5x)" if opts.case == "folder" else "")
+    )
     if opts.case == "cifar":
         print(f"tuned / hand-picked = {mean['tuned'] / mean['hand-picked']:.2f}x (target >= 0.9x)")
     print(f"the preset's changes: {' '.join(result['changes']) or '(none)'}")

@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
+from saturate import names
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -43,7 +45,11 @@ class SlowSamples(Dataset):
 
     def __init__(self, n: int, dim: int = 64, seconds: float = 0.002, seed: int = 0):
         g = torch.Generator().manual_seed(seed)
-        self.x, self.y, self.seconds = torch.randn(n, dim, generator=g), torch.randint(0, 10, (n,), generator=g), seconds
+        self.x, self.y, self.seconds = (
+            torch.randn(n, dim, generator=g),
+            torch.randint(0, 10, (n,), generator=g),
+            seconds,
+        )
 
     def __len__(self):
         return len(self.y)
@@ -76,10 +82,16 @@ def mlp(in_features: int, width: int, depth: int, num_classes: int = 10) -> torc
 
 def cnn(in_channels: int = 3, num_classes: int = 10) -> torch.nn.Module:
     return torch.nn.Sequential(
-        torch.nn.Conv2d(in_channels, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(32, 64, 3, stride=2, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(64, 64, 3, stride=2, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        torch.nn.Conv2d(in_channels, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 64, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
         torch.nn.Linear(64, num_classes),
-    )  # fmt: skip
+    )
 
 
 class SlowLogger:
@@ -251,21 +263,28 @@ def run_saturate(case: Case, where: Path) -> dict:
 
     train, val = DATA[case.data]()
     with burning(case.burn):
-        saturate.fit(_model_for(case), train, val, run_dir=where, loggers=list(case.loggers), overrides=[*STEADY, *case.overrides])
+        saturate.fit(
+            _model_for(case),
+            train,
+            val,
+            run_dir=where,
+            loggers=list(case.loggers),
+            overrides=[*STEADY, *case.overrides],
+        )
     return json.loads((where / "metrics.json").read_text())
 
 
 def facts_line(m: dict) -> str:
     f = m.get("facts", {})
-    parts = [f"wait {m.get('perf/data_wait_frac', 0):.0%}"]
+    parts = [f"wait {m.get(names.DATA_WAIT_FRAC, 0):.0%}"]
     if f.get("cpu_util") is not None:
         parts.append(f"run CPU {f['cpu_util']:.0f}%")
     if f.get("other_cpu") is not None:
         parts.append(f"others {f['other_cpu']:.0f}%")
     shares = f.get("loop_shares") or {}
     parts += [f"{k[:4]} {v:.0%}" for k, v in shares.items() if v >= 0.05]
-    if m.get("cost/fixed_frac") is not None:
-        parts.append(f"fixed per step {m['cost/fixed_frac']:.0%}")
+    if m.get(names.FIXED_FRAC) is not None:
+        parts.append(f"fixed per step {m[names.FIXED_FRAC]:.0%}")
     return ", ".join(parts)
 
 
@@ -276,6 +295,8 @@ import sys, time, torch
 sys.path.insert(0, {root!r})
 import traceml_ai as traceml
 from scripts.bench_verdict import CASES, DATA, _model_for, loop_extras
+
+from saturate import names
 traceml.init(mode="auto")
 case = next(c for c in CASES if c.name == {name!r})
 train, val = DATA[case.data]()
@@ -287,7 +308,8 @@ while step < extras["steps"]:
     for x, y in loader:
         if extras["augment"]:
             x = torch.stack([torch.flip(s, (2,)) if torch.rand(()) < 0.5 else s for s in x.float() / 255])
-            x = torch.stack([torch.roll(s, (int(torch.randint(-4, 5, ())), int(torch.randint(-4, 5, ()))), (1, 2)) for s in x])
+            shifts = torch.randint(-4, 5, (len(x), 2)).tolist()
+            x = torch.stack([torch.roll(s, (int(a), int(b)), (1, 2)) for s, (a, b) in zip(x, shifts)])
         with traceml.trace_step(model):
             opt.zero_grad(set_to_none=True)
             loss = torch.nn.functional.cross_entropy(model(x.float()), y)
@@ -302,7 +324,11 @@ while step < extras["steps"]:
 
 def loop_extras(case: Case) -> dict:
     """The plain loop's settings and what it does between steps (evaluation, saving, logging)."""
-    o = dict(v.split("=", 1) for v in case.overrides if "=" in v and not v.startswith("loader=") and not v.startswith("augmentation="))
+    o = dict(
+        v.split("=", 1)
+        for v in case.overrides
+        if "=" in v and not v.startswith("loader=") and not v.startswith("augmentation=")
+    )
     steps = int(o.get("trainer.max_steps", 60)) if o.get("trainer.max_steps", "-1") != "-1" else 60
     workers = int(o.get("loader.num_workers", 0))
 
@@ -316,8 +342,13 @@ def loop_extras(case: Case) -> dict:
         if case.name == "logging-heavy":
             time.sleep(0.03)
 
-    return {"batch": int(o.get("loader.batch_size", 32)), "workers": workers, "steps": steps, "after": after,
-            "augment": "augmentation=cpu" in case.overrides}  # fmt: skip
+    return {
+        "batch": int(o.get("loader.batch_size", 32)),
+        "workers": workers,
+        "steps": steps,
+        "after": after,
+        "augment": "augmentation=cpu" in case.overrides,
+    }
 
 
 def run_traceml(case: Case, where: Path) -> str:
@@ -337,7 +368,9 @@ def run_traceml(case: Case, where: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cases", default="", help="comma-separated case names (default: every case this machine can run)")
+    parser.add_argument(
+        "--cases", default="", help="comma-separated case names (default: every case this machine can run)"
+    )
     parser.add_argument("--no-traceml", action="store_true")
     parser.add_argument("--json", default="", help="also write the results here")
     args = parser.parse_args()
@@ -357,11 +390,20 @@ def main() -> int:
             for r in range(args.rounds):
                 last = run_saturate(case, Path(tmp) / f"{case.name}-{r}")
                 given.append(last["verdict"])
-            traced = run_traceml(case, Path(tmp) / f"{case.name}-traceml") if have_traceml and not case.cuda else "not run"
-            results[case.name] = {"expected": case.expected, "given": given, "traceml": traced, "facts": facts_line(last),
-                                  "suggestions": last.get("suggestions", [])}  # fmt: skip
+            traced = (
+                run_traceml(case, Path(tmp) / f"{case.name}-traceml") if have_traceml and not case.cuda else "not run"
+            )
+            results[case.name] = {
+                "expected": case.expected,
+                "given": given,
+                "traceml": traced,
+                "facts": facts_line(last),
+                "suggestions": last.get("suggestions", []),
+            }
             ok = "yes" if all(g == case.expected for g in given) else "NO"
-            rows.append(f"| {case.name} | {case.expected} | {' / '.join(given)} ({ok}) | {facts_line(last)} | {traced} |")
+            rows.append(
+                f"| {case.name} | {case.expected} | {' / '.join(given)} ({ok}) | {facts_line(last)} | {traced} |"
+            )
             print(rows[-1], flush=True)
     device = torch.cuda.get_device_name(0) if cuda else f"cpu ({os.cpu_count()} CPUs)"
     print(f"\n{device}, torch {torch.__version__}; {args.rounds} round(s) per case\n")

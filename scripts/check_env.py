@@ -35,7 +35,10 @@ def main() -> int:
     works = all(c.ok for c in checks if c.required)
     print(f"\n{'a training step works' if works else 'a training step FAILED'} on {device}")
     print("suggested settings: " + "; ".join(suggestions(device, checks)))
-    print("every path the configuration can take, run here, and the fast path measured: saturate selftest (README: Self-test)")
+    print(
+        "every path the configuration can take, run here, and the fast path measured: saturate selftest (README: "
+        "Self-test)"
+    )
     return 0 if works else 1
 
 

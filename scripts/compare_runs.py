@@ -24,11 +24,17 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import saturate
+from saturate import names
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 saturate.register()  # the schema and resolvers, before composing conf/
-COLUMNS = [("perf/samples_per_s", "samples/s", "{:.0f}"), ("perf/data_wait_frac", "data wait", "{:.1%}"),
-           ("perf/step_ms", "step ms", "{:.2f}"), ("objective", "monitor", "{:.4f}"), ("time/wall_s", "wall s", "{:.1f}")]  # fmt: skip
+COLUMNS = [
+    (names.SAMPLES_PER_S, "samples/s", "{:.0f}"),
+    (names.DATA_WAIT_FRAC, "data wait", "{:.1%}"),
+    (names.STEP_MS, "step ms", "{:.2f}"),
+    ("objective", "monitor", "{:.4f}"),
+    (names.WALL_S, "wall s", "{:.1f}"),
+]
 
 
 def run_once(overrides: list[str], run_dir: Path) -> dict[str, float]:
@@ -52,15 +58,18 @@ def main() -> None:
             for i, config in enumerate(args.configs):
                 results[config].append(run_once([*args.common, *config.split()], Path(tmp) / f"{i}-{r}"))
 
-    first = statistics.median(m["perf/samples_per_s"] for m in results[args.configs[0]])
-    print(f"\n{platform.machine()}, {os.cpu_count()} CPUs, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}, "
-          f"torch {torch.__version__}; common: {' '.join(args.common) or '-'}; median of {args.repeats}\n")  # fmt: skip
+    first = statistics.median(m[names.SAMPLES_PER_S] for m in results[args.configs[0]])
+    print(
+        f"\n{platform.machine()}, {os.cpu_count()} CPUs, "
+        f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}, "
+        f"torch {torch.__version__}; common: {' '.join(args.common) or '-'}; median of {args.repeats}\n"
+    )
     width = max(len(c) for c in args.configs)
     print(f"| {'configuration':<{width}} | " + " | ".join(h for _, h, _ in COLUMNS) + " | vs first |")
     print(f"|{'-' * (width + 2)}|" + "|".join("-" * (len(h) + 1) + ":" for _, h, _ in COLUMNS) + "|---------:|")
     for config, runs in results.items():
         cells = [fmt.format(statistics.median(m[key] for m in runs)).rjust(len(h)) for key, h, fmt in COLUMNS]
-        ratio = statistics.median(m["perf/samples_per_s"] for m in runs) / first
+        ratio = statistics.median(m[names.SAMPLES_PER_S] for m in runs) / first
         print(f"| {config:<{width}} | " + " | ".join(cells) + f" | {ratio:7.2f}x |")
 
 

@@ -20,6 +20,8 @@ import random
 import sys
 from pathlib import Path
 
+from saturate import names
+
 
 def write_split(name: str, dataset, out: Path, per_shard: int, seed: int, extra: dict) -> int:
     import webdataset as wds
@@ -34,8 +36,12 @@ def write_split(name: str, dataset, out: Path, per_shard: int, seed: int, extra:
             sink.write({"__key__": f"{n:09d}", suffix: path.read_bytes(), "cls": str(int(dataset.labels[i])).encode()})
     shards = sorted(out.glob(f"{name}-*.tar"))
     counts = [min(per_shard, len(order) - k * per_shard) for k in range(len(shards))]
-    index = {"wids_version": 1, "name": name, "shardlist": [{"url": s.name, "nsamples": c} for s, c in zip(shards, counts, strict=True)],
-             **extra}  # fmt: skip
+    index = {
+        "wids_version": 1,
+        "name": name,
+        "shardlist": [{"url": s.name, "nsamples": c} for s, c in zip(shards, counts, strict=True)],
+        **extra,
+    }
     (out / f"{name}.json").write_text(json.dumps(index, indent=1))
     return len(shards)
 
@@ -48,15 +54,24 @@ def main() -> None:
     parser.add_argument("--val-fraction", type=float, default=0.2)
     parser.add_argument("--split-seed", type=int, default=0)
     parser.add_argument("--channels", type=int, default=3, choices=[1, 3])
-    parser.add_argument("--stats-size", type=int, default=64, help="image size at which the training images' mean/std are taken")
+    parser.add_argument(
+        "--stats-size", type=int, default=64, help="image size at which the training images' mean/std are taken"
+    )
     args = parser.parse_args()
 
     from saturate.data.image_folder import load_image_folder
     from saturate.errors import UserError
 
     try:
-        train, val = load_image_folder(root=str(args.folder), image_size=args.stats_size, channels=args.channels,
-                                       val_fraction=args.val_fraction, split_seed=args.split_seed, strict=False, check=True)  # fmt: skip
+        train, val = load_image_folder(
+            root=str(args.folder),
+            image_size=args.stats_size,
+            channels=args.channels,
+            val_fraction=args.val_fraction,
+            split_seed=args.split_seed,
+            strict=False,
+            check=True,
+        )
     except UserError as e:
         print(f"make_shards: {e}", file=sys.stderr)
         raise SystemExit(1) from None
@@ -67,9 +82,11 @@ def main() -> None:
     extra = {"classes": train.classes, "mean": list(train.mean), "std": list(train.std)}
     n_train = write_split("train", train, args.out, args.per_shard, args.split_seed, extra)
     n_val = write_split("val", val, args.out, args.per_shard, args.split_seed, extra)
-    print(f"wrote {len(train)} training samples in {n_train} shards and {len(val)} validation samples in {n_val} shards "
-          f"({train.notes['data/skipped_files']} broken files skipped) under {args.out}; "
-          f"train with: python train.py data=shards data.train={args.out / 'train.json'} data.val={args.out / 'val.json'}")  # fmt: skip
+    print(
+        f"wrote {len(train)} training samples in {n_train} shards and {len(val)} validation samples in {n_val} shards "
+        f"({train.notes[names.SKIPPED_FILES]} broken files skipped) under {args.out}; "
+        f"train with: python train.py data=shards data.train={args.out / 'train.json'} data.val={args.out / 'val.json'}"
+    )
 
 
 if __name__ == "__main__":

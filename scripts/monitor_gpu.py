@@ -39,7 +39,9 @@ def main() -> int:
     pynvml, why = open_nvml()
     handles = visible_nvml_handles(pynvml) if pynvml else []
     if not handles:
-        print(f"monitor_gpu: no NVIDIA GPU to watch ({why or 'NVML sees no device'}); nothing to monitor", file=sys.stderr)
+        print(
+            f"monitor_gpu: no NVIDIA GPU to watch ({why or 'NVML sees no device'}); nothing to monitor", file=sys.stderr
+        )
         return 2
 
     out = open(args.csv, "w", newline="") if args.csv else None
@@ -55,9 +57,14 @@ def main() -> int:
                 v = read_gpu(pynvml, handle)  # what NVML gives: a MIG slice or a vGPU refuses some fields
                 if "util" in v:
                     util[index].append(v["util"])
-                print(f"{now}  gpu{index}  util {shown(v, 'util', 3, ',.0f')}%  mem {shown(v, 'mem_used_mb', 8, ',.0f')} MB  power "
-                      f"{shown(v, 'power_w', 5, '.0f')} W  temp {shown(v, 'temp_c', 3, '.0f')} C  sm {shown(v, 'sm_clock_mhz', 5, ',.0f')} "
-                      "MHz", flush=True)  # fmt: skip
+                print(
+                    f"{now}  gpu{index}  util {shown(v, 'util', 3, ',.0f')}%  mem "
+                    f"{shown(v, 'mem_used_mb', 8, ',.0f')} MB  power "
+                    f"{shown(v, 'power_w', 5, '.0f')} W  temp {shown(v, 'temp_c', 3, '.0f')} C  sm "
+                    f"{shown(v, 'sm_clock_mhz', 5, ',.0f')} "
+                    "MHz",
+                    flush=True,
+                )
                 if writer:
                     writer.writerow({"time": now, "gpu": index, **v})
             time.sleep(args.interval)
@@ -72,8 +79,10 @@ def main() -> int:
     for index, series in util.items():
         if series:
             a = analyse(series)
-            print(f"  gpu{index}: {len(series)} samples, mean {a.mean:.1f}%, fluctuation (std) {a.std:.1f}, min {a.minimum:.0f}%, "
-                  f"{a.under_50:.0%} under 50% -> {a.status}")  # fmt: skip
+            print(
+                f"  gpu{index}: {len(series)} samples, mean {a.mean:.1f}%, fluctuation (std) {a.std:.1f}, min "
+                f"{a.minimum:.0f}%, {a.under_50:.0%} under 50% -> {a.status}"
+            )
     return 0
 
 

@@ -29,9 +29,26 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+PLATFORMS = [
+    "manylinux_2_28_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+]
 # what the GPU machine's torch brings (its CUDA build, and what only torch needs)
-TORCH_OWN = {"torch", "triton", "sympy", "mpmath", "networkx", "jinja2", "markupsafe", "filelock", "fsspec", "typing-extensions"}
+TORCH_OWN = {
+    "torch",
+    "triton",
+    "sympy",
+    "mpmath",
+    "networkx",
+    "jinja2",
+    "markupsafe",
+    "filelock",
+    "fsspec",
+    "typing-extensions",
+}
 SOURCE_ONLY = ["antlr4-python3-runtime==4.9.3"]  # hydra-core's pin; PyPI has no wheel of it
 
 RUNNER = """#!/usr/bin/env bash
@@ -44,7 +61,10 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 out=${OUT:-$here/out}
-"$py" -c "import torch" || { echo "run-selftest: $py cannot import torch; set PYTHON= to the Python with your torch" >&2; exit 2; }
+if ! "$py" -c "import torch"; then
+  echo "run-selftest: $py cannot import torch; set PYTHON= to the Python with your torch" >&2
+  exit 2
+fi
 "$py" - "$here" <<'PY'
 import importlib.metadata, subprocess, sys
 from pathlib import Path
@@ -59,8 +79,9 @@ for line in (here / "requirements.txt").read_text().split():
 print("run-selftest: kept this Python's", ", ".join(kept) or "nothing")
 if need:
     print("run-selftest: installing", " ".join(need), flush=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index", "--no-deps",
-                    "--find-links", str(here / "wheels"), "--target", str(here / "site"), "--upgrade", *need], check=True)
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index", "--no-deps"]
+    pip += ["--find-links", str(here / "wheels"), "--target", str(here / "site"), "--upgrade", *need]
+    subprocess.run(pip, check=True)
 PY
 cd "$here/saturate"
 PYTHONPATH="$here/site:$here/saturate/src" exec "$py" -m saturate.selftest --out "$out" "$@"
@@ -80,24 +101,53 @@ def pip(*args: str) -> None:
 
 
 def target(python_version: str) -> list[str]:
-    return ["--only-binary=:all:", "--implementation", "cp", "--python-version", python_version, *(f"--platform={p}" for p in PLATFORMS)]
+    return [
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        python_version,
+        *(f"--platform={p}" for p in PLATFORMS),
+    ]
 
 
 def resolve(wheels: Path, python_version: str, full: bool) -> list[tuple[str, str]]:
     """(name, version) of every distribution saturate needs on that Python, torch's own left out."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        pip("install", "--quiet", "--dry-run", "--ignore-installed", "--report", str(report), "--find-links", str(wheels),
-            "--target", str(Path(tmp) / "t"), *target(python_version), *dependencies(full))  # fmt: skip
+        pip(
+            "install",
+            "--quiet",
+            "--dry-run",
+            "--ignore-installed",
+            "--report",
+            str(report),
+            "--find-links",
+            str(wheels),
+            "--target",
+            str(Path(tmp) / "t"),
+            *target(python_version),
+            *dependencies(full),
+        )
         found = [(i["metadata"]["name"], i["metadata"]["version"]) for i in json.loads(report.read_text())["install"]]
     return [
-        (n, v) for n, v in found if n.lower().replace("_", "-") not in TORCH_OWN and not re.fullmatch(r"(nvidia|cuda)-.*-cu\d+", n.lower())
+        (n, v)
+        for n, v in found
+        if n.lower().replace("_", "-") not in TORCH_OWN and not re.fullmatch(r"(nvidia|cuda)-.*-cu\d+", n.lower())
     ]
 
 
 def checkout_files() -> list[str]:
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, check=True,
-                            capture_output=True).stdout.decode().split("\0")  # fmt: skip
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     return [f for f in listed if f and (ROOT / f).is_file()]
 
 
@@ -105,7 +155,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path, help="the bundle's folder (created; must not exist or be empty)")
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python (default 3.12)")
-    parser.add_argument("--full", action="store_true", help="also scikit-learn and SciPy (data=digits); the self-test does not need them")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="also scikit-learn and SciPy (data=digits); the self-test does not need them",
+    )
     args = parser.parse_args()
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"{args.out} exists and is not empty")
@@ -113,8 +167,17 @@ def main() -> int:
     wheels.mkdir(parents=True)
     pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), *SOURCE_ONLY)
     pinned = resolve(wheels, args.python_version, args.full)
-    pip("download", "--quiet", "--no-deps", "--dest", str(wheels), "--find-links", str(wheels), *target(args.python_version),
-        *(f"{n}=={v}" for n, v in pinned))  # fmt: skip
+    pip(
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--dest",
+        str(wheels),
+        "--find-links",
+        str(wheels),
+        *target(args.python_version),
+        *(f"{n}=={v}" for n, v in pinned),
+    )
     (args.out / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in pinned))
     for name in checkout_files():
         (args.out / "saturate" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -123,8 +186,10 @@ def main() -> int:
     runner.write_text(RUNNER)
     runner.chmod(0o755)
     size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file()) / 2**20
-    print(f"{args.out}: {len(pinned)} distributions for Python {args.python_version}, {size:.0f} MB. On the GPU machine: "
-          f"bash {args.out}/run-selftest.sh")  # fmt: skip
+    print(
+        f"{args.out}: {len(pinned)} distributions for Python {args.python_version}, {size:.0f} MB. On the GPU machine: "
+        f"bash {args.out}/run-selftest.sh"
+    )
     return 0
 
 

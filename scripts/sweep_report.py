@@ -34,13 +34,20 @@ def main() -> int:
     common = " ".join(f"{k}={v}" for k, v in common_overrides(jobs).items()) or "-"
     failed = [j for j in jobs if j.status != "completed"]
     why = "; ".join(f"job {j.number} ({j.status}: {j.metrics.get('error', 'no metrics.json')})" for j in failed)
-    text = "\n".join([
-        f"# Sweep {args.sweep_dir}", "",
-        f"{len(jobs)} jobs, {len(jobs) - len(failed)} completed; common overrides: {common}", "",
-        markdown(header, table), "",
-        *([f"Failed: {why}", ""] if failed else []),
-        "![samples/s](samples_per_s.png)", "![data wait](data_wait.png)", "",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            f"# Sweep {args.sweep_dir}",
+            "",
+            f"{len(jobs)} jobs, {len(jobs) - len(failed)} completed; common overrides: {common}",
+            "",
+            markdown(header, table),
+            "",
+            *([f"Failed: {why}", ""] if failed else []),
+            "![samples/s](samples_per_s.png)",
+            "![data wait](data_wait.png)",
+            "",
+        ]
+    )
     print(text)
     (args.sweep_dir / "sweep.md").write_text(text)
     write_csv(args.sweep_dir / "sweep.csv", jobs)

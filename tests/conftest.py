@@ -64,8 +64,12 @@ def run_cli(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None
     """`python train.py ARGS` in `cwd` (its outputs/ lands there), as a user runs it."""
     return subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -77,6 +81,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one thread each, for runs and the CLI processes they start
+# two workers on two cores: one thread each, for runs and the CLI processes they start
+if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"

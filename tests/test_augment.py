@@ -186,7 +186,9 @@ def test_validation_batches_are_not_augmented(tmp_path):
 
     train, val = load_digits(val_fraction=0.2, split_seed=0)
     model = Recording(in_channels=1, num_classes=10, width=8)
-    saturate.fit(model, train, val, overrides=[*TINY, "augmentation=gpu", "augmentation.preset=strong"], run_dir=tmp_path)
+    saturate.fit(
+        model, train, val, overrides=[*TINY, "augmentation=gpu", "augmentation.preset=strong"], run_dir=tmp_path
+    )
     mean, std = channel_stats(train.images)
     evaluated = torch.cat([x for training, x in model.seen if not training][-2:])  # the last evaluation's 2 batches
     plain = (val.images[: len(evaluated)].float() / 255 - mean[0]) / std[0]

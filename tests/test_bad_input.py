@@ -78,60 +78,150 @@ def run_dir_under_a_file(tmp: Path) -> list[str]:
 # (name, overrides or a function of tmp_path giving them, what the message must say)
 BAD_INPUTS = [
     ("negative seed", ["trainer.seed=-1"], "trainer.seed=-1: expected an integer in [0, 4294967295]"),
-    ("seed above 2**32 - 1", ["trainer.seed=4294967296"], "trainer.seed=4294967296: expected an integer in [0, 4294967295]"),
+    (
+        "seed above 2**32 - 1",
+        ["trainer.seed=4294967296"],
+        "trainer.seed=4294967296: expected an integer in [0, 4294967295]",
+    ),
     ("negative split seed", ["data.split_seed=-1"], "data.split_seed=-1: expected an integer in [0, 4294967295]"),
-    ("unresolvable interpolation", ["trainer.max_epochs=${oops}"], "trainer.max_epochs='${oops}': expected a value that resolves"),
+    (
+        "unresolvable interpolation",
+        ["trainer.max_epochs=${oops}"],
+        "trainer.max_epochs='${oops}': expected a value that resolves",
+    ),
     ("a removed group node", ["~trainer"], "trainer='(removed)': expected the trainer node: it cannot be removed"),
-    ("an optimizer that is a module", ["optim.optimizer._target_=torch.nn.Identity"], "builds a Identity, not a torch.optim.Optimizer"),
-    ("a model that is a dict", ["model._target_=builtins.dict", "~model.width", "~model.norm"], "model: dict is not a torch.nn.Module"),
-    ("rotation 400 on the device", ["augmentation=gpu", "augmentation.rotation=400"], "augmentation.rotation=400.0: expected a number"),
-    ("rotation 400 in the workers", ["augmentation=cpu", "augmentation.rotation=400"], "augmentation.rotation=400.0: expected a number"),
-    ("rotation NaN", ["augmentation=gpu", "augmentation.rotation=nan"], "augmentation.rotation=nan: expected a finite number"),
+    (
+        "an optimizer that is a module",
+        ["optim.optimizer._target_=torch.nn.Identity"],
+        "builds a Identity, not a torch.optim.Optimizer",
+    ),
+    (
+        "a model that is a dict",
+        ["model._target_=builtins.dict", "~model.width", "~model.norm"],
+        "model: dict is not a torch.nn.Module",
+    ),
+    (
+        "rotation 400 on the device",
+        ["augmentation=gpu", "augmentation.rotation=400"],
+        "augmentation.rotation=400.0: expected a number",
+    ),
+    (
+        "rotation 400 in the workers",
+        ["augmentation=cpu", "augmentation.rotation=400"],
+        "augmentation.rotation=400.0: expected a number",
+    ),
+    (
+        "rotation NaN",
+        ["augmentation=gpu", "augmentation.rotation=nan"],
+        "augmentation.rotation=nan: expected a finite number",
+    ),
     ("monitor interval NaN", ["monitor.interval_s=nan"], "monitor.interval_s=nan: expected a finite number"),
     ("gradient clip NaN", ["trainer.grad_clip=nan"], "trainer.grad_clip=nan: expected a finite number"),
     ("loader timeout NaN", ["loader.timeout_s=nan"], "loader.timeout_s=nan: expected a finite number"),
     ("learning rate NaN", ["optim.optimizer.lr=nan"], "optim.optimizer.lr=nan: expected a finite number"),
     ("a new top-level key", ["+new.key=1"], "new={'key': 1}: expected one of the top-level keys"),
-    ("accumulate more than the batch", ["trainer.accumulate=64"], "trainer.accumulate=64: expected at most loader.batch_size (32)"),
-    ("a synthetic set too large for memory", ["data=synthetic", "data.num_train=2000000000"], "GiB in memory, more than the"),
-    ("a last batch of one with BatchNorm", ["loader.drop_last=false", "loader.batch_size=359", "trainer.limit_train_batches=-1"],
-     "loader.drop_last=False: expected true: the last training batch would hold 1 sample"),
+    (
+        "accumulate more than the batch",
+        ["trainer.accumulate=64"],
+        "trainer.accumulate=64: expected at most loader.batch_size (32)",
+    ),
+    (
+        "a synthetic set too large for memory",
+        ["data=synthetic", "data.num_train=2000000000"],
+        "GiB in memory, more than the",
+    ),
+    (
+        "a last batch of one with BatchNorm",
+        ["loader.drop_last=false", "loader.batch_size=359", "trainer.limit_train_batches=-1"],
+        "loader.drop_last=False: expected true: the last training batch would hold 1 sample",
+    ),
     ("an empty class folder", empty_class_folder, "zz_empty holds no files"),
     ("an empty data.root", ["data=image_folder", "data.root="], "data.root='': expected a folder of class sub-folders"),
     ("a cache path under a file", cache_under_a_file, "batch_search.cache: cannot write to"),
     ("a run dir under a file", run_dir_under_a_file, "run_dir: cannot write to"),
     ("negative workers", ["loader.num_workers=-1"], "loader.num_workers=-1: expected an integer >= 0 or 'auto'"),
     ("zero batch size", ["loader.batch_size=0"], "loader.batch_size=0: expected an integer >= 1"),
-    ("batch larger than the data", ["loader.batch_size=5000"], "loader.batch_size=5000: larger than the training set (1437 samples)"),
+    (
+        "batch larger than the data",
+        ["loader.batch_size=5000"],
+        "loader.batch_size=5000: larger than the training set (1437 samples)",
+    ),
     ("negative loader timeout", ["loader.timeout_s=-1"], "loader.timeout_s=-1.0"),
     ("eval interval 0", ["trainer.eval_interval=0"], "trainer.eval_interval=0: expected an integer >= 1"),
-    ("memory fraction over 1", ["device.memory_fraction=1.5"], "device.memory_fraction=1.5: expected a number in (0, 1]"),
+    (
+        "memory fraction over 1",
+        ["device.memory_fraction=1.5"],
+        "device.memory_fraction=1.5: expected a number in (0, 1]",
+    ),
     ("unknown precision", ["precision.mode=fp8"], "precision.mode='fp8': expected one of auto, amp, bf16, fp16, fp32"),
-    ("fp16 loss scale below one", ["precision.init_scale=0.5"], "precision.init_scale=0.5: expected a finite number >= 1"),
-    ("flip probability over 1", ["augmentation=gpu", "augmentation.hflip=1.5"], "augmentation.hflip=1.5: expected a probability in [0, 1]"),
-    ("unordered schedule", ["augmentation=progressive", "augmentation.schedule=[{from_epoch:0,preset:minimal},{from_epoch:0,preset:b}]"],
-     "strictly increasing"),
+    (
+        "fp16 loss scale below one",
+        ["precision.init_scale=0.5"],
+        "precision.init_scale=0.5: expected a finite number >= 1",
+    ),
+    (
+        "flip probability over 1",
+        ["augmentation=gpu", "augmentation.hflip=1.5"],
+        "augmentation.hflip=1.5: expected a probability in [0, 1]",
+    ),
+    (
+        "unordered schedule",
+        ["augmentation=progressive", "augmentation.schedule=[{from_epoch:0,preset:minimal},{from_epoch:0,preset:b}]"],
+        "strictly increasing",
+    ),
     ("unknown schedule", ["optim.schedule=linear"], "optim.schedule='linear': expected one of cosine, constant"),
-    ("impossible optimizer value", ["optim.optimizer.lr=-1"], "optim.optimizer: cannot build torch.optim.SGD: Invalid learning rate"),
-    ("misspelt model argument", ["+model.widht=3"], "model.widht=3: expected an argument of saturate.models.SmallCNN: width, norm"),
-    ("bad model value", ["model.norm=layer"], "model: cannot build saturate.models.SmallCNN: model.norm='layer': expected batch, group"),
+    (
+        "impossible optimizer value",
+        ["optim.optimizer.lr=-1"],
+        "optim.optimizer: cannot build torch.optim.SGD: Invalid learning rate",
+    ),
+    (
+        "misspelt model argument",
+        ["+model.widht=3"],
+        "model.widht=3: expected an argument of saturate.models.SmallCNN: width, norm",
+    ),
+    (
+        "bad model value",
+        ["model.norm=layer"],
+        "model: cannot build saturate.models.SmallCNN: model.norm='layer': expected batch, group",
+    ),
     ("validation share of 1.5", ["data.val_fraction=1.5"], "data.val_fraction=1.5: expected a number in (0, 1)"),
-    ("CIFAR-10 not there", ["data=cifar10", "data.root=/nonexistent/cifar"], "data.root='/nonexistent/cifar': no CIFAR-10 python"),
-    ("image folder not there", ["data=image_folder", "data.root=/nonexistent/images"], "data.root='/nonexistent/images': no such folder"),
+    (
+        "CIFAR-10 not there",
+        ["data=cifar10", "data.root=/nonexistent/cifar"],
+        "data.root='/nonexistent/cifar': no CIFAR-10 python",
+    ),
+    (
+        "image folder not there",
+        ["data=image_folder", "data.root=/nonexistent/images"],
+        "data.root='/nonexistent/images': no such folder",
+    ),
     ("image folder with one class", one_class_folder, "found 1 class sub-folder(s)"),
     ("broken file in strict mode", broken_folder, "data.strict=true: "),
-    ("resident loader with per-sample augmentation", ["loader=resident", "augmentation=cpu"], "augmentation.placement='cpu'"),
+    (
+        "resident loader with per-sample augmentation",
+        ["loader=resident", "augmentation=cpu"],
+        "augmentation.placement='cpu'",
+    ),
     (
         "unknown monitored metric",
         ["checkpoint.monitor=val/f1"],
         "checkpoint.monitor='val/f1': expected auto or a metric the run logs: train/loss, val/loss, val/acc",
     ),
-    ("resume from a missing file", ["trainer.resume=/nonexistent/last.pt"], "trainer.resume: no checkpoint at /nonexistent/last.pt"),
+    (
+        "resume from a missing file",
+        ["trainer.resume=/nonexistent/last.pt"],
+        "trainer.resume: no checkpoint at /nonexistent/last.pt",
+    ),
     ("resume from an unreadable file", garbage_checkpoint, "cannot read"),
     ("resume from a file that is not a checkpoint", foreign_checkpoint, "is not a saturate checkpoint"),
     ("resume from a run dir without checkpoints", empty_run_dir, "no checkpoint in"),
-    ("resume with an incompatible model", incompatible_checkpoint, "does not fit this run's model: Error(s) in loading state_dict"),
-]  # fmt: skip
+    (
+        "resume with an incompatible model",
+        incompatible_checkpoint,
+        "does not fit this run's model: Error(s) in loading state_dict",
+    ),
+]
 
 
 @pytest.mark.parametrize(("name", "given", "says"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
@@ -158,7 +248,10 @@ def test_an_unreadable_class_folder_is_an_error_naming_it(make_cfg, tmp_path, mo
         return real_scandir(path)
 
     monkeypatch.setattr(image_index.os, "scandir", scandir)
-    with pytest.raises(CompactHydraException, match=r"cannot read the folder .*locked/5 \(Permission denied\); its images would be lost"):
+    with pytest.raises(
+        CompactHydraException,
+        match=r"cannot read the folder .*locked/5 \(Permission denied\); its images would be lost",
+    ):
         saturate.train(make_cfg("data=image_folder", f"data.root={tmp_path / 'locked'}"))
 
 
@@ -179,8 +272,13 @@ def test_a_failed_run_records_every_problem(make_cfg):
 
 def test_a_run_dir_hydra_cannot_create_is_one_line(tmp_path):
     (tmp_path / "afile").write_text("not a folder")
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *TINY, f"hydra.run.dir={tmp_path / 'afile' / 'run'}"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *TINY, f"hydra.run.dir={tmp_path / 'afile' / 'run'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert f"error: cannot write {tmp_path / 'afile'}" in result.stderr
 
@@ -228,14 +326,25 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def test_a_real_write_limit_during_a_save_is_a_clean_error(tmp_path):
     """The kernel refuses the write (RLIMIT_FSIZE), as a full disk would: one message, no traceback."""
     result = subprocess.run(
-        [sys.executable, "-c", FILE_SIZE_LIMIT, str(ROOT / "train.py"), *TINY, "model.width=64", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            FILE_SIZE_LIMIT,
+            str(ROOT / "train.py"),
+            *TINY,
+            "model.width=64",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert (
-        f"cannot write checkpoint {tmp_path / 'run' / 'checkpoints' / 'last.pt'}: File too large; the previous one is intact"
-        in result.stderr
+        f"cannot write checkpoint {tmp_path / 'run' / 'checkpoints' / 'last.pt'}: File too large; the previous one "
+        "is intact" in result.stderr
     )
 
 
@@ -246,8 +355,15 @@ def test_an_image_with_no_direct_conversion_is_read_through_rgb(make_cfg, tmp_pa
 
     write_digits(tmp_path / "lab", size=8)
     Image.new("LAB", (8, 8), (50, 0, 0)).save(tmp_path / "lab" / "3" / "lab.tif")
-    metrics = saturate.train(make_cfg("data=image_folder", f"data.root={tmp_path / 'lab'}", "data.channels=1", "data.strict=true",
-                                      "data.image_size=8"))  # fmt: skip
+    metrics = saturate.train(
+        make_cfg(
+            "data=image_folder",
+            f"data.root={tmp_path / 'lab'}",
+            "data.channels=1",
+            "data.strict=true",
+            "data.image_size=8",
+        )
+    )
     assert metrics["data/skipped_files"] == 0
 
 
@@ -293,7 +409,9 @@ def test_a_tampered_skip_log_is_passed_over_line_by_line(make_cfg, tmp_path):
         lambda a: a.update(offsets=a["offsets"][::-1].copy()),
         lambda a: a.update(labels=a["labels"] + 50),  # class indices past the folder's classes
         lambda a: a.update(meta=np.frombuffer(b'{"bad": [], "directories": {}, "stats": {}}', dtype=np.uint8)),
-        lambda a: a.update(meta=np.frombuffer(b'{"bad": {}, "directories": {}, "stats": {"8 0.2 0": [[0.5], [0.0]]}}', dtype=np.uint8)),
+        lambda a: a.update(
+            meta=np.frombuffer(b'{"bad": {}, "directories": {}, "stats": {"8 0.2 0": [[0.5], [0.0]]}}', dtype=np.uint8)
+        ),
     ],
     ids=["short-labels", "int-good", "reversed-offsets", "labels-out-of-range", "bad-list", "zero-std"],
 )
@@ -350,57 +468,125 @@ def frozen():
 
 # (name, a function of the run dir that makes the mistake, what the message must say)
 HOSTILE = [
-    ("validation targets of another shape",
-     lambda d: fit(mlp(), Samples(64, windows), Samples(32, lambda i: (windows(i)[0], torch.zeros(2))), task="regression", run_dir=d),
-     "data: validation targets are float32 (2,), training targets float32 (); they must match"),
-    ("a class index past the data's classes",
-     lambda d: fit(mlp(2), Samples(64, lambda i: (windows(i)[0], i % 3), classes=["a", "b"], targets=[i % 3 for i in range(64)]),
-                   run_dir=d),
-     "data: the training set's target 2 (sample 2; 21 such) is not a class index in [0, 1]: the data's `classes`/`num_classes` give 2"),
-    ("a validation class index past the training classes",
-     lambda d: fit(mlp(2), Samples(64, lambda i: (windows(i)[0], i % 2)), Samples(16, lambda i: (windows(i)[0], 5), targets=[5] * 16),
-                   run_dir=d),
-     "data: the validation set's target 5 (sample 0; 16 such) is not a class index in [0, 1]"),
-    ("a loss that returns one value per sample",
-     lambda d: fit(mlp(), Samples(64, windows), task="regression", loss=lambda o, t: (o - t).abs(), run_dir=d),
-     "task.loss: <lambda> returns a float32 tensor of shape (2,) for a batch of 2; a loss is one number: reduce it"),
-    ("a loss that returns a Python float",
-     lambda d: fit(mlp(), Samples(64, windows), task="regression", loss=lambda o, t: 0.5, run_dir=d),
-     "task.loss: <lambda> returns a float, not a tensor"),
-    ("a loss with no gradient",
-     lambda d: fit(mlp(), Samples(64, windows), task="regression", loss=lambda o, t: ((o.detach() - t) ** 2).mean(), run_dir=d),
-     "task.loss: <lambda> returns a value with no gradient"),
-    ("a model with no parameters",
-     lambda d: fit(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Identity()), Samples(64, windows), task="regression", run_dir=d),
-     "model: Sequential cannot be trained: it has no parameters"),
-    ("a model with every parameter frozen",
-     lambda d: fit(frozen(), Samples(64, windows), task="regression", run_dir=d),
-     "model: Sequential cannot be trained: none of its 19 parameters requires a gradient (all frozen)"),
-    ("samples that do not stack",
-     lambda d: fit(mlp(), Samples(64, lambda i: (torch.zeros(6 + i % 3, 3), 0.0)), task="regression", run_dir=d),
-     "data: training samples do not stack into a batch: the input of sample 0 has shape (6, 3), of sample 1 (7, 3)"),
-    ("NaN targets in memory",
-     lambda d: fit(mlp(), saturate.data.InMemory(torch.zeros(64, 6, 3), torch.tensor([float("nan")] * 3 + [0.0] * 61)), task="regression",
-                   run_dir=d),
-     "data: 3 training sample(s) hold NaN or inf targets (the first: sample 0); remove or fill them"),
-    ("NaN targets in the first batch",
-     lambda d: fit(mlp(), Samples(64, lambda i: (windows(i)[0], float("nan"))), task="regression", run_dir=d),
-     "data: the first batch holds NaN or inf in its target: the loss is nan before any training; remove or fill those values"),
-    ("NaN targets read as the run goes: no learning-rate advice",
-     lambda d: fit(mlp(), Samples(64, lambda i: (windows(i)[0], float("nan") if i >= 8 else 0.0)), task="regression", run_dir=d,
-                   overrides=[*TINY, "trainer.max_nonfinite_steps=2"]),
-     "The last batch holds NaN or inf targets: the data makes the loss non-finite, whatever the learning rate"),
-    ("fit's overrides as one string", lambda d: fit(mlp(), Samples(64, windows), task="regression", overrides="precision=amp", run_dir=d),
-     "saturate.fit: overrides='precision=amp': expected a list of 'key=value' strings"),
-    ("a regression loss's name for classification",
-     lambda d: fit(mlp(2), Samples(64, lambda i: (windows(i)[0], i % 2)), loss="mse", run_dir=d),
-     "saturate.fit: loss='mse': task=classification takes a callable loss(outputs, targets)"),
-    ("fit asked for two processes",
-     lambda d: fit(mlp(), Samples(64, windows), task="regression", overrides=[*TINY, "trainer.devices=2"], run_dir=d),
-     "trainer.devices=2: saturate.fit trains in the process that calls it; for 2 processes start your script with torchrun"),
-    ("a model argument of the wrong type", lambda d: saturate.train(compose_config([*TINY, f"run_dir={d}", "model.width=abc"])),
-     "model.width='abc': expected an integer (SmallCNN's width)"),
-]  # fmt: skip
+    (
+        "validation targets of another shape",
+        lambda d: fit(
+            mlp(),
+            Samples(64, windows),
+            Samples(32, lambda i: (windows(i)[0], torch.zeros(2))),
+            task="regression",
+            run_dir=d,
+        ),
+        "data: validation targets are float32 (2,), training targets float32 (); they must match",
+    ),
+    (
+        "a class index past the data's classes",
+        lambda d: fit(
+            mlp(2),
+            Samples(64, lambda i: (windows(i)[0], i % 3), classes=["a", "b"], targets=[i % 3 for i in range(64)]),
+            run_dir=d,
+        ),
+        "data: the training set's target 2 (sample 2; 21 such) is not a class index in [0, 1]: the data's "
+        "`classes`/`num_classes` give 2",
+    ),
+    (
+        "a validation class index past the training classes",
+        lambda d: fit(
+            mlp(2),
+            Samples(64, lambda i: (windows(i)[0], i % 2)),
+            Samples(16, lambda i: (windows(i)[0], 5), targets=[5] * 16),
+            run_dir=d,
+        ),
+        "data: the validation set's target 5 (sample 0; 16 such) is not a class index in [0, 1]",
+    ),
+    (
+        "a loss that returns one value per sample",
+        lambda d: fit(mlp(), Samples(64, windows), task="regression", loss=lambda o, t: (o - t).abs(), run_dir=d),
+        "task.loss: <lambda> returns a float32 tensor of shape (2,) for a batch of 2; a loss is one number: reduce it",
+    ),
+    (
+        "a loss that returns a Python float",
+        lambda d: fit(mlp(), Samples(64, windows), task="regression", loss=lambda o, t: 0.5, run_dir=d),
+        "task.loss: <lambda> returns a float, not a tensor",
+    ),
+    (
+        "a loss with no gradient",
+        lambda d: fit(
+            mlp(), Samples(64, windows), task="regression", loss=lambda o, t: ((o.detach() - t) ** 2).mean(), run_dir=d
+        ),
+        "task.loss: <lambda> returns a value with no gradient",
+    ),
+    (
+        "a model with no parameters",
+        lambda d: fit(
+            torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Identity()),
+            Samples(64, windows),
+            task="regression",
+            run_dir=d,
+        ),
+        "model: Sequential cannot be trained: it has no parameters",
+    ),
+    (
+        "a model with every parameter frozen",
+        lambda d: fit(frozen(), Samples(64, windows), task="regression", run_dir=d),
+        "model: Sequential cannot be trained: none of its 19 parameters requires a gradient (all frozen)",
+    ),
+    (
+        "samples that do not stack",
+        lambda d: fit(mlp(), Samples(64, lambda i: (torch.zeros(6 + i % 3, 3), 0.0)), task="regression", run_dir=d),
+        "data: training samples do not stack into a batch: the input of sample 0 has shape (6, 3), of sample 1 (7, 3)",
+    ),
+    (
+        "NaN targets in memory",
+        lambda d: fit(
+            mlp(),
+            saturate.data.InMemory(torch.zeros(64, 6, 3), torch.tensor([float("nan")] * 3 + [0.0] * 61)),
+            task="regression",
+            run_dir=d,
+        ),
+        "data: 3 training sample(s) hold NaN or inf targets (the first: sample 0); remove or fill them",
+    ),
+    (
+        "NaN targets in the first batch",
+        lambda d: fit(mlp(), Samples(64, lambda i: (windows(i)[0], float("nan"))), task="regression", run_dir=d),
+        "data: the first batch holds NaN or inf in its target: the loss is nan before any training; remove or fill "
+        "those values",
+    ),
+    (
+        "NaN targets read as the run goes: no learning-rate advice",
+        lambda d: fit(
+            mlp(),
+            Samples(64, lambda i: (windows(i)[0], float("nan") if i >= 8 else 0.0)),
+            task="regression",
+            run_dir=d,
+            overrides=[*TINY, "trainer.max_nonfinite_steps=2"],
+        ),
+        "The last batch holds NaN or inf targets: the data makes the loss non-finite, whatever the learning rate",
+    ),
+    (
+        "fit's overrides as one string",
+        lambda d: fit(mlp(), Samples(64, windows), task="regression", overrides="precision=amp", run_dir=d),
+        "saturate.fit: overrides='precision=amp': expected a list of 'key=value' strings",
+    ),
+    (
+        "a regression loss's name for classification",
+        lambda d: fit(mlp(2), Samples(64, lambda i: (windows(i)[0], i % 2)), loss="mse", run_dir=d),
+        "saturate.fit: loss='mse': task=classification takes a callable loss(outputs, targets)",
+    ),
+    (
+        "fit asked for two processes",
+        lambda d: fit(
+            mlp(), Samples(64, windows), task="regression", overrides=[*TINY, "trainer.devices=2"], run_dir=d
+        ),
+        "trainer.devices=2: saturate.fit trains in the process that calls it; for 2 processes start your script "
+        "with torchrun",
+    ),
+    (
+        "a model argument of the wrong type",
+        lambda d: saturate.train(compose_config([*TINY, f"run_dir={d}", "model.width=abc"])),
+        "model.width='abc': expected an integer (SmallCNN's width)",
+    ),
+]
 
 
 @pytest.mark.parametrize(("name", "make", "says"), HOSTILE, ids=[h[0] for h in HOSTILE])
@@ -465,11 +651,14 @@ main()
 
 def test_fit_inside_a_users_hydra_app_trains(tmp_path):
     (tmp_path / "app.py").write_text(FIT_INSIDE_HYDRA)
-    done = subprocess.run([sys.executable, "app.py", "hydra.run.dir=outer"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "app.py", "hydra.run.dir=outer"], cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "FITTED 4" in done.stdout
     recorded = read_metrics(tmp_path / "fitted")
-    assert recorded["overrides"][0] == "trainer.max_epochs=1" and "outer" not in json.dumps(recorded)  # its own run, not the app's
+    # its own run, not the app's
+    assert recorded["overrides"][0] == "trainer.max_epochs=1" and "outer" not in json.dumps(recorded)
 
 
 FULL = """
@@ -487,14 +676,18 @@ except Exception as e:
 
 def test_a_full_disk_names_the_file_and_leaves_no_temporary(tmp_path):
     done = subprocess.run([sys.executable, "-c", FULL, str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert done.stdout.strip() == f"UserError cannot write {tmp_path / 'metrics.json'}: File too large", done.stdout + done.stderr
+    assert done.stdout.strip() == f"UserError cannot write {tmp_path / 'metrics.json'}: File too large", (
+        done.stdout + done.stderr
+    )
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_run_dir_name_over_the_file_systems_limit_is_one_line(tmp_path):
     done = run_cli(*TINY, f"hydra.run.dir={tmp_path / ('x' * 300)}", cwd=tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "a name in it is over the file system's limit (255 bytes); give a shorter hydra.run.dir or name=" in done.stderr
+    assert (
+        "a name in it is over the file system's limit (255 bytes); give a shorter hydra.run.dir or name=" in done.stderr
+    )
 
 
 def test_a_file_name_that_is_not_utf8_is_logged_escaped(tmp_path):
@@ -549,7 +742,7 @@ HOSTILE_CASES = {
         "test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",
         "test_bad_input.py::test_a_class_index_past_the_outputs_mid_run_is_one_message",
         "test_shards.py::test_a_class_outside_the_index_is_one_message_naming_the_sample",
-    ],  # fmt: skip
+    ],
     "9 files saturate wrote, tampered": [
         "test_tune.py::test_a_cache_file_of_any_shape_is_measured_again_with_a_warning",
         "test_bad_input.py::test_a_tampered_skip_log_is_passed_over_line_by_line",
@@ -562,7 +755,8 @@ HOSTILE_CASES = {
         "test_distributed.py::test_when_one_rank_fails_the_others_say_one_line_and_the_launcher_names_its_log",
         "test_bad_input.py::test_a_hung_callback_cannot_keep_a_run_alive_through_sigterm",
         "test_bad_input.py::test_fit_inside_a_users_hydra_app_trains",
-        "test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",  # fit's string overrides, loss name, devices
+        # fit's string overrides, loss name, devices
+        "test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",
         "test_bad_input.py::test_a_regression_loss_by_name_through_fit_works",
     ],
     "11 messages": [
@@ -581,4 +775,6 @@ def test_every_hostile_case_names_tests_that_exist():
         assert tests, item
         for test in tests:
             module, _, name = test.partition("::")
-            assert callable(getattr(importlib.import_module(f"tests.{module.removesuffix('.py')}"), name, None)), f"{item}: {test}"
+            assert callable(getattr(importlib.import_module(f"tests.{module.removesuffix('.py')}"), name, None)), (
+                f"{item}: {test}"
+            )

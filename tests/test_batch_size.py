@@ -30,7 +30,9 @@ def fake_measure(oom_above: int, rate, tried: list[int]):
 
 def test_search_doubles_then_bisects_the_memory_limit_and_keeps_a_margin():
     tried: list[int] = []
-    chosen, trials = search(fake_measure(600, lambda s: 1000 * s / (s + 50), tried), low=16, high=4096, min_gain=0.0, safety=0.9)
+    chosen, trials = search(
+        fake_measure(600, lambda s: 1000 * s / (s + 50), tried), low=16, high=4096, min_gain=0.0, safety=0.9
+    )
     assert tried == [16, 32, 64, 128, 256, 512, 1024, 768, 640, 576, 608]
     assert [t.fit for t in trials] == [True] * 6 + [False, False, False, True, False]
     assert chosen == 512  # the fastest of the sizes <= 0.9 x 576
@@ -83,21 +85,34 @@ class InitialWeights:
         InitialWeights.kept.append({k: v.clone() for k, v in run.model.state_dict().items()})
 
 
-def test_auto_batch_size_fits_leaves_the_run_as_if_it_had_not_searched_and_caches(make_cfg, monkeypatch, tmp_path, caplog):
+def test_auto_batch_size_fits_leaves_the_run_as_if_it_had_not_searched_and_caches(
+    make_cfg, monkeypatch, tmp_path, caplog
+):
     """Out of memory above 300 samples: the search stays below it with its margin; afterwards
     the run starts from the same weights and trains the same steps (the same random draws)
     as a run given that batch size from the start; a second run reuses the cached choice."""
     cache = tmp_path / "cache.json"
-    common = ["loader.batch_size=auto", f"batch_search.cache={cache}", "batch_search.min_gain=0", "batch_search.steps=1",
-              "+callbacks.initial._target_=tests.test_batch_size.InitialWeights", "trainer.deterministic=true"]  # fmt: skip
+    common = [
+        "loader.batch_size=auto",
+        f"batch_search.cache={cache}",
+        "batch_search.min_gain=0",
+        "batch_search.steps=1",
+        "+callbacks.initial._target_=tests.test_batch_size.InitialWeights",
+        "trainer.deterministic=true",
+    ]
     oom_above(monkeypatch, 300)
     InitialWeights.kept = []
     cfg = make_cfg(*common)
     searched = saturate.train(cfg)
     entry = next(iter(json.loads(cache.read_text()).values()))
     sizes = [t["size"] for t in entry["trials"]]
-    assert sizes[:2] == [16, 32] and entry["batch_size"] <= 300 and all(t["size"] <= 300 for t in entry["trials"] if t["fit"])
-    if any(not t["fit"] for t in entry["trials"]):  # it grew into the injected limit: the margin below the largest that fit
+    assert (
+        sizes[:2] == [16, 32]
+        and entry["batch_size"] <= 300
+        and all(t["size"] <= 300 for t in entry["trials"] if t["fit"])
+    )
+    # it grew into the injected limit: the margin below the largest that fit
+    if any(not t["fit"] for t in entry["trials"]):
         assert entry["batch_size"] <= 0.9 * max(t["size"] for t in entry["trials"] if t["fit"])
     assert entry["key"]["input"] == [1, 8, 8, "torch.uint8"] and entry["key"]["precision"] == "fp32"
     assert events(cfg.run_dir).Tags()["scalars"].count("batch_search/samples_per_s") == 1
@@ -109,7 +124,9 @@ def test_auto_batch_size_fits_leaves_the_run_as_if_it_had_not_searched_and_cache
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="saturate"):
         saturate.train(make_cfg(*common))
-    assert any(f"loader.batch_size=auto: {entry['batch_size']}, reused from {cache}" in r.getMessage() for r in caplog.records)
+    assert any(
+        f"loader.batch_size=auto: {entry['batch_size']}, reused from {cache}" in r.getMessage() for r in caplog.records
+    )
     assert not any("trials in" in r.getMessage() for r in caplog.records)  # nothing searched
 
 
@@ -134,8 +151,14 @@ def test_errors_other_than_out_of_memory_propagate_from_the_search(make_cfg, mon
 
 
 # monitor.costs=false: the start-up cost count's forward passes would be counted by the injected faults
-EXACT = ["device=cpu", "model.norm=group", "trainer.max_epochs=2", "loader.batch_size=32", "trainer.deterministic=true",
-         "monitor.costs=false"]  # fmt: skip
+EXACT = [
+    "device=cpu",
+    "model.norm=group",
+    "trainer.max_epochs=2",
+    "loader.batch_size=32",
+    "trainer.deterministic=true",
+    "monitor.costs=false",
+]
 
 
 def final_weights(cfg):
@@ -152,7 +175,8 @@ def test_out_of_memory_mid_training_halves_the_micro_batch_and_keeps_the_optimis
     assert seen[:5] == [32, 32, 32, 16, 16]  # step 3 failed at 32, retried as two micro-batches of 16
     assert metrics["train/micro_batches"] == 2
     assert any(
-        "out of memory with micro-batches of 32 samples; continuing with 2 micro-batches of 16" in r.getMessage() for r in caplog.records
+        "out of memory with micro-batches of 32 samples; continuing with 2 micro-batches of 16" in r.getMessage()
+        for r in caplog.records
     )
     for key, value in final_weights(reference).items():
         torch.testing.assert_close(final_weights(cfg)[key], value, rtol=1e-5, atol=1e-6)  # the same optimisation
@@ -217,8 +241,13 @@ def test_micro_batches_never_outnumber_the_samples(make_cfg, monkeypatch):
 
 def test_a_short_last_batch_is_not_split_into_empty_pieces(make_cfg):
     """trainer.accumulate=8 and a last batch of 5 (1,437 digits, batch 8, drop_last=false)."""
-    cfg = make_cfg("loader.batch_size=8", "trainer.accumulate=8", "loader.drop_last=false", "trainer.limit_train_batches=-1",
-                   "trainer.max_steps=-1")  # fmt: skip
+    cfg = make_cfg(
+        "loader.batch_size=8",
+        "trainer.accumulate=8",
+        "loader.drop_last=false",
+        "trainer.limit_train_batches=-1",
+        "trainer.max_steps=-1",
+    )
     metrics = saturate.train(cfg)
     assert metrics["progress/step"] == 180 and metrics["train/nonfinite_steps"] == 0  # 179 batches of 8 and one of 5
 
@@ -278,9 +307,23 @@ def test_under_compile_the_search_graphs_are_dropped_before_the_run(make_cfg, mo
     resets = []
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
     monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
-    saturate.train(make_cfg("trainer.compile=true", "loader.batch_size=auto", "batch_search.cache=", "batch_search.steps=1",
-                            "batch_search.max=32"))  # fmt: skip
+    saturate.train(
+        make_cfg(
+            "trainer.compile=true",
+            "loader.batch_size=auto",
+            "batch_search.cache=",
+            "batch_search.steps=1",
+            "batch_search.max=32",
+        )
+    )
     assert resets == [1]
-    saturate.train(make_cfg("trainer.compile=false", "loader.batch_size=auto", "batch_search.cache=", "batch_search.steps=1",
-                            "batch_search.max=32"))  # fmt: skip
+    saturate.train(
+        make_cfg(
+            "trainer.compile=false",
+            "loader.batch_size=auto",
+            "batch_search.cache=",
+            "batch_search.steps=1",
+            "batch_search.max=32",
+        )
+    )
     assert resets == [1]  # nothing compiled, nothing to drop

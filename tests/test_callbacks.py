@@ -30,7 +30,11 @@ def checkpoint_of(run_dir, name: str = "last.pt") -> dict:
 def test_early_stopping_stops_as_a_success_and_says_why(make_cfg):
     cfg = make_cfg(*NO_IMPROVEMENT, "callbacks.early_stopping.patience=2", "trainer.max_epochs=10")
     metrics = saturate.train(cfg)
-    assert read_metrics(cfg.run_dir)["status"] == "completed" and metrics["progress/epoch"] == 3 and metrics["progress/step"] == 9
+    assert (
+        read_metrics(cfg.run_dir)["status"] == "completed"
+        and metrics["progress/epoch"] == 3
+        and metrics["progress/step"] == 9
+    )
     reason = metrics["stopped_early"]
     assert reason.startswith("early stopping: val/acc did not improve by more than 1 in 2 evaluation(s) (best ")
     assert reason in (Path(cfg.run_dir) / "report.md").read_text()
@@ -38,8 +42,15 @@ def test_early_stopping_stops_as_a_success_and_says_why(make_cfg):
 
 
 def test_early_stopping_from_the_command_line_exits_0_and_says_why(tmp_path):
-    result = run_cli(*TINY, "trainer.max_epochs=10", "callbacks=[early_stopping]", "callbacks.early_stopping.patience=3",
-                     "callbacks.early_stopping.min_delta=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)  # fmt: skip
+    result = run_cli(
+        *TINY,
+        "trainer.max_epochs=10",
+        "callbacks=[early_stopping]",
+        "callbacks.early_stopping.patience=3",
+        "callbacks.early_stopping.min_delta=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     said = result.stdout + result.stderr
     assert "stopped at step 12: early stopping: val/acc did not improve by more than 1 in 3 evaluation(s)" in said
@@ -81,8 +92,13 @@ def test_ema_is_what_is_evaluated_and_checkpointed(make_cfg):
     """The average, computed here from the trained weights step by step with timm's formula
     (decay ramped as 1 - (1 + updates)^(-2/3)), is last.pt's and best.pt's `model`; the
     trained weights are `train_model`."""
-    cfg = make_cfg("callbacks=[ema]", "callbacks.ema.decay=0.9", "+callbacks.trained._target_=tests.test_callbacks.Trained",
-                   "trainer.max_epochs=2", "trainer.deterministic=true")  # fmt: skip
+    cfg = make_cfg(
+        "callbacks=[ema]",
+        "callbacks.ema.decay=0.9",
+        "+callbacks.trained._target_=tests.test_callbacks.Trained",
+        "trainer.max_epochs=2",
+        "trainer.deterministic=true",
+    )
     saturate.train(cfg)
     seen = Trained.seen
     assert len(seen) == 7  # the start and 6 steps
@@ -119,9 +135,15 @@ def test_plateau_lowers_the_lr_and_keeps_it_lowered_across_a_resume(make_cfg):
     """A threshold no value can beat: every evaluation is a bad one, so with patience 0 each
     halves the rate; the resumed run continues from the halved rate (the checkpoint keeps the
     callbacks' scaling) and ends as the uninterrupted run."""
-    overrides = ["callbacks=[plateau]", "callbacks.plateau.monitor=val/loss", "callbacks.plateau.patience=0",
-                 "callbacks.plateau.factor=0.5", "callbacks.plateau.threshold=1.0", "optim.schedule=constant",
-                 "optim.warmup_epochs=0"]  # fmt: skip
+    overrides = [
+        "callbacks=[plateau]",
+        "callbacks.plateau.monitor=val/loss",
+        "callbacks.plateau.patience=0",
+        "callbacks.plateau.factor=0.5",
+        "callbacks.plateau.threshold=1.0",
+        "optim.schedule=constant",
+        "optim.warmup_epochs=0",
+    ]
     full = make_cfg(*EXACT, *overrides)
     saturate.train(full)
     lrs = {e.step: e.value for e in events(full.run_dir).Scalars("train/lr")}
@@ -149,7 +171,9 @@ def readme_callback(tmp_path) -> str:
     return "+callbacks.budget._target_=my_project.callbacks.StopAfterEvaluations"
 
 
-def test_the_readme_callback_stops_a_run_keeps_its_count_across_a_resume_and_changes_nothing_else(make_cfg, tmp_path, monkeypatch):
+def test_the_readme_callback_stops_a_run_keeps_its_count_across_a_resume_and_changes_nothing_else(
+    make_cfg, tmp_path, monkeypatch
+):
     monkeypatch.syspath_prepend(str(tmp_path))
     mine = [readme_callback(tmp_path), "+callbacks.budget.evaluations=2", "trainer.max_epochs=3"]
     plain = make_cfg(*EXACT, "trainer.max_epochs=3")
@@ -174,8 +198,13 @@ class Raises:
 
 
 def test_a_callback_that_raises_is_one_line_with_last_pt_saved(tmp_path):
-    result = run_cli(*TINY, "trainer.max_epochs=2", "+callbacks.flaky._target_=tests.test_callbacks.Raises",
-                     f"hydra.run.dir={tmp_path / 'run'}", cwd=ROOT)  # fmt: skip
+    result = run_cli(
+        *TINY,
+        "trainer.max_epochs=2",
+        "+callbacks.flaky._target_=tests.test_callbacks.Raises",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=ROOT,
+    )
     assert result.returncode != 0
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert "Traceback" not in result.stderr and len(lines) == 1, result.stderr[-2000:]

@@ -23,8 +23,16 @@ def test_cli_run_leaves_the_contract_run_dir(tmp_path):
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(tmp_path)
     # named by what the command line changed (whole overrides, as many as fit): TensorBoard's run list shows it
-    assert run_dir.name.endswith("_trainer.max_epochs-1+trainer.limit_train_batches-3+trainer.limit_val_batches-2"), run_dir.name
-    for path in (".hydra/config.yaml", ".hydra/overrides.yaml", "metrics.json", "checkpoints/last.pt", "checkpoints/best.pt"):
+    assert run_dir.name.endswith("_trainer.max_epochs-1+trainer.limit_train_batches-3+trainer.limit_val_batches-2"), (
+        run_dir.name
+    )
+    for path in (
+        ".hydra/config.yaml",
+        ".hydra/overrides.yaml",
+        "metrics.json",
+        "checkpoints/last.pt",
+        "checkpoints/best.pt",
+    ):
         assert (run_dir / path).is_file(), path
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     assert read_metrics(run_dir)["progress/step"] == 3
@@ -32,11 +40,15 @@ def test_cli_run_leaves_the_contract_run_dir(tmp_path):
 
 def test_two_runs_started_together_get_their_own_dirs(tmp_path):
     cmd = [sys.executable, str(ROOT / "train.py"), *TINY, "trainer.limit_train_batches=1", "name=my baseline/v1"]
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     for p in procs:
         assert p.wait(timeout=240) == 0, p.stderr.read()
     dirs = run_dirs(tmp_path)
-    assert len(dirs) == 2 and all(d.name.endswith("_my-baseline-v1") for d in dirs)  # a given name, made safe for a path
+    # a given name, made safe for a path
+    assert len(dirs) == 2 and all(d.name.endswith("_my-baseline-v1") for d in dirs)
 
 
 HYDRA_NOISE = ("Traceback", "HYDRA_FULL_ERROR", "Config search path", "reference_type", "Error executing job")
@@ -61,18 +73,23 @@ def test_bad_values_exit_with_every_problem_and_no_traceback(tmp_path):
     )
     (run_dir,) = run_dirs(tmp_path)  # a failed run still says so, for sweep reports
     error = read_metrics(run_dir)["error"]  # every problem, on one line, as the sweep report shows it
-    assert read_metrics(run_dir)["status"] == "failed" and error.startswith("ConfigError: device.memory_fraction=2.0: expected")
+    assert read_metrics(run_dir)["status"] == "failed" and error.startswith(
+        "ConfigError: device.memory_fraction=2.0: expected"
+    )
     assert "loader.num_workers=-1" in error and "trainer.eval_interval=0" in error
 
 
 def test_unknown_option_lists_the_available_ones(tmp_path):
-    assert_clean_failure(run_cli("model=vgg", cwd=tmp_path), "error: model='vgg': expected one of airbench, resnet18, small_cnn")
+    assert_clean_failure(
+        run_cli("model=vgg", cwd=tmp_path), "error: model='vgg': expected one of airbench, resnet18, small_cnn"
+    )
 
 
 def test_unknown_key_suggests_the_nearest(tmp_path):
     assert_clean_failure(
         run_cli("trainer.max_epoch=3", cwd=tmp_path),
-        "error: trainer.max_epoch=3: no such key (did you mean trainer.max_epochs?); the keys of trainer are max_epochs, max_steps,",
+        "error: trainer.max_epoch=3: no such key (did you mean trainer.max_epochs?); the keys of trainer are "
+        "max_epochs, max_steps,",
     )
 
 
@@ -81,11 +98,20 @@ def test_unknown_key_suggests_the_nearest(tmp_path):
 COMPOSE_ERRORS = [
     (["model=vgg"], "model='vgg': expected one of airbench, resnet18, small_cnn"),
     (["data=mnist"], "data='mnist': expected one of cifar10, digits, image_folder, shards, synthetic"),
-    (["trainer.max_epochs=lots"], "trainer.max_epochs=lots: Value 'lots' of type 'str' could not be converted to Integer"),
+    (
+        ["trainer.max_epochs=lots"],
+        "trainer.max_epochs=lots: Value 'lots' of type 'str' could not be converted to Integer",
+    ),
     (["trainer.deterministic=maybe"], "trainer.deterministic=maybe: Value 'maybe' is not a valid bool"),
-    (["trainer.max_epoch=3"], "trainer.max_epoch=3: no such key (did you mean trainer.max_epochs?); the keys of trainer are"),
+    (
+        ["trainer.max_epoch=3"],
+        "trainer.max_epoch=3: no such key (did you mean trainer.max_epochs?); the keys of trainer are",
+    ),
     (["augmentation.flip=0.5"], "augmentation.flip=0.5: no such key (did you mean augmentation.hflip?)"),
-    (["model.widht=3"], "model.widht=3: no such key (did you mean model.width?); the keys of model are _target_, width, norm"),
+    (
+        ["model.widht=3"],
+        "model.widht=3: no such key (did you mean model.width?); the keys of model are _target_, width, norm",
+    ),
     (["lr=0.1"], "lr=0.1: no such key; the top-level keys are device, precision, loader,"),
     (["loader.batch_size=[1"], "loader.batch_size=[1: no viable alternative at input '[1'"),
 ]
@@ -117,15 +143,25 @@ def test_help_names_saturate_its_groups_and_commands_and_cfg_job_resolves(tmp_pa
     assert "python train.py precision=amp loader=fast" in helped.stdout and "trainer.resume=auto" in helped.stdout
     shown = run_cli("--cfg", "job", "--resolve", cwd=tmp_path)
     assert shown.returncode == 0 and "Traceback" not in shown.stderr
-    assert "run_dir: '<unset: the run dir, made when train.py starts>'" in shown.stdout and "max_epochs: 30" in shown.stdout
+    assert (
+        "run_dir: '<unset: the run dir, made when train.py starts>'" in shown.stdout
+        and "max_epochs: 30" in shown.stdout
+    )
 
 
-@pytest.mark.parametrize("args", [["--help"], ["trainer.max_epoch=3"], ["model=vgg"]], ids=["help", "misspelt-key", "unknown-option"])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["trainer.max_epoch=3"], ["model=vgg"]], ids=["help", "misspelt-key", "unknown-option"]
+)
 def test_first_answers_import_no_torch(tmp_path, args):
     """--help and a mistake caught while Hydra composes never import torch (1.4 s on a 2-core
     CPU): scripts/bench_startup.py measures the times; here, what is imported."""
-    done = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "train.py"), *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", str(ROOT / "train.py"), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert "saturate.cli" in imported and not {"torch", "torchmetrics", "numpy"} & imported
 

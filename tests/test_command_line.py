@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
 from saturate.compose.run import resume_hint
-from saturate.scale.launch import command_line
+from saturate.config.invocation import from_hydra
 from tests.conftest import CONF, ROOT, TINY, read_metrics, run_cli
 
 
@@ -28,7 +28,9 @@ def user_conf(tmp_path: Path) -> Path:
     """A user's config dir with a data option of their own, `mine` (the digits under another name)."""
     conf = tmp_path / "my_conf"
     (conf / "data").mkdir(parents=True)
-    (conf / "data" / "mine.yaml").write_text("_target_: saturate.data.digits.load_digits\nval_fraction: 0.2\nsplit_seed: 0\n")
+    (conf / "data" / "mine.yaml").write_text(
+        "_target_: saturate.data.digits.load_digits\nval_fraction: 0.2\nsplit_seed: 0\n"
+    )
     return conf
 
 
@@ -52,21 +54,41 @@ def hydra_config():
 
 def test_the_command_line_holds_hydras_overrides_but_not_where_the_run_went(hydra_config, tmp_path):
     searchpath = f"hydra.searchpath=[file://{user_conf(tmp_path)}]"
-    hydra_config(["data=mine", "trainer.max_epochs=2"], [searchpath, "hydra.job.chdir=false", f"hydra.run.dir={tmp_path / 'r'}"])
-    assert command_line() == [searchpath, "hydra.job.chdir=false", "data=mine", "trainer.max_epochs=2"]
-    hint = resume_hint(str(tmp_path / "r"), world_size=1)
-    assert shlex.split(hint)[2:] == [searchpath, "hydra.job.chdir=false", "data=mine", "trainer.max_epochs=2",
-                                     f"hydra.run.dir={tmp_path / 'r'}", "trainer.resume=auto"]  # fmt: skip
+    hydra_config(
+        ["data=mine", "trainer.max_epochs=2"], [searchpath, "hydra.job.chdir=false", f"hydra.run.dir={tmp_path / 'r'}"]
+    )
+    invocation = from_hydra()
+    assert invocation.command_line() == [searchpath, "hydra.job.chdir=false", "data=mine", "trainer.max_epochs=2"]
+    hint = resume_hint(str(tmp_path / "r"), world_size=1, invocation=invocation)
+    assert shlex.split(hint)[2:] == [
+        searchpath,
+        "hydra.job.chdir=false",
+        "data=mine",
+        "trainer.max_epochs=2",
+        f"hydra.run.dir={tmp_path / 'r'}",
+        "trainer.resume=auto",
+    ]
 
 
 @pytest.mark.slow
 def test_the_printed_resume_command_runs_verbatim_with_a_users_config_dir(tmp_path):
     conf = user_conf(tmp_path)
     run_dir = tmp_path / "interrupted"
-    args = [f"hydra.searchpath=[file://{conf}]", "data=mine", "trainer.max_epochs=40", "trainer.progress=false", "model.width=8",
-            "loader.num_workers=0"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    args = [
+        f"hydra.searchpath=[file://{conf}]",
+        "data=mine",
+        "trainer.max_epochs=40",
+        "trainer.progress=false",
+        "model.width=8",
+        "loader.num_workers=0",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoints" / "last.pt").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -77,8 +99,15 @@ def test_the_printed_resume_command_runs_verbatim_with_a_users_config_dir(tmp_pa
     hint = out.split("resume with: ", 1)[1].splitlines()[0]
     assert f"hydra.searchpath=[file://{conf}]" in hint
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    resumed = subprocess.run(hint.replace("trainer.max_epochs=40", "trainer.max_epochs=2"), shell=True, cwd=tmp_path, capture_output=True,
-                             text=True, timeout=240, env={**os.environ, "PATH": path})  # fmt: skip
+    resumed = subprocess.run(
+        hint.replace("trainer.max_epochs=40", "trainer.max_epochs=2"),
+        shell=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PATH": path},
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {run_dir / 'checkpoints'}" in resumed.stdout + resumed.stderr
 
@@ -86,8 +115,16 @@ def test_the_printed_resume_command_runs_verbatim_with_a_users_config_dir(tmp_pa
 @pytest.mark.slow
 def test_trainer_devices_ranks_compose_with_the_users_config_dir(tmp_path):
     conf = user_conf(tmp_path)
-    done = run_cli(f"hydra.searchpath=[file://{conf}]", "data=mine", *TINY, "device=cpu", "trainer.devices=2", "hydra.run.dir=ddp",
-                   cwd=tmp_path, timeout=300)  # fmt: skip
+    done = run_cli(
+        f"hydra.searchpath=[file://{conf}]",
+        "data=mine",
+        *TINY,
+        "device=cpu",
+        "trainer.devices=2",
+        "hydra.run.dir=ddp",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_metrics(tmp_path / "ddp")
     assert metrics["world_size"] == 2 and metrics["data"] == "mine"
@@ -97,9 +134,18 @@ def test_trainer_devices_ranks_compose_with_the_users_config_dir(tmp_path):
 def test_tune_trials_compose_with_the_users_config_dir(tmp_path):
     """The README's own example: examples/sequences with tune=true."""
     preset = tmp_path / "preset.yaml"
-    done = run_cli(f"hydra.searchpath=[file://{ROOT / 'examples/sequences/conf'}]", "experiment=digit_rows", "tune=true",
-                   "tune.budget_s=30", "tune.trial_s=0.5", "tune.cache=", f"tune.preset={preset}", "hydra.run.dir=t", cwd=tmp_path,
-                   env={"PYTHONPATH": str(ROOT)})  # fmt: skip
+    done = run_cli(
+        f"hydra.searchpath=[file://{ROOT / 'examples/sequences/conf'}]",
+        "experiment=digit_rows",
+        "tune=true",
+        "tune.budget_s=30",
+        "tune.trial_s=0.5",
+        "tune.cache=",
+        f"tune.preset={preset}",
+        "hydra.run.dir=t",
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "t" / "tune.json").read_text())
     assert all(r["status"] == "ok" for r in result["results"]), result["results"]

@@ -106,7 +106,10 @@ def test_data_keys_are_the_arguments_of_the_data_callable(tmp_path):
     ("overrides", "named"),
     [
         (["data=synthetic", "data.num_train=0"], "data.num_train=0: expected an integer >= 1"),
-        (["data=synthetic", "data.num_train=many"], "data.num_train='many': expected an integer (make_synthetic's num_train)"),
+        (
+            ["data=synthetic", "data.num_train=many"],
+            "data.num_train='many': expected an integer (make_synthetic's num_train)",
+        ),
         (["data=synthetic", "data.num_classes=1"], "data.num_classes=1: expected an integer >= 2"),
         (["data.val_fraction=1.5"], "data.val_fraction=1.5: expected a number in (0, 1)"),
         (["data=image_folder", "data.channels=2"], "data.channels=2: expected one of 1, 3"),
@@ -125,18 +128,31 @@ def test_monitor_and_mode_must_agree(tmp_path):
 
     with pytest.raises(ConfigError) as err:
         validate(compose_config(["checkpoint.monitor=val/loss", "checkpoint.mode=max", f"run_dir={tmp_path}"]))
-    assert "checkpoint.mode='max': expected min or auto for checkpoint.monitor=val/loss (lower is better)" in str(err.value)
+    assert "checkpoint.mode='max': expected min or auto for checkpoint.monitor=val/loss (lower is better)" in str(
+        err.value
+    )
     regression, classification = Regression(1), Classification(10)
     run = validate(compose_config(["task=regression", "checkpoint.monitor=val/r2", f"run_dir={tmp_path}"]))
     assert run.checkpoint.resolved(regression, has_val=True).mode == "max"
     assert run.checkpoint.resolved(regression, has_val=True).monitor == "val/r2"
-    assert validate(compose_config([f"run_dir={tmp_path}"])).checkpoint.resolved(classification, has_val=True).monitor == "val/acc"
-    assert validate(compose_config([f"run_dir={tmp_path}"])).checkpoint.resolved(regression, has_val=False).monitor == "train/loss"
+    assert (
+        validate(compose_config([f"run_dir={tmp_path}"])).checkpoint.resolved(classification, has_val=True).monitor
+        == "val/acc"
+    )
+    assert (
+        validate(compose_config([f"run_dir={tmp_path}"])).checkpoint.resolved(regression, has_val=False).monitor
+        == "train/loss"
+    )
     with pytest.raises(ConfigError, match="checkpoint.mode='min': expected max or auto for checkpoint.monitor=val/r2"):
-        validate(compose_config(["checkpoint.monitor=val/r2", "checkpoint.mode=min", f"run_dir={tmp_path}"])).checkpoint.resolved(
-            regression, has_val=True)  # fmt: skip
-    with pytest.raises(ConfigError, match="checkpoint.monitor='val/rmse': expected auto or a metric the run logs: train/loss, val/loss"):
-        validate(compose_config(["checkpoint.monitor=val/rmse", f"run_dir={tmp_path}"])).checkpoint.resolved(classification, True)
+        validate(
+            compose_config(["checkpoint.monitor=val/r2", "checkpoint.mode=min", f"run_dir={tmp_path}"])
+        ).checkpoint.resolved(regression, has_val=True)
+    with pytest.raises(
+        ConfigError, match="checkpoint.monitor='val/rmse': expected auto or a metric the run logs: train/loss, val/loss"
+    ):
+        validate(compose_config(["checkpoint.monitor=val/rmse", f"run_dir={tmp_path}"])).checkpoint.resolved(
+            classification, True
+        )
 
 
 # Problems Hydra itself catches while composing: wrong types, unknown keys and options.

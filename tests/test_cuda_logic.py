@@ -49,7 +49,9 @@ def test_deterministic_on_cuda_warns_instead_of_failing(make_cfg, monkeypatch, c
     import saturate.compose.run
 
     calls = []
-    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on, warn_only=False: calls.append((on, warn_only)))
+    monkeypatch.setattr(
+        torch, "use_deterministic_algorithms", lambda on, warn_only=False: calls.append((on, warn_only))
+    )
     with (
         caplog.at_level(logging.WARNING, logger="saturate"),
         saturate.compose.run.seeded(  # the seeding step, on a CUDA device
@@ -66,9 +68,18 @@ def test_deterministic_on_cuda_warns_instead_of_failing(make_cfg, monkeypatch, c
 
 @pytest.mark.parametrize(
     ("visible", "devices", "device_type", "expected"),
-    [(4, "auto", "auto", 4), (4, "auto", "cpu", 1), (0, "auto", "auto", 1), (1, "auto", "cuda", 1), (4, 2, "cuda", 2), (0, 2, "cpu", 2)],
+    [
+        (4, "auto", "auto", 4),
+        (4, "auto", "cpu", 1),
+        (0, "auto", "auto", 1),
+        (1, "auto", "cuda", 1),
+        (4, 2, "cuda", 2),
+        (0, 2, "cpu", 2),
+    ],
 )
-def test_trainer_devices_starts_one_process_per_gpu_by_default(fake_cuda, monkeypatch, visible, devices, device_type, expected):
+def test_trainer_devices_starts_one_process_per_gpu_by_default(
+    fake_cuda, monkeypatch, visible, devices, device_type, expected
+):
     from saturate.scale.launch import processes
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)
@@ -85,12 +96,16 @@ def test_more_processes_than_gpus_is_a_clear_error(fake_cuda, monkeypatch):
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     fake_cuda(2)
-    with pytest.raises(UserError, match=r"trainer.devices=3: 2 CUDA device\(s\) visible; expected at most 2, or device=cpu"):
+    with pytest.raises(
+        UserError, match=r"trainer.devices=3: 2 CUDA device\(s\) visible; expected at most 2, or device=cpu"
+    ):
         processes(3, "auto")
 
 
-@pytest.mark.parametrize(("native", "mode", "expected"), [(True, "auto", "bf16"), (True, "amp", "bf16"), (False, "auto", "fp16"),
-                                                          (False, "amp", "fp16")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("native", "mode", "expected"),
+    [(True, "auto", "bf16"), (True, "amp", "bf16"), (False, "auto", "fp16"), (False, "amp", "fp16")],
+)
 def test_amp_picks_bf16_only_where_the_gpu_has_it_natively(fake_cuda, monkeypatch, native, mode, expected):
     """A pre-Ampere GPU (V100, T4) emulates bf16: torch.cuda.is_bf16_supported() says True
     unless asked for native support; amp must pick fp16 there."""
@@ -120,10 +135,14 @@ def test_the_doctor_counts_only_native_bf16_as_support(fake_cuda, monkeypatch, n
     fake_cuda(1)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0) if native else (7, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"name": "Fake GPU", "total_memory": 2**34,
-                                                                                       "major": 7, "minor": 0})())  # fmt: skip
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i: type("P", (), {"name": "Fake GPU", "total_memory": 2**34, "major": 7, "minor": 0})(),
+    )
     rows = {}
-    for c in run_checks(torch.device("cuda", 0), compile_check=False):  # lazily: the later rows would start workers on a fake GPU
+    # lazily: the later rows would start workers on a fake GPU
+    for c in run_checks(torch.device("cuda", 0), compile_check=False):
         rows[c.name] = c
         if c.name == "tf32":
             break
@@ -161,7 +180,11 @@ def test_evaluation_runs_the_uncompiled_model_without_autograd(make_cfg, monkeyp
     metrics = saturate.train(make_cfg("trainer.compile=true"))
     assert "val/acc" in metrics
     assert calls["wrapper"] and all(calls["wrapper"])  # the compiled wrapper only ever trained
-    assert calls["eval"][-2:] == [True, True]  # validation: the plain model, under inference_mode (first: the start-up check)
+    # validation: the plain model, under inference_mode (first: the start-up check)
+    assert calls["eval"][-2:] == [
+        True,
+        True,
+    ]
 
 
 def test_the_resident_budget_counts_the_allocators_cache_and_the_memory_cap(monkeypatch):
@@ -202,7 +225,8 @@ def test_the_batch_search_runs_with_the_resident_datas_room_taken(monkeypatch):
         assert taken == [60_000 * 3080]  # held while the search runs
     with loader.room_for_resident(LoaderConfig(resident=False), spec, 60_000, cuda):
         pass
-    big = DataSpec("imagenet", (3, 224, 224), torch.uint8, (), True, 1000)  # stays in host memory: nothing to keep room for
+    # stays in host memory: nothing to keep room for
+    big = DataSpec("imagenet", (3, 224, 224), torch.uint8, (), True, 1000)
     with loader.room_for_resident(LoaderConfig(resident=True), big, 1_281_167, cuda):
         pass
     assert len(taken) == 1
@@ -247,8 +271,13 @@ def test_a_resident_epoch_starts_without_a_host_device_sync():
 
     data = InMemory(torch.randn(1024, 8), torch.randint(0, 10, (1024,)))
     device = torch.device("cuda", 0)
-    loader = ResidentLoader(data, LoaderConfig(batch_size=64, resident=True), PlainPipeline(device, non_blocking=True,
-                            target_dtype=torch.int64), train=True, seed=0)  # fmt: skip
+    loader = ResidentLoader(
+        data,
+        LoaderConfig(batch_size=64, resident=True),
+        PlainPipeline(device, non_blocking=True, target_dtype=torch.int64),
+        train=True,
+        seed=0,
+    )
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -26,13 +26,27 @@ pytestmark = pytest.mark.slow
 
 TORCHRUN = shutil.which("torchrun") or "torchrun"
 # group norm: per-sample statistics, so 2 x 32 on two ranks is the same computation as 64 on one
-SAME = ["device=cpu", "model.norm=group", "trainer.deterministic=true", "trainer.max_epochs=2", "trainer.progress=false",
-        "trainer.log_interval=5"]  # fmt: skip
+SAME = [
+    "device=cpu",
+    "model.norm=group",
+    "trainer.deterministic=true",
+    "trainer.max_epochs=2",
+    "trainer.progress=false",
+    "trainer.log_interval=5",
+]
 
 
-def torchrun(*args: str, cwd: Path, script: str | Path = ROOT / "train.py", env: dict | None = None, timeout: float = 300):
-    return subprocess.run([TORCHRUN, "--nproc_per_node=2", str(script), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+def torchrun(
+    *args: str, cwd: Path, script: str | Path = ROOT / "train.py", env: dict | None = None, timeout: float = 300
+):
+    return subprocess.run(
+        [TORCHRUN, "--nproc_per_node=2", str(script), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +72,9 @@ def test_two_processes_one_run_dir_identical_ranks_and_the_single_process_result
         "train.rank1.log",
     ]
     metrics = json.loads((ddp_run / "metrics.json").read_text())
-    assert metrics["world_size"] == 2 and metrics["distributed/params_identical"] == 1.0 and metrics["progress/step"] == 44
+    assert (
+        metrics["world_size"] == 2 and metrics["distributed/params_identical"] == 1.0 and metrics["progress/step"] == 44
+    )
 
     single = make_cfg(*SAME, "loader.batch_size=64", tiny=False)
     alone = saturate.train(single)
@@ -70,8 +86,17 @@ def test_two_processes_one_run_dir_identical_ranks_and_the_single_process_result
 
 def test_two_processes_stop_on_sigterm_and_resume_to_the_same_weights(ddp_run, tmp_path):
     run_dir = tmp_path / "run"
-    command = [TORCHRUN, "--nproc_per_node=2", str(ROOT / "train.py"), *SAME, "loader.batch_size=32", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    command = [
+        TORCHRUN,
+        "--nproc_per_node=2",
+        str(ROOT / "train.py"),
+        *SAME,
+        "loader.batch_size=32",
+        f"hydra.run.dir={run_dir}",
+    ]
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoints" / "last.pt").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
@@ -162,7 +187,11 @@ def test_multirun_under_torchrun_runs_each_job_on_both_ranks(tmp_path):
     (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")  # one sweep dir, shared by the ranks
     for job, batch in (("0_loader.batch_size-32", 32), ("1_loader.batch_size-64", 64)):
         metrics = json.loads((sweep / job / "metrics.json").read_text())
-        assert metrics["world_size"] == 2 and metrics["batch_size"] == batch and metrics["distributed/params_identical"] == 1.0
+        assert (
+            metrics["world_size"] == 2
+            and metrics["batch_size"] == batch
+            and metrics["distributed/params_identical"] == 1.0
+        )
 
 
 def test_sync_batchnorm_on_cpu_ranks_is_a_clean_error(tmp_path):
@@ -176,8 +205,16 @@ def test_slurm_tasks_become_torchrun_ranks(procid, localid, rank, local):
     pytest.importorskip("submitit")
     from saturate.scale import distributed
 
-    slurm = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "4", "SLURM_PROCID": procid, "SLURM_LOCALID": localid,
-             "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "gpu[07-08]"}  # fmt: skip
+    slurm = {
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NTASKS": "4",
+        "SLURM_PROCID": procid,
+        "SLURM_LOCALID": localid,
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+    }
     torch_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     with mock.patch.dict(os.environ, slurm):  # the whole environment is put back afterwards
         for key in torch_vars:
@@ -193,7 +230,9 @@ def test_slurm_launcher_preset_wires_one_task_per_gpu():
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4"], return_hydra_config=True)
+        cfg = compose(
+            "config", overrides=["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4"], return_hydra_config=True
+        )
     launcher = cfg.hydra.launcher
     assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
     assert launcher.tasks_per_node == 4 and launcher.max_num_timeout == 3
@@ -215,12 +254,26 @@ if __name__ == "__main__":
 def test_trainer_devices_2_on_cpu_trains_in_two_processes_and_one_run_dir(tmp_path):
     from tests.conftest import run_cli
 
-    result = run_cli("device=cpu", "trainer.devices=2", "model.norm=group", "trainer.max_epochs=1", "trainer.progress=false", cwd=tmp_path)
+    result = run_cli(
+        "device=cpu",
+        "trainer.devices=2",
+        "model.norm=group",
+        "trainer.max_epochs=1",
+        "trainer.progress=false",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "trainer.devices=2: 2 processes (gloo on the CPU) through torch's elastic launcher" in result.stderr + result.stdout
+    assert (
+        "trainer.devices=2: 2 processes (gloo on the CPU) through torch's elastic launcher"
+        in result.stderr + result.stdout
+    )
     (metrics_file,) = (tmp_path / "outputs" / "runs").glob("*/*/metrics.json")
     metrics = json.loads(metrics_file.read_text())
-    assert metrics["world_size"] == 2 and metrics["distributed/params_identical"] == 1.0 and metrics["status"] == "completed"
+    assert (
+        metrics["world_size"] == 2
+        and metrics["distributed/params_identical"] == 1.0
+        and metrics["status"] == "completed"
+    )
 
 
 @pytest.mark.slow
@@ -231,7 +284,10 @@ def test_a_mistake_under_trainer_devices_is_one_line_per_process(tmp_path):
     out = result.stderr + result.stdout
     assert result.returncode == 1 and "Traceback" not in out
     # each process says it once; the launcher stops the other when the first exits, which may be before it has said it
-    assert out.count("error: loader.batch_size=5000: larger than the training set (1437 samples across 2 ranks)") in (1, 2)
+    assert out.count("error: loader.batch_size=5000: larger than the training set (1437 samples across 2 ranks)") in (
+        1,
+        2,
+    )
     assert "error: trainer.devices=2: rank " in out and "failed first (exit status 1); its message is above" in out
 
 
@@ -241,12 +297,15 @@ def _syncbn_rank(rank: int, port: int, out: str) -> None:
     from saturate.models import SmallCNN
     from saturate.scale.distributed import Dist, alone
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     d = Dist()
     model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(SmallCNN(in_channels=1, num_classes=10, width=4)).train()
     layers = [m for m in model.modules() if isinstance(m, torch.nn.SyncBatchNorm)]
     result = {}
-    with alone(model, d):  # SyncBatchNorm's forward skips its collective when its group has one rank (on a GPU; the CPU it refuses)
+    # SyncBatchNorm's forward skips its collective when its group has one rank (on a GPU; the CPU it refuses)
+    with alone(model, d):
         result["alone"] = all(m.process_group is not None and dist.get_world_size(m.process_group) == 1 for m in layers)
         result["own"] = all(dist.get_process_group_ranks(m.process_group) == [rank] for m in layers)
     result["restored"] = all(m.process_group is None for m in layers) and len(layers) > 0
@@ -283,9 +342,19 @@ def test_files_skipped_on_another_rank_are_counted_in_the_run(tmp_path):
                 photo(seed=i + 10 * len(part)).save(tmp_path / "imgs" / part / label / name)
     for label in ("a", "b"):  # val order: a/0 a/1 b/0 b/1; rank 1 reads positions 1 and 3
         (tmp_path / "imgs" / "val" / label / "1.jpg").write_bytes(os.urandom(600))
-    result = torchrun("device=cpu", "data=image_folder", f"data.root={tmp_path / 'imgs'}", "data.image_size=16", "model.width=8",
-                      "loader.batch_size=2", "loader.num_workers=1", "trainer.max_epochs=1", "trainer.progress=false",
-                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)  # fmt: skip
+    result = torchrun(
+        "device=cpu",
+        "data=image_folder",
+        f"data.root={tmp_path / 'imgs'}",
+        "data.image_size=16",
+        "model.width=8",
+        "loader.batch_size=2",
+        "loader.num_workers=1",
+        "trainer.max_epochs=1",
+        "trainer.progress=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["data/skipped_files"] == 2
@@ -298,8 +367,15 @@ def test_sigterm_to_the_trainer_devices_launcher_saves_and_exits_143(tmp_path):
     torch's agent passes the signal to the ranks, which save at a step boundary; the launcher
     exits 143 without a traceback."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, str(ROOT / "train.py"), "device=cpu", "trainer.devices=2", "trainer.max_epochs=400", "trainer.progress=false",
-           f"hydra.run.dir={run_dir}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "device=cpu",
+        "trainer.devices=2",
+        "trainer.max_epochs=400",
+        "trainer.progress=false",
+        f"hydra.run.dir={run_dir}",
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoints" / "last.pt").exists():
@@ -332,17 +408,34 @@ def test_when_one_rank_fails_the_others_say_one_line_and_the_launcher_names_its_
     (tmp_path / "userpkg.py").write_text(RANK_1_BREAKS)
     (tmp_path / "conf" / "model").mkdir(parents=True)
     (tmp_path / "conf" / "model" / "breaks.yaml").write_text("_target_: userpkg.Breaks\nwidth: 8\n")
-    done = subprocess.run([sys.executable, str(ROOT / "train.py"), f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "model=breaks",
-                           "device=cpu", "trainer.devices=2", "trainer.progress=false", "monitor.costs=false", "hydra.run.dir=run"],
-                          cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(tmp_path)})  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+            "model=breaks",
+            "device=cpu",
+            "trainer.devices=2",
+            "trainer.progress=false",
+            "monitor.costs=false",
+            "hydra.run.dir=run",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]
-    assert "RuntimeError: the user's model broke on rank 1" in out  # the failing rank's own error, with its traceback (a bug)
+    # the failing rank's own error, with its traceback (a bug)
+    assert "RuntimeError: the user's model broke on rank 1" in out
     assert "rank 0: stopped because another rank failed (a collective broke off: Connection closed by peer)" in out
     assert "[rank0]: Traceback" not in out and "[rank0]:" not in out  # gloo's 54 lines are gone
     log = tmp_path / "run" / "train.rank1.log"
-    assert f"error: trainer.devices=2: rank 1 failed first (exit status 1); its message is above, its log is {log}" in out
+    assert (
+        f"error: trainer.devices=2: rank 1 failed first (exit status 1); its message is above, its log is {log}" in out
+    )
 
 
 def test_dict_batches_with_a_padding_collate_train_under_ddp_and_resume_bit_exactly_mid_epoch(tmp_path):
@@ -352,19 +445,34 @@ def test_dict_batches_with_a_padding_collate_train_under_ddp_and_resume_bit_exac
     from tests.test_resume import signal_at
 
     conf = ROOT / "examples" / "sign" / "conf"
-    args = [f"hydra.searchpath=[file://{conf}]", "experiment=sign", "device=cpu", "trainer.devices=2", "trainer.deterministic=true",
-            "data.train=256", "data.val=64", "data.test=64", "loader.batch_size=16", "trainer.max_epochs=2", "trainer.log_interval=1",
-            "trainer.progress=false"]  # fmt: skip
+    args = [
+        f"hydra.searchpath=[file://{conf}]",
+        "experiment=sign",
+        "device=cpu",
+        "trainer.devices=2",
+        "trainer.deterministic=true",
+        "data.train=256",
+        "data.val=64",
+        "data.test=64",
+        "loader.batch_size=16",
+        "trainer.max_epochs=2",
+        "trainer.log_interval=1",
+        "trainer.progress=false",
+    ]
     env = {"PYTHONPATH": str(ROOT)}
     full = run_cli(*args, f"hydra.run.dir={tmp_path / 'full'}", cwd=tmp_path, env=env)
     assert full.returncode == 0, full.stderr[-3000:]
     stopped = run_cli(*args, *signal_at(12), f"hydra.run.dir={tmp_path / 'resumed'}", cwd=tmp_path, env=env)
     assert stopped.returncode == 128 + signal.SIGUSR1, stopped.stderr[-3000:]
-    assert torch.load(tmp_path / "resumed" / "checkpoints" / "last.pt", weights_only=False)["step"] == 12  # 8 steps per epoch
+    # 8 steps per epoch
+    assert torch.load(tmp_path / "resumed" / "checkpoints" / "last.pt", weights_only=False)["step"] == 12
     resumed = run_cli(*args, "trainer.resume=auto", f"hydra.run.dir={tmp_path / 'resumed'}", cwd=tmp_path, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     metrics = json.loads((tmp_path / "resumed" / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["distributed/params_identical"] == 1.0 and "test/ter" in metrics
-    assert step_losses(tmp_path / "resumed") == step_losses(tmp_path / "full") and len(step_losses(tmp_path / "full")) == 16
+    assert (
+        step_losses(tmp_path / "resumed") == step_losses(tmp_path / "full")
+        and len(step_losses(tmp_path / "full")) == 16
+    )
     for key, value in final_weights(tmp_path / "full").items():
         assert torch.equal(final_weights(tmp_path / "resumed")[key], value), key

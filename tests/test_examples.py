@@ -28,22 +28,36 @@ EXAMPLES = [  # (folder, experiment, task, a metric it logs, a test metric it lo
 
 def example_cli(tmp_path, folder: str, experiment: str, *overrides: str) -> dict:
     conf = ROOT / "examples" / folder / "conf"
-    result = run_cli(f"hydra.searchpath=[file://{conf}]", f"experiment={experiment}", *TINY, *overrides,
-                     f"hydra.run.dir={tmp_path / 'run'}", cwd=ROOT, env={"PYTHONPATH": str(ROOT)})  # fmt: skip
+    result = run_cli(
+        f"hydra.searchpath=[file://{conf}]",
+        f"experiment={experiment}",
+        *TINY,
+        *overrides,
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return read_metrics(tmp_path / "run")
 
 
 def fit_script(tmp_path, folder: str, script: str, *overrides: str) -> tuple[str, dict]:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / folder / script), *TINY, *overrides, f"run_dir={tmp_path / 'run'}"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=240)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / folder / script), *TINY, *overrides, f"run_dir={tmp_path / 'run'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout, read_metrics(tmp_path / "run")
 
 
 @pytest.mark.slow  # seven end-to-end CLI runs
-@pytest.mark.parametrize(("folder", "experiment", "kind", "metric", "test_metric"), EXAMPLES, ids=[e[1] for e in EXAMPLES])
+@pytest.mark.parametrize(
+    ("folder", "experiment", "kind", "metric", "test_metric"), EXAMPLES, ids=[e[1] for e in EXAMPLES]
+)
 def test_example_trains_from_its_config_dir(tmp_path, folder, experiment, kind, metric, test_metric):
     metrics = example_cli(tmp_path, folder, experiment)
     assert metrics["status"] == "completed" and metrics["task"] == kind and metric in metrics
@@ -108,9 +122,13 @@ def test_sign_trains_ctc_on_padded_variable_length_clips(tmp_path):
     assert metrics["task"] == "sequence" and {"val/ter", "val/seq_acc", "test/ter", "test/seq_acc"} <= metrics.keys()
     with np.load(tmp_path / "run" / "predictions" / "test.npz", allow_pickle=False) as saved:
         assert saved["output"].dtype == np.int64 and len(saved["index"]) == len(saved["output_length"])
-        assert ((saved["output"] == -1) | ((saved["output"] >= 1) & (saved["output"] <= 10))).all()  # signs, padded with -1
+        assert (
+            (saved["output"] == -1) | ((saved["output"] >= 1) & (saved["output"] <= 10))
+        ).all()  # signs, padded with -1
         target, lengths = saved["target"], saved["target_length"]
-        assert ((target >= 1).sum(axis=1) == lengths).all() and ((target == -1).sum(axis=1) == target.shape[1] - lengths).all()
+        assert ((target >= 1).sum(axis=1) == lengths).all() and (
+            (target == -1).sum(axis=1) == target.shape[1] - lengths
+        ).all()
 
 
 def test_gray128_fit_and_cli_run_the_same_with_the_users_kornia_transforms(tmp_path):
@@ -128,8 +146,15 @@ def test_gray128_fit_and_cli_run_the_same_with_the_users_kornia_transforms(tmp_p
 def test_a_user_dataset_under_ddp(tmp_path):
     """Two gloo processes on the sequence example: one run dir, identical parameters."""
     conf = ROOT / "examples" / "sequences" / "conf"
-    result = torchrun(f"hydra.searchpath=[file://{conf}]", "experiment=digit_rows", "trainer.max_epochs=4", "trainer.progress=false",
-                      f"hydra.run.dir={tmp_path / 'run'}", cwd=ROOT, env={"PYTHONPATH": str(ROOT)})  # fmt: skip
+    result = torchrun(
+        f"hydra.searchpath=[file://{conf}]",
+        "experiment=digit_rows",
+        "trainer.max_epochs=4",
+        "trainer.progress=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = read_metrics(tmp_path / "run")
     assert metrics["distributed/params_identical"] == 1.0 and metrics["world_size"] == 2 and metrics["val/acc"] > 0.5

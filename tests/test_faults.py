@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 import saturate
-from saturate.parts import checkpoint
 from saturate.errors import DataError
 from saturate.loop.faults import NonFiniteGuard, TrainingDiverged
 from saturate.loop.step import TrainStep
+from saturate.parts import checkpoint
 from saturate.parts.precision import Precision
 from tests.conftest import TINY
 from tests.test_train import events
@@ -72,7 +72,10 @@ def poison_loss(bad_steps: set[int]) -> list[str]:
     """The overrides that make the training loss NaN at the given (1-based) steps: the task's
     loss is the user's own (task.loss), a callback counts the steps."""
     StepCount.current, PoisonedLoss.bad_steps = 0, set(bad_steps)
-    return ["task.loss={_target_:tests.test_faults.PoisonedLoss}", "+callbacks.count._target_=tests.test_faults.StepCount"]
+    return [
+        "task.loss={_target_:tests.test_faults.PoisonedLoss}",
+        "+callbacks.count._target_=tests.test_faults.StepCount",
+    ]
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["decided-on-the-device", "read-per-step"])
@@ -81,22 +84,35 @@ def test_a_non_finite_step_is_skipped_counted_and_leaves_the_weights_alone(make_
     skipped step, as over an fp16 overflow); another optimizer is told per step (the
     schedule holds)."""
     overrides = poison_loss({2})
-    cfg = make_cfg("trainer.max_epochs=2", "optim.warmup_epochs=0", f"optim.optimizer.fused={str(fused).lower()}", *overrides,
-                   "+callbacks.snapshots._target_=tests.test_faults.Snapshots")  # fmt: skip
+    cfg = make_cfg(
+        "trainer.max_epochs=2",
+        "optim.warmup_epochs=0",
+        f"optim.optimizer.fused={str(fused).lower()}",
+        *overrides,
+        "+callbacks.snapshots._target_=tests.test_faults.Snapshots",
+    )
     metrics = saturate.train(cfg)
     taken = Snapshots.taken
-    unchanged = {step: all(torch.equal(a, b) for a, b in zip(taken[step - 1], taken[step], strict=True)) for step in (1, 2, 3)}
+    unchanged = {
+        step: all(torch.equal(a, b) for a, b in zip(taken[step - 1], taken[step], strict=True)) for step in (1, 2, 3)
+    }
     assert unchanged == {1: False, 2: True, 3: False}  # weights and momentum untouched by the skipped step 2
     assert metrics["train/nonfinite_steps"] == 1 and math.isfinite(metrics["train/loss"])
     acc = events(cfg.run_dir)
-    assert [(e.step, e.value) for e in acc.Scalars("train/nonfinite_steps")][0] == (2, 1)  # logged once it leaves 0, not as a flat line
+    # logged once it leaves 0, not as a flat line
+    assert [(e.step, e.value) for e in acc.Scalars("train/nonfinite_steps")][0] == (
+        2,
+        1,
+    )
     lrs = [e.value for e in acc.Scalars("train/lr")]
     assert (lrs[1] < lrs[0]) if fused else (lrs[1] == lrs[0] and lrs[2] < lrs[1])
 
 
 def test_consecutive_non_finite_steps_stop_with_the_last_good_state(make_cfg):
     overrides = poison_loss(set(range(3, 100)))
-    cfg = make_cfg("trainer.max_epochs=3", "trainer.max_nonfinite_steps=4", "trainer.limit_train_batches=-1", *overrides)
+    cfg = make_cfg(
+        "trainer.max_epochs=3", "trainer.max_nonfinite_steps=4", "trainer.limit_train_batches=-1", *overrides
+    )
     with pytest.raises(TrainingDiverged) as err:
         saturate.train(cfg)
     last = Path(cfg.run_dir) / "checkpoints/last.pt"
@@ -108,7 +124,9 @@ def test_consecutive_non_finite_steps_stop_with_the_last_good_state(make_cfg):
 
 def test_without_per_step_checks_non_finite_steps_fail_at_the_next_log_step(make_cfg):
     overrides = poison_loss({5})
-    cfg = make_cfg("trainer.skip_nonfinite=false", "trainer.log_interval=4", "trainer.limit_train_batches=-1", *overrides)
+    cfg = make_cfg(
+        "trainer.skip_nonfinite=false", "trainer.log_interval=4", "trainer.limit_train_batches=-1", *overrides
+    )
     with pytest.raises(TrainingDiverged, match="stopped at step 8: non-finite steps before step 8"):
         saturate.train(cfg)
 
@@ -156,7 +174,12 @@ def test_fp16_overflow_is_skipped_and_the_schedule_holds_unless_decided_on_the_d
         return original(self, optimizer)
 
     monkeypatch.setattr(torch.amp.GradScaler, "unscale_", unscale_)
-    cfg = make_cfg("precision=fp16", "optim.warmup_epochs=0", "optim.schedule=cosine", f"optim.optimizer.fused={str(fused).lower()}")
+    cfg = make_cfg(
+        "precision=fp16",
+        "optim.warmup_epochs=0",
+        "optim.schedule=cosine",
+        f"optim.optimizer.fused={str(fused).lower()}",
+    )
     metrics = saturate.train(cfg)
     lrs = [e.value for e in events(cfg.run_dir).Scalars("train/lr")]
     assert (lrs[1] < lrs[0]) if fused else (lrs[1] == lrs[0] and lrs[2] < lrs[1])  # without fused: step 2 kept the LR
@@ -172,7 +195,11 @@ def test_the_fp16_loss_scale_is_logged_and_overflowing_first_steps_leave_a_finit
     metrics = saturate.train(cfg)
     scales = [e.value for e in events(cfg.run_dir).Scalars("train/loss_scale")]
     assert scales[:3] == pytest.approx([1.5e38, 7.5e37, 3.75e37])  # halved at each of the three overflowing steps
-    assert math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["val/loss"]) and metrics["train/loss_scale"] == scales[-1]
+    assert (
+        math.isfinite(metrics["train/loss"])
+        and math.isfinite(metrics["val/loss"])
+        and metrics["train/loss_scale"] == scales[-1]
+    )
 
 
 class Stalls(torch.utils.data.Dataset):
@@ -198,8 +225,15 @@ class Stalls(torch.utils.data.Dataset):
 def test_a_worker_that_hangs_or_dies_is_a_clear_error_and_leaves_no_process(tmp_path, how):
     from saturate.models import SmallCNN
 
-    overrides = [*TINY, "loader.num_workers=2", "loader.timeout_s=3", "loader.batch_size=8", "trainer.limit_train_batches=-1"]
-    before = {p.pid for p in psutil.Process().children(recursive=True)}  # an xdist worker may hold other tests' children
+    overrides = [
+        *TINY,
+        "loader.num_workers=2",
+        "loader.timeout_s=3",
+        "loader.batch_size=8",
+        "trainer.limit_train_batches=-1",
+    ]
+    # an xdist worker may hold other tests' children
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     start = time.monotonic()
     with pytest.raises(DataError) as err:
         saturate.fit(SmallCNN(1, 10, width=8), Stalls(how), Stalls(how), overrides=overrides, run_dir=tmp_path)
@@ -212,7 +246,11 @@ def test_a_worker_that_hangs_or_dies_is_a_clear_error_and_leaves_no_process(tmp_
     deadline = time.monotonic() + 15
 
     def left():
-        return [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+        return [
+            p
+            for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE
+        ]
 
     while left() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -225,8 +263,10 @@ class WorkerDeathInALogger:
 
     def on_log(self, run, metrics, step):
         if step == 2:
-            raise RuntimeError("DataLoader worker (pid 17344) exited unexpectedly with exit code 1. Details are lost due to "
-                               "multiprocessing. Rerunning with num_workers=0 may give better error trace.")  # fmt: skip
+            raise RuntimeError(
+                "DataLoader worker (pid 17344) exited unexpectedly with exit code 1. Details are lost due to "
+                "multiprocessing. Rerunning with num_workers=0 may give better error trace."
+            )
 
 
 def test_a_worker_death_surfacing_in_a_logger_is_the_loaders_failure_not_the_loggers(tmp_path):
@@ -234,8 +274,14 @@ def test_a_worker_death_surfacing_in_a_logger_is_the_loaders_failure_not_the_log
 
     before = {p.pid for p in psutil.Process().children()}
     with pytest.raises(DataError, match=r"^loader: a worker process died \(DataLoader worker \(pid 17344\) exited"):
-        saturate.fit(SmallCNN(1, 10, width=8), Stalls("fine"), Stalls("fine"), overrides=[*TINY, "loader.num_workers=2",
-                     "loader.batch_size=8"], run_dir=tmp_path, loggers=[WorkerDeathInALogger()])  # fmt: skip
+        saturate.fit(
+            SmallCNN(1, 10, width=8),
+            Stalls("fine"),
+            Stalls("fine"),
+            overrides=[*TINY, "loader.num_workers=2", "loader.batch_size=8"],
+            run_dir=tmp_path,
+            loggers=[WorkerDeathInALogger()],
+        )
     left = [p for p in psutil.Process().children() if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
     assert left == []  # the epoch's workers end with the run, not when the generator holding them is collected
 
@@ -247,10 +293,14 @@ def test_a_worker_dying_mid_send_is_the_same_clear_error():
     from saturate.data.loader import loader_failure
 
     died = loader_failure(ConnectionResetError(104, "Connection reset by peer"), 3, workers=2)
-    assert str(died).startswith("loader: a worker process died (ConnectionResetError: [Errno 104] Connection reset by peer)")
+    assert str(died).startswith(
+        "loader: a worker process died (ConnectionResetError: [Errno 104] Connection reset by peer)"
+    )
     assert loader_failure(EOFError(), 3, workers=2) is not None
     assert loader_failure(ConnectionResetError(104, "Connection reset by peer"), 3, workers=0) is None
-    assert loader_failure(ConnectionError("Caught ConnectionError in DataLoader worker process 0."), 3, workers=2) is None
+    assert (
+        loader_failure(ConnectionError("Caught ConnectionError in DataLoader worker process 0."), 3, workers=2) is None
+    )
 
 
 class RefusesItem20(Stalls):
@@ -270,7 +320,9 @@ def test_a_user_error_raised_in_a_worker_keeps_its_own_words(tmp_path):
     overrides = [*TINY, "loader.num_workers=2", "loader.batch_size=8", "trainer.limit_train_batches=-1"]
     before = {p.pid for p in psutil.Process().children()}
     with pytest.raises(DataError) as err:
-        saturate.fit(SmallCNN(1, 10, width=8), RefusesItem20("die"), RefusesItem20("die"), overrides=overrides, run_dir=tmp_path)
+        saturate.fit(
+            SmallCNN(1, 10, width=8), RefusesItem20("die"), RefusesItem20("die"), overrides=overrides, run_dir=tmp_path
+        )
     assert str(err.value) == "data: item 20 is broken (the data set's own words)"
     left = [p for p in psutil.Process().children() if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
     assert left == []  # its workers ended with the run, though err holds the traceback
@@ -319,7 +371,9 @@ def test_a_skipped_first_step_leaves_the_optimizer_as_new(name, kind, determinis
     def train_step(model, optimizer):
         guard = NonFiniteGuard(skip=True, check_grads=True, max_consecutive=3, device=torch.device("cpu"))
         precision = Precision("fp32", "cpu", None, torch.amp.GradScaler("cpu", enabled=False))
-        return TrainStep(model, optimizer, precision, guard, loss=lambda m, b: F.cross_entropy(m(b[0]), b[1]) * nan[0], grad_clip=0.0)
+        return TrainStep(
+            model, optimizer, precision, guard, loss=lambda m, b: F.cross_entropy(m(b[0]), b[1]) * nan[0], grad_clip=0.0
+        )
 
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(2)]
@@ -353,10 +407,20 @@ def test_a_run_whose_first_step_is_skipped_trains_on(make_cfg, deterministic):
     runs = {}
     overrides = poison_loss({1})
     for fused in ("true", "false"):
-        cfg = make_cfg("optim.warmup_epochs=0", "optim.schedule=constant", f"trainer.deterministic={str(deterministic).lower()}",
-                       "trainer.max_epochs=2", f"optim.optimizer.fused={fused}", *overrides)  # fmt: skip
+        cfg = make_cfg(
+            "optim.warmup_epochs=0",
+            "optim.schedule=constant",
+            f"trainer.deterministic={str(deterministic).lower()}",
+            "trainer.max_epochs=2",
+            f"optim.optimizer.fused={fused}",
+            *overrides,
+        )
         metrics = saturate.train(cfg)
-        assert metrics["train/nonfinite_steps"] == 1 and math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["val/loss"])
+        assert (
+            metrics["train/nonfinite_steps"] == 1
+            and math.isfinite(metrics["train/loss"])
+            and math.isfinite(metrics["val/loss"])
+        )
         runs[fused] = torch.load(Path(cfg.run_dir) / "checkpoints" / "last.pt", weights_only=True)["model"]
     for name, value in runs["true"].items():
         torch.testing.assert_close(value, runs["false"][name], rtol=1e-4, atol=1e-5, msg=name)
@@ -388,4 +452,5 @@ def test_an_fp16_overflow_at_the_first_step_leaves_fused_sgd_momentum_clean(dete
         grads = [p.grad.clone() for p in model.parameters()]
         precision.step(opt, apply=True)
         for p, g in zip(model.parameters(), grads, strict=True):
-            assert torch.equal(opt.state[p]["momentum_buffer"], g)  # the first applied step: the buffer is that step's gradient
+            # the first applied step: the buffer is that step's gradient
+            assert torch.equal(opt.state[p]["momentum_buffer"], g)

@@ -84,7 +84,11 @@ def host_reads(monkeypatch):
 
 def example(name: str) -> list[str]:
     """An example's experiment from its own config dir (tests/test_examples.py runs them)."""
-    return [f"hydra.searchpath=[file://{ROOT / 'examples' / name / 'conf'}]", f"experiment={name}", "trainer.max_epochs=1"]
+    return [
+        f"hydra.searchpath=[file://{ROOT / 'examples' / name / 'conf'}]",
+        f"experiment={name}",
+        "trainer.max_epochs=1",
+    ]
 
 
 SETTINGS = {
@@ -104,27 +108,44 @@ SETTINGS = {
 def test_no_host_reads_between_log_steps(make_cfg, host_reads, setting):
     """Every built-in task (classification, regression, sequence with CTC over dict batches),
     the built-in callbacks and the user's Kornia transforms: nothing read per step."""
-    cfg = make_cfg(*SETTINGS[setting], "trainer.skip_nonfinite=false", "trainer.log_interval=5", "trainer.limit_train_batches=10")
+    cfg = make_cfg(
+        *SETTINGS[setting], "trainer.skip_nonfinite=false", "trainer.log_interval=5", "trainer.limit_train_batches=10"
+    )
     assert saturate.train(cfg)["progress/step"] == 10
     assert host_reads == []
 
 
 def test_the_default_non_finite_guard_decides_on_the_device(make_cfg, host_reads):
-    cfg = make_cfg("loader=resident", "trainer.skip_nonfinite=true", "trainer.log_interval=5", "trainer.limit_train_batches=10")
+    cfg = make_cfg(
+        "loader=resident", "trainer.skip_nonfinite=true", "trainer.log_interval=5", "trainer.limit_train_batches=10"
+    )
     assert saturate.train(cfg)["progress/step"] == 10
     assert host_reads == []  # the presets' fused optimizer skips a bad step itself
 
 
 def test_the_non_finite_guard_reads_one_scalar_per_step_without_a_fused_optimizer(make_cfg, host_reads):
-    cfg = make_cfg("loader=resident", "trainer.skip_nonfinite=true", "optim.optimizer.fused=false", "trainer.log_interval=5",
-                   "trainer.limit_train_batches=10")  # fmt: skip
+    cfg = make_cfg(
+        "loader=resident",
+        "trainer.skip_nonfinite=true",
+        "optim.optimizer.fused=false",
+        "trainer.log_interval=5",
+        "trainer.limit_train_batches=10",
+    )
     saturate.train(cfg)
     assert host_reads == ["item"] * 10  # the documented price of skipping a bad step before the optimizer takes it
 
 
 # ops that synchronise with a CUDA device whatever calls them: their output's size, or a count,
 # depends on the data (a Python-level read is counted by HOST_READS)
-SYNCING_OPS = {"nonzero", "_unique2", "unique_dim", "unique_consecutive", "masked_select", "bincount", "repeat_interleave"}
+SYNCING_OPS = {
+    "nonzero",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "masked_select",
+    "bincount",
+    "repeat_interleave",
+}
 
 
 class DeviceSyncs(TorchDispatchMode):
@@ -136,7 +157,9 @@ class DeviceSyncs(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        masked = name == "index" and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
+        masked = name == "index" and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None
+        )
         if name in SYNCING_OPS or masked:
             self.counts[name] += 1
         return func(*args, **(kwargs or {}))

@@ -37,7 +37,9 @@ def make_folder(root, per_class=6, classes=("cat", "dog"), fmt="jpg"):
 
 
 def load(root, cache, **kw):
-    return load_image_folder(root=str(root), strict=kw.pop("strict", False), index_cache=str(cache), **{**SETTINGS, **kw})
+    return load_image_folder(
+        root=str(root), strict=kw.pop("strict", False), index_cache=str(cache), **{**SETTINGS, **kw}
+    )
 
 
 def broken_folder(root):
@@ -88,8 +90,11 @@ def test_files_are_not_opened_at_start_up_and_broken_ones_are_skipped_when_met(t
     again, again_val = load(root, tmp_path / "cache")
     assert named_in(caplog) == broken and again.notes["data/skipped_files"] == 4  # named at start-up this time
     assert len(again) + len(again_val) == 12
-    assert [again.path(i) for i in range(len(again))] == [p for p in map(train.path, range(len(train))) if p not in broken]
-    with pytest.raises(DataError, match=r"data.strict=true: .*noise.jpg is not a readable image"):  # known: no check needed
+    assert [again.path(i) for i in range(len(again))] == [
+        p for p in map(train.path, range(len(train))) if p not in broken
+    ]
+    # known: no check needed
+    with pytest.raises(DataError, match=r"data.strict=true: .*noise.jpg is not a readable image"):
         load(root, tmp_path / "cache", strict=True)
 
 
@@ -249,7 +254,21 @@ def test_the_benchmark_prints_start_up_memory_and_images_per_second():
 
     from tests.conftest import ROOT
 
-    args = ["--files", "300", "--classes", "4", "--rounds", "1", "--batches", "1", "--batch", "16", "--workers", "0", "--cold"]
+    args = [
+        "--files",
+        "300",
+        "--classes",
+        "4",
+        "--rounds",
+        "1",
+        "--batches",
+        "1",
+        "--batch",
+        "16",
+        "--workers",
+        "0",
+        "--cold",
+    ]
     script = str(ROOT / "scripts/bench_image_folder.py")
     result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -291,7 +310,10 @@ def test_a_file_that_cannot_be_opened_is_skipped_and_named(tmp_path, caplog, mon
     train, val = load(root, tmp_path / "cache")
     for dataset in (train, val):
         every_batch(dataset, workers=0)
-    assert train.notes["data/skipped_files"] == 1 and f"skipping {locked}: not a readable image (PermissionError" in caplog.text
+    assert (
+        train.notes["data/skipped_files"] == 1
+        and f"skipping {locked}: not a readable image (PermissionError" in caplog.text
+    )
     with pytest.raises(DataError, match=f"data.strict=true: {locked} is not a readable image .PermissionError"):
         load(root, tmp_path / "fresh", strict=True)
 

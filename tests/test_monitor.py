@@ -59,7 +59,12 @@ def fake_nvml(monkeypatch, tmp_path):
 
 def test_analysis_of_recorded_series():
     stable = analyse([90, 92, 88, 95, 91])
-    assert stable.status == "stable" and stable.mean == pytest.approx(91.2) and stable.minimum == 88 and stable.under_50 == 0
+    assert (
+        stable.status == "stable"
+        and stable.mean == pytest.approx(91.2)
+        and stable.minimum == 88
+        and stable.under_50 == 0
+    )
     fluctuating = analyse([95, 40, 96, 97, 38, 99])
     assert fluctuating.status == "fluctuating" and fluctuating.under_50 == pytest.approx(2 / 6)
     assert analyse([10, 30, 45, 60]).status == "starved"
@@ -69,8 +74,10 @@ def test_analysis_of_recorded_series():
 def test_without_nvml_the_run_says_so_once_and_goes_on(make_cfg, caplog):
     cfg = make_cfg("monitor.interval_s=0.05")
     metrics = saturate.train(cfg)
-    assert not [r for r in caplog.records if r.getMessage().startswith("monitor: no NVML")]  # no line in every run's log
-    assert "GPU utilisation: not sampled (no NVIDIA GPU or no NVML)" in (Path(cfg.run_dir) / "report.md").read_text()  # said once
+    # no line in every run's log
+    assert not [r for r in caplog.records if r.getMessage().startswith("monitor: no NVML")]
+    # said once
+    assert "GPU utilisation: not sampled (no NVIDIA GPU or no NVML)" in (Path(cfg.run_dir) / "report.md").read_text()
     assert not any(k.startswith("gpu/") for k in metrics)
     assert metrics["cpu/rss_mb"] > 0  # the CPU is sampled anyway
 
@@ -81,7 +88,15 @@ def test_in_run_sampler_logs_gpu_metrics_and_the_report_summarises_them(make_cfg
     cfg = make_cfg("monitor.interval_s=0.02", "trainer.max_epochs=6", "trainer.limit_train_batches=4")
     metrics = saturate.train(cfg)
     tags = set(events(cfg.run_dir).Tags()["scalars"])
-    assert {"gpu/util", "gpu/mem_used_mb", "gpu/power_w", "gpu/temp_c", "gpu/sm_clock_mhz", "gpu1/util", "cpu/util"} <= tags
+    assert {
+        "gpu/util",
+        "gpu/mem_used_mb",
+        "gpu/power_w",
+        "gpu/temp_c",
+        "gpu/sm_clock_mhz",
+        "gpu1/util",
+        "cpu/util",
+    } <= tags
     assert metrics["gpu/mem_used_mb"] == pytest.approx(4 * 1024)  # GPU 1 of the machine: (3 + 1) GiB
     assert metrics["gpu/util_mean"] == 30 and metrics["gpu/util_std"] == 0  # 60, halved for the machine's GPU 1
     assert metrics["gpu/util_under_50_frac"] == 1.0 and metrics["gpu/util_min"] == 30
@@ -90,13 +105,19 @@ def test_in_run_sampler_logs_gpu_metrics_and_the_report_summarises_them(make_cfg
 
 
 def test_monitor_script_without_a_gpu_says_so_and_exits_non_zero():
-    result = subprocess.run([sys.executable, str(ROOT / "scripts/monitor_gpu.py"), "--duration", "1"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/monitor_gpu.py"), "--duration", "1"], capture_output=True, text=True
+    )
     assert result.returncode == 2
     assert "monitor_gpu: no NVIDIA GPU to watch" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_monitor_script_lines_analysis_and_csv(fake_nvml, tmp_path):
-    env = {**os.environ, "PYTHONPATH": f"{fake_nvml}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "FAKE_NVML_UTIL": "90,95,91,96"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{fake_nvml}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "FAKE_NVML_UTIL": "90,95,91,96",
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
     out = tmp_path / "gpu.csv"
     args = ["--interval", "0.05", "--duration", "0.5", "--csv", str(out)]
@@ -114,12 +135,21 @@ def test_monitor_script_lines_analysis_and_csv(fake_nvml, tmp_path):
 
 def test_monitor_script_shows_what_nvml_gives_when_it_refuses_a_field(fake_nvml, tmp_path):
     """A MIG slice refuses power and clocks: the script raised KeyError on its first line."""
-    env = {**os.environ, "PYTHONPATH": f"{fake_nvml}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "FAKE_NVML_REFUSE": "power,clock"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{fake_nvml}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "FAKE_NVML_REFUSE": "power,clock",
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
     out = tmp_path / "gpu.csv"
     args = ["--interval", "0.05", "--duration", "0.3", "--csv", str(out)]
-    result = subprocess.run([sys.executable, str(ROOT / "scripts/monitor_gpu.py"), *args], capture_output=True, text=True, env=env,
-                            timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/monitor_gpu.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     line = next(line for line in result.stdout.splitlines() if "  gpu0  util" in line)
     assert "power     - W" in line and "sm     - MHz" in line and "temp  61 C" in line and "-> stable" in result.stdout
@@ -129,17 +159,30 @@ def test_monitor_script_shows_what_nvml_gives_when_it_refuses_a_field(fake_nvml,
 
 def test_check_env_on_cpu_exits_0_and_reports():
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/check_env.py"), "--device", "cpu"], capture_output=True, text=True, timeout=300
+        [sys.executable, str(ROOT / "scripts/check_env.py"), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    for line in ("[ok] versions", "[ok] torch.compile", "[ok] mixed precision", "[ok] gloo", "[ok] dataloader workers",
-                 "[ok] training step on cpu", "a training step works on cpu", "suggested settings:"):  # fmt: skip
+    for line in (
+        "[ok] versions",
+        "[ok] torch.compile",
+        "[ok] mixed precision",
+        "[ok] gloo",
+        "[ok] dataloader workers",
+        "[ok] training step on cpu",
+        "a training step works on cpu",
+        "suggested settings:",
+    ):
         assert line in result.stdout, line
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_check_env_asked_for_cuda_without_it_fails_clearly():
-    result = subprocess.run([sys.executable, str(ROOT / "scripts/check_env.py"), "--device", "cuda"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/check_env.py"), "--device", "cuda"], capture_output=True, text=True
+    )
     assert result.returncode == 1 and "no CUDA device is visible" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -150,12 +193,16 @@ def test_the_fingerprint_is_in_metrics_and_tensorboard(make_cfg):
     assert fp["torch"] == str(torch.__version__) and fp["precision"] == "fp32" and fp["channels_last"] is True
     assert fp["world_size"] == 1 and fp["cpu_count"] == os.cpu_count() and fp["device"].startswith("cpu: ")
     assert fp["git_commit"] is None or len(fp["git_commit"].split("-")[0]) == 40
-    assert {"driver", "cuda", "tf32", "cudnn_benchmark", "compile"} <= fp.keys() and fp["device_index"] is None  # the GPU's index on CUDA
+    assert {"driver", "cuda", "tf32", "cudnn_benchmark", "compile"} <= fp.keys() and fp[
+        "device_index"
+    ] is None  # the GPU's index on CUDA
     assert any("fingerprint" in tag for tag in events(cfg.run_dir).Tags()["tensors"])
 
 
 def test_profile_records_a_trace_and_the_top_operators(make_cfg, caplog):
-    cfg = make_cfg("trainer.profile=true", "trainer.profile_wait=2", "trainer.profile_steps=2", "trainer.limit_train_batches=6")
+    cfg = make_cfg(
+        "trainer.profile=true", "trainer.profile_wait=2", "trainer.profile_steps=2", "trainer.limit_train_batches=6"
+    )
     saturate.train(cfg)
     folder = Path(cfg.run_dir) / "profile"
     (trace,) = folder.glob("trace_step*.json")
@@ -182,7 +229,11 @@ def test_a_gpu_that_refuses_some_fields_never_stops_the_run(make_cfg, fake_nvml,
     cfg = make_cfg("monitor.interval_s=0.02", "trainer.max_epochs=3")
     metrics = saturate.train(cfg)
     assert metrics["gpu/util"] == 40 and metrics["gpu/util_mean"] == 40  # the parent GPU 1's figure (80 / 2)
-    assert metrics["gpu/mem_used_mb"] == pytest.approx(3 * 1024) and "gpu/power_w" not in metrics and "gpu/sm_clock_mhz" not in metrics
+    assert (
+        metrics["gpu/mem_used_mb"] == pytest.approx(3 * 1024)
+        and "gpu/power_w" not in metrics
+        and "gpu/sm_clock_mhz" not in metrics
+    )
 
     monkeypatch.setattr(module, "nvmlDeviceGetCount", refuse)  # the driver fails when asked for the GPUs
     metrics = saturate.train(make_cfg("monitor.interval_s=0.02"))
@@ -206,10 +257,16 @@ def test_gpus_are_matched_to_nvml_by_uuid_not_position(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=cuda_order[i]))
     assert cuda_uuids() == ["GPU-bbbb-h100", "GPU-aaaa-a10"]
     assert visible_nvml_handles(nvml, cuda_uuids()) == [(0, "GPU-bbbb-h100"), (1, "GPU-aaaa-a10")]
-    assert visible_nvml_handles(nvml, []) == [(0, "GPU-aaaa-a10"), (1, "GPU-bbbb-h100")]  # by position: the old, wrong answer
+    # by position: the old, wrong answer
+    assert visible_nvml_handles(nvml, []) == [
+        (0, "GPU-aaaa-a10"),
+        (1, "GPU-bbbb-h100"),
+    ]
 
     def unknown(u):
         raise RuntimeError("NVML_ERROR_NOT_FOUND")
 
-    nvml.nvmlDeviceGetHandleByUUID = unknown  # NVML does not know the UUIDs (some MIG set-ups): by position, not nothing
+    nvml.nvmlDeviceGetHandleByUUID = (
+        unknown  # NVML does not know the UUIDs (some MIG set-ups): by position, not nothing
+    )
     assert visible_nvml_handles(nvml, cuda_uuids()) == [(0, "GPU-aaaa-a10"), (1, "GPU-bbbb-h100")]

@@ -84,20 +84,31 @@ def user_package(tmp_path_factory) -> Path:
 
 
 def user_cfg(root: Path, run_dir: Path, *overrides: str):
-    return compose_config([*TINY, f"hydra.searchpath=[file://{root}/conf]", "data=sensors", "model=mlp", f"run_dir={run_dir}", *overrides])
+    return compose_config(
+        [*TINY, f"hydra.searchpath=[file://{root}/conf]", "data=sensors", "model=mlp", f"run_dir={run_dir}", *overrides]
+    )
 
 
 @pytest.mark.parametrize("kind", ["regression", "classification"])
 def test_a_user_package_and_config_dir_train_through_train_py(user_package, tmp_path, kind):
     result = run_cli(
-        f"hydra.searchpath=[file://{user_package}/conf]", "data=sensors", "model=mlp", f"task={kind}", f"data.kind={kind}",
-        *TINY, "trainer.max_epochs=2", f"hydra.run.dir={tmp_path / 'run'}",
-        cwd=tmp_path, env={"PYTHONPATH": str(user_package)},
-    )  # fmt: skip
+        f"hydra.searchpath=[file://{user_package}/conf]",
+        "data=sensors",
+        "model=mlp",
+        f"task={kind}",
+        f"data.kind={kind}",
+        *TINY,
+        "trainer.max_epochs=2",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(user_package)},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = read_metrics(tmp_path / "run")
     assert metrics["status"] == "completed" and metrics["task"] == kind and metrics["data"] == "sensors"
-    expected = {"regression": ["val/loss", "val/mae", "val/rmse", "val/r2"], "classification": ["val/loss", "val/acc"]}[kind]
+    expected = {"regression": ["val/loss", "val/mae", "val/rmse", "val/r2"], "classification": ["val/loss", "val/acc"]}[
+        kind
+    ]
     assert all(np.isfinite(metrics[k]) for k in expected)
     assert "val/top5" not in metrics  # 2 classes
     assert ("val/acc" in metrics) == (kind == "classification")
@@ -123,7 +134,9 @@ def test_float_inputs_reach_the_model_unscaled(user_package, tmp_path):
 
     train, val = windows("regression")
     model = Recording(in_features=3, num_outputs=1)
-    saturate.fit(model, train, val, task="regression", overrides=[*TINY, "trainer.limit_val_batches=1"], run_dir=tmp_path)
+    saturate.fit(
+        model, train, val, task="regression", overrides=[*TINY, "trainer.limit_val_batches=1"], run_dir=tmp_path
+    )
     evaluated = model.inputs[-1]  # the last evaluation: the first 32 validation samples, in order
     torch.testing.assert_close(evaluated, torch.from_numpy(val.x[:32]).float(), rtol=0, atol=0)
     assert evaluated.dtype == torch.float32 and evaluated.max() > 100  # float64 -> float32, values untouched
@@ -147,15 +160,26 @@ def test_fit_end_to_end_writes_the_run_dir(user_package, tmp_path):
     from sensorpkg.model import MLP
 
     train, val = windows("regression")
-    metrics = saturate.fit(MLP((6, 3), 1), train, val, task="regression", overrides=[*TINY, "trainer.max_epochs=3"], run_dir=tmp_path)
-    for name in ("metrics.json", "report.md", "checkpoints/last.pt", "checkpoints/best.pt", "tb"):  # no .hydra/: fit runs no Hydra app
+    metrics = saturate.fit(
+        MLP((6, 3), 1), train, val, task="regression", overrides=[*TINY, "trainer.max_epochs=3"], run_dir=tmp_path
+    )
+    # no .hydra/: fit runs no Hydra app
+    for name in (
+        "metrics.json",
+        "report.md",
+        "checkpoints/last.pt",
+        "checkpoints/best.pt",
+        "tb",
+    ):
         assert (tmp_path / name).exists(), name
     written = read_metrics(tmp_path)
     assert written["status"] == "completed" and written["monitor"] == "val/loss" and written["data"] == "Arrays"
     assert float(metrics) == metrics["val/loss"] == written["val/loss"]
     assert events(tmp_path).Scalars("val/rmse")[-1].value == pytest.approx(metrics["val/rmse"])
     saved = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=False)["config"]
-    assert saved["model"] == {"object": "sensorpkg.model.MLP"} and saved["task"]["_target_"] == "saturate.tasks.Regression"
+    assert (
+        saved["model"] == {"object": "sensorpkg.model.MLP"} and saved["task"]["_target_"] == "saturate.tasks.Regression"
+    )
 
 
 def test_fit_without_a_validation_set_monitors_the_training_loss(user_package, tmp_path):
@@ -171,7 +195,9 @@ def test_fit_without_a_validation_set_monitors_the_training_loss(user_package, t
 def test_a_user_loss_replaces_the_task_loss(user_package, tmp_path):
     """From the config (a `_target_` node) and from fit (a callable): the loss the step and
     the evaluator call, while the task's metrics stay."""
-    cfg = user_cfg(user_package, tmp_path / "cfg", "task=regression", "+task.loss={_target_: torch.nn.HuberLoss, delta: 0.001}")
+    cfg = user_cfg(
+        user_package, tmp_path / "cfg", "task=regression", "+task.loss={_target_: torch.nn.HuberLoss, delta: 0.001}"
+    )
     metrics = saturate.train(cfg)
     huber = metrics["val/loss"]
     assert huber < 0.001 * metrics["val/mae"] + 1e-9  # Huber with a tiny delta is about delta x |error|, far below MSE
@@ -188,14 +214,22 @@ def test_a_user_loss_replaces_the_task_loss(user_package, tmp_path):
         return (outputs - targets).abs().mean()  # (B,) and (B,): the model's (B, 1) is given in the targets' shape
 
     train, val = windows("regression")
-    metrics = saturate.fit(MLP((6, 3), 1), train, val, task="regression", loss=loss, overrides=TINY, run_dir=tmp_path / "fit")
+    metrics = saturate.fit(
+        MLP((6, 3), 1), train, val, task="regression", loss=loss, overrides=TINY, run_dir=tmp_path / "fit"
+    )
     assert metrics["val/loss"] == pytest.approx(metrics["val/mae"], rel=1e-5)  # the loss is the MAE here
     assert len(calls) >= 3
 
 
 def test_checkpoint_monitor_val_rmse_keeps_the_lowest(user_package, tmp_path):
-    cfg = user_cfg(user_package, tmp_path, "task=regression", "checkpoint.monitor=val/rmse", "trainer.max_epochs=4",
-                   "optim.optimizer.lr=0.5")  # fmt: skip
+    cfg = user_cfg(
+        user_package,
+        tmp_path,
+        "task=regression",
+        "checkpoint.monitor=val/rmse",
+        "trainer.max_epochs=4",
+        "optim.optimizer.lr=0.5",
+    )
     saturate.train(cfg)
     history = [e.value for e in events(tmp_path).Scalars("val/rmse")]
     best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=False)
@@ -239,13 +273,23 @@ def test_a_custom_logger_gets_what_tensorboard_gets_and_callbacks_see_the_run(us
     recorder, hooks = Recorder(), Hooks()
     train, val = windows("regression")
     overrides = [*TINY, "trainer.max_epochs=2", "logger=[tensorboard,csv]"]
-    saturate.fit(MLP((6, 3), 1), train, val, task="regression", overrides=overrides, run_dir=tmp_path, loggers=[recorder],
-                 callbacks=[hooks])  # fmt: skip
+    saturate.fit(
+        MLP((6, 3), 1),
+        train,
+        val,
+        task="regression",
+        overrides=overrides,
+        run_dir=tmp_path,
+        loggers=[recorder],
+        callbacks=[hooks],
+    )
     acc = events(tmp_path)
     tensorboard = {(tag, e.step): e.value for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
     from saturate.loggers import TensorBoardLogger
 
-    assert {k for k in recorder.metrics if k[0] not in TensorBoardLogger.HIDDEN} == tensorboard.keys()  # less the x axis
+    assert {
+        k for k in recorder.metrics if k[0] not in TensorBoardLogger.HIDDEN
+    } == tensorboard.keys()  # less the x axis
     for key, value in tensorboard.items():
         assert recorder.metrics[key] == pytest.approx(value, rel=1e-6), key  # TensorBoard stores float32
     with open(tmp_path / "metrics.csv", newline="") as f:
@@ -256,14 +300,18 @@ def test_a_custom_logger_gets_what_tensorboard_gets_and_callbacks_see_the_run(us
 
 def test_loggers_and_callbacks_from_the_config(user_package, tmp_path):
     (user_package / "sensorpkg" / "hooks.py").write_text(
-        "import json\n"
-        "class Ends:\n"
-        "    def __init__(self, path):\n        self.path = path\n"
+        "import json\nclass Ends:\n    def __init__(self, path):\n        self.path = path\n"
         "    def on_run_end(self, run, metrics):\n        open(self.path, 'w').write(json.dumps(metrics['status']))\n"
     )
     out = tmp_path / "ended.json"
-    cfg = user_cfg(user_package, tmp_path / "run", "task=regression", "logger=[csv]", "+callbacks.ends._target_=sensorpkg.hooks.Ends",
-                   f"+callbacks.ends.path='{out}'")  # fmt: skip
+    cfg = user_cfg(
+        user_package,
+        tmp_path / "run",
+        "task=regression",
+        "logger=[csv]",
+        "+callbacks.ends._target_=sensorpkg.hooks.Ends",
+        f"+callbacks.ends.path='{out}'",
+    )
     saturate.train(cfg)
     assert json.loads(out.read_text()) == "completed"
     assert (tmp_path / "run" / "metrics.csv").is_file() and not (tmp_path / "run" / "tb").exists()
@@ -272,14 +320,29 @@ def test_loggers_and_callbacks_from_the_config(user_package, tmp_path):
 @pytest.mark.parametrize(
     ("override", "named"),
     [
-        ("augmentation=gpu", "augmentation.placement='gpu': expected none: augmentation works on image inputs (C, H, W)"),
+        (
+            "augmentation=gpu",
+            "augmentation.placement='gpu': expected none: augmentation works on image inputs (C, H, W)",
+        ),
         ("augmentation=cpu", "augmentation.placement='cpu': expected none"),
-        ("trainer.channels_last=true", "trainer.channels_last=True: expected false: channels_last is a layout of image inputs"),
+        (
+            "trainer.channels_last=true",
+            "trainer.channels_last=True: expected false: channels_last is a layout of image inputs",
+        ),
     ],
 )
 def test_image_only_options_on_sequences_are_a_clean_error(user_package, tmp_path, override, named):
-    result = run_cli(f"hydra.searchpath=[file://{user_package}/conf]", "data=sensors", "model=mlp", "task=regression", *TINY, override,
-                     f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env={"PYTHONPATH": str(user_package)})  # fmt: skip
+    result = run_cli(
+        f"hydra.searchpath=[file://{user_package}/conf]",
+        "data=sensors",
+        "model=mlp",
+        "task=regression",
+        *TINY,
+        override,
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(user_package)},
+    )
     assert result.returncode == 1
     assert named in result.stderr and "6x3 float64 inputs" in result.stderr
     assert "Traceback" not in result.stderr
@@ -288,14 +351,21 @@ def test_image_only_options_on_sequences_are_a_clean_error(user_package, tmp_pat
 def test_data_and_model_that_do_not_fit_are_clean_errors(user_package, tmp_path):
     with pytest.raises(DataError, match="task=classification: the targets are float32 of shape"):
         saturate.train(user_cfg(user_package, tmp_path / "a"))  # regression targets, classification task
-    with pytest.raises(UserError, match=r"returns outputs of shape \(2, 1\) for a batch of 2; task=classification with 2 classes"):
+    with pytest.raises(
+        UserError, match=r"returns outputs of shape \(2, 1\) for a batch of 2; task=classification with 2 classes"
+    ):
         saturate.train(user_cfg(user_package, tmp_path / "b", "data.kind=classification", "+model.num_outputs=1"))
-    shapes = r"\(6x3 float64 inputs, real targets of shape \(\)\) and task regression: RuntimeError: mat1 and mat2 shapes cannot"
+    shapes = (
+        r"\(6x3 float64 inputs, real targets of shape \(\)\) and task regression: RuntimeError: mat1 and mat2 "
+        r"shapes cannot"
+    )
     with pytest.raises(UserError, match=r"model: Linear does not fit the data " + shapes):
         from sensorpkg.data import windows
 
         saturate.fit(nn.Linear(5, 1), *windows("regression"), task="regression", overrides=TINY, run_dir=tmp_path / "c")
-    with pytest.raises(ConfigError, match="checkpoint.monitor='val/acc': expected auto or a metric the run logs: train/loss, val/loss"):
+    with pytest.raises(
+        ConfigError, match="checkpoint.monitor='val/acc': expected auto or a metric the run logs: train/loss, val/loss"
+    ):
         saturate.train(user_cfg(user_package, tmp_path / "d", "task=regression", "checkpoint.monitor=val/acc"))
 
 
@@ -319,13 +389,20 @@ def test_data_sources_that_break_the_contract_are_named(tmp_path):
         saturate.fit(nn.Linear(4, 1), Single(64), task="regression", overrides=TINY, run_dir=tmp_path / "a")
     with pytest.raises(DataError, match="the training set is empty"):
         saturate.fit(nn.Linear(4, 1), Pairs(0), task="regression", overrides=TINY, run_dir=tmp_path / "b")
-    metrics = saturate.fit(nn.Linear(4, 1), Pairs(96), Pairs(32), task="regression", overrides=TINY, run_dir=tmp_path / "c")
+    metrics = saturate.fit(
+        nn.Linear(4, 1), Pairs(96), Pairs(32), task="regression", overrides=TINY, run_dir=tmp_path / "c"
+    )
     assert np.isfinite(metrics["val/r2"])
 
 
 def test_resume_with_a_user_dataset_is_bit_exact(user_package, tmp_path):
-    exact = ["device=cpu", "task=regression", "trainer.deterministic=true", "trainer.limit_train_batches=-1",
-             "trainer.limit_val_batches=-1"]  # fmt: skip
+    exact = [
+        "device=cpu",
+        "task=regression",
+        "trainer.deterministic=true",
+        "trainer.limit_train_batches=-1",
+        "trainer.limit_val_batches=-1",
+    ]
     whole = user_cfg(user_package, tmp_path / "whole", *exact, "trainer.max_epochs=2")
     saturate.train(whole)
     first = user_cfg(user_package, tmp_path / "parts", *exact, "trainer.max_epochs=1")

@@ -51,13 +51,24 @@ IMAGES = ["data=image_folder", "data.image_size=16", "model.width=8"]
 
 
 # every pair but resident + cpu, which is rejected (test_resident_loader_rejects_per_sample_augmentation)
-PAIRS = [(loader, placement) for loader in LOADERS for placement in ("cpu", "gpu") if (loader, placement) != ("resident", "cpu")]
+PAIRS = [
+    (loader, placement)
+    for loader in LOADERS
+    for placement in ("cpu", "gpu")
+    if (loader, placement) != ("resident", "cpu")
+]
 
 
 @pytest.mark.parametrize(("loader", "placement"), PAIRS, ids=[f"{a}-{b}" for a, b in PAIRS])
 def test_image_folder_with_every_loader_and_placement(make_cfg, image_folder, loader, placement):
     workers = {"default": "auto", "fast": "2", "debug": "0", "resident": "0"}[loader]
-    cfg = make_cfg(*IMAGES, f"data.root={image_folder}", f"loader={loader}", f"loader.num_workers={workers}", f"augmentation={placement}")
+    cfg = make_cfg(
+        *IMAGES,
+        f"data.root={image_folder}",
+        f"loader={loader}",
+        f"loader.num_workers={workers}",
+        f"augmentation={placement}",
+    )
     metrics = saturate.train(cfg)
     assert metrics["progress/step"] == 3
     assert metrics["data/skipped_files"] == 4
@@ -66,7 +77,9 @@ def test_image_folder_with_every_loader_and_placement(make_cfg, image_folder, lo
 
 @pytest.mark.parametrize("loader", LOADERS)
 def test_cifar10_with_every_loader(make_cfg, cifar_root, loader):
-    cfg = make_cfg("data=cifar10", f"data.root={cifar_root}", f"loader={loader}", "loader.batch_size=16", "model.width=8")
+    cfg = make_cfg(
+        "data=cifar10", f"data.root={cifar_root}", f"loader={loader}", "loader.batch_size=16", "model.width=8"
+    )
     metrics = saturate.train(cfg)
     assert metrics["progress/step"] == 3  # 50 training images, batch 16, drop_last
 
@@ -75,8 +88,12 @@ def test_broken_files_are_skipped_and_each_is_named(make_cfg, image_folder, capl
     with caplog.at_level(logging.WARNING, logger="saturate"):
         saturate.train(make_cfg(*IMAGES, f"data.root={image_folder}"))
     named = {r.getMessage().split()[1].rstrip(":") for r in caplog.records if r.getMessage().startswith("skipping")}
-    assert named == {str(image_folder / "0/broken_0.png"), str(image_folder / "1/notes_1.png"),
-                     str(image_folder / "2/broken_2.png"), str(image_folder / "3/notes_3.png")}  # fmt: skip
+    assert named == {
+        str(image_folder / "0/broken_0.png"),
+        str(image_folder / "1/notes_1.png"),
+        str(image_folder / "2/broken_2.png"),
+        str(image_folder / "3/notes_3.png"),
+    }
 
 
 def test_strict_mode_names_the_first_broken_file(make_cfg, image_folder):
@@ -87,7 +104,9 @@ def test_strict_mode_names_the_first_broken_file(make_cfg, image_folder):
 def test_train_and_val_sub_folders_are_the_split(make_cfg, tmp_path):
     for part in ("train", "val"):
         write_digits(tmp_path / "split" / part, size=8)
-    metrics = saturate.train(make_cfg("data=image_folder", f"data.root={tmp_path / 'split'}", "data.image_size=8", "data.channels=1"))
+    metrics = saturate.train(
+        make_cfg("data=image_folder", f"data.root={tmp_path / 'split'}", "data.image_size=8", "data.channels=1")
+    )
     assert metrics["data/skipped_files"] == 0
 
 
@@ -101,7 +120,9 @@ def test_missing_data_root_is_a_clean_error(tmp_path, data):
 
 
 def test_resident_loader_rejects_per_sample_augmentation(make_cfg):
-    with pytest.raises(ConfigError, match="augmentation.placement='cpu': expected gpu or none with loader.resident=true"):
+    with pytest.raises(
+        ConfigError, match="augmentation.placement='cpu': expected gpu or none with loader.resident=true"
+    ):
         saturate.train(make_cfg("loader=resident", "augmentation=cpu"))
 
 
@@ -116,7 +137,9 @@ def test_resident_order_is_the_distributed_samplers(n, world):
         sampler = ResumableSampler(data, batch_size=2, shuffle=True, seed=5, rank=rank, world_size=world, keyed=False)
         sampler.set_epoch(3)
         assert loader.order(3).tolist() == list(sampler)
-        shards += ResidentLoader(data, cfg, pipeline, train=False, seed=5, rank=rank, world_size=world).order(0).tolist()
+        shards += (
+            ResidentLoader(data, cfg, pipeline, train=False, seed=5, rank=rank, world_size=world).order(0).tolist()
+        )
     assert sorted(shards) == list(range(n))  # evaluation: every sample once, no padding
 
 
@@ -138,15 +161,28 @@ def test_every_run_writes_a_report(make_cfg):
 
 def facts(**changes) -> RunFacts:
     base = dict(device="cuda", batch_size=128, num_workers=1, cpus=8, resident=False, in_memory=False, placement="cpu")
-    base.update(persistent_workers=False, pin_memory=False, precision="fp32", compile=False, channels_last=False, memory_headroom=True)
+    base.update(
+        persistent_workers=False,
+        pin_memory=False,
+        precision="fp32",
+        compile=False,
+        channels_last=False,
+        memory_headroom=True,
+    )
     base.update(emulated_precision=False)
     return RunFacts(**{**base, **changes})
 
 
 def perf(wait: float) -> dict[str, float]:
     step = 10.0
-    return {"perf/data_wait_frac": wait, "perf/step_ms": step, "perf/data_wait_ms": wait * step, "perf/copy_ms": 0.5,
-            "perf/compute_ms": step * (1 - wait) - 0.5, "perf/samples_per_s": 12800}  # fmt: skip
+    return {
+        "perf/data_wait_frac": wait,
+        "perf/step_ms": step,
+        "perf/data_wait_ms": wait * step,
+        "perf/copy_ms": 0.5,
+        "perf/compute_ms": step * (1 - wait) - 0.5,
+        "perf/samples_per_s": 12800,
+    }
 
 
 def test_verdict_input_bound_suggests_the_input_fixes():
@@ -154,7 +190,11 @@ def test_verdict_input_bound_suggests_the_input_fixes():
     assert verdict.kind == "input-bound" and "35.0%" in verdict.reason
     overrides = [o for o, _ in verdict.suggestions]
     assert overrides[0] == "augmentation=gpu"
-    assert "loader.num_workers=7" in overrides and "loader.persistent_workers=true" in overrides and "loader.pin_memory=true" in overrides
+    assert (
+        "loader.num_workers=7" in overrides
+        and "loader.persistent_workers=true" in overrides
+        and "loader.pin_memory=true" in overrides
+    )
     assert not any(o.startswith("precision") for o in overrides)
 
 
@@ -172,7 +212,9 @@ def test_verdict_compute_bound_suggests_the_compute_fixes():
         "trainer.channels_last=true",
         "loader.batch_size=256",
     ]
-    done = diagnose(perf(0.01), facts(placement="gpu", precision="bf16", compile=True, channels_last=True, memory_headroom=False))
+    done = diagnose(
+        perf(0.01), facts(placement="gpu", precision="bf16", compile=True, channels_last=True, memory_headroom=False)
+    )
     assert done.suggestions == []
 
 
@@ -211,7 +253,11 @@ def test_report_renders_the_split_and_gpu_figures():
 
 def test_no_verdict_from_a_handful_of_steps():
     verdict = diagnose(perf(0.35), facts(), steps=3)
-    assert verdict.kind == "not judged" and "3 steady-state steps are too few" in verdict.reason and verdict.suggestions == []
+    assert (
+        verdict.kind == "not judged"
+        and "3 steady-state steps are too few" in verdict.reason
+        and verdict.suggestions == []
+    )
     assert diagnose(perf(0.35), facts(), steps=40).kind == "input-bound"
 
 
@@ -224,8 +270,12 @@ def test_workers_that_saturate_the_cpu_are_the_verdict_not_compute():
     assert verdict.kind == "CPU-saturated"
     assert "this run's processes kept 97% of its 2 CPU(s) busy with 2 worker process(es)" in verdict.reason
     assert [o for o, _ in verdict.suggestions] == ["augmentation=gpu", "loader.num_workers=0"]
-    assert diagnose(perf(0.02), facts(device="cpu", cpus=2, num_workers=2, placement="cpu", cpu_util=60.0)).kind == "compute-bound"
-    assert diagnose(perf(0.02), facts(device="cuda", cpus=8, num_workers=7, cpu_util=97.0)).kind == "compute-bound"  # the GPU is busy
+    assert (
+        diagnose(perf(0.02), facts(device="cpu", cpus=2, num_workers=2, placement="cpu", cpu_util=60.0)).kind
+        == "compute-bound"
+    )
+    # the GPU is busy
+    assert diagnose(perf(0.02), facts(device="cuda", cpus=8, num_workers=7, cpu_util=97.0)).kind == "compute-bound"
     gpu_starved = diagnose(perf(0.40), facts(device="cuda", cpus=8, num_workers=7, placement="cpu", cpu_util=97.0))
     assert gpu_starved.kind == "CPU-saturated" and "loader.num_workers=6" in [o for o, _ in gpu_starved.suggestions]
     line = render(perf(0.02), verdict, steps=100, facts=busy)

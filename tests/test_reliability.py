@@ -51,7 +51,9 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_others_are_never_opened
     assert resumed["progress/step"] == 6 and not marker.exists()  # resumed from last.pt; dropped.pt never opened
 
     torch.save({"model": {}, "step": 99, "payload": Payload(marker)}, checkpoints / "last.pt")
-    with pytest.raises(CheckpointError, match="refusing .*last.pt: it holds objects that only arbitrary unpickling could load"):
+    with pytest.raises(
+        CheckpointError, match="refusing .*last.pt: it holds objects that only arbitrary unpickling could load"
+    ):
         saturate.train(make_cfg(f"run_dir={cfg.run_dir}", "trainer.resume=auto", "trainer.max_epochs=3"))
     with pytest.raises(CheckpointError, match="refusing"):
         saturate.train(make_cfg(f"trainer.resume={checkpoints / 'dropped.pt'}"))
@@ -103,7 +105,13 @@ def bn_model() -> nn.Module:
 
 
 def test_a_skipped_step_leaves_batchnorm_statistics_and_every_checkpoint_finite(tmp_path):
-    overrides = ["trainer.max_epochs=2", "trainer.log_interval=1", "trainer.progress=false", "loader.batch_size=16", "loader.num_workers=0"]
+    overrides = [
+        "trainer.max_epochs=2",
+        "trainer.log_interval=1",
+        "trainer.progress=false",
+        "loader.batch_size=16",
+        "loader.num_workers=0",
+    ]
     metrics = saturate.fit(bn_model(), Readings(), Clean(), task="regression", overrides=overrides, run_dir=tmp_path)
     assert metrics["train/nonfinite_steps"] == 2  # the inf sample's batch, once per epoch
     assert np.isfinite(metrics["val/loss"]) and read_metrics(tmp_path)["status"] == "completed"
@@ -112,8 +120,13 @@ def test_a_skipped_step_leaves_batchnorm_statistics_and_every_checkpoint_finite(
 
 
 def test_divergence_never_writes_non_finite_weights(make_cfg):
-    cfg = make_cfg("optim.optimizer.lr=1e10", "trainer.max_nonfinite_steps=3", "trainer.limit_train_batches=-1", "trainer.max_epochs=3",
-                   "checkpoint.every_n_steps=1")  # fmt: skip
+    cfg = make_cfg(
+        "optim.optimizer.lr=1e10",
+        "trainer.max_nonfinite_steps=3",
+        "trainer.limit_train_batches=-1",
+        "trainer.max_epochs=3",
+        "checkpoint.every_n_steps=1",
+    )
     with pytest.raises(TrainingDiverged) as err:
         saturate.train(cfg)
     saved = list((Path(cfg.run_dir) / "checkpoints").glob("*.pt"))
@@ -131,8 +144,15 @@ def test_a_model_holding_nan_is_never_saved(tmp_path, caplog):
     model = bn_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     parts = {"optimizer": optimizer, "scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)}
-    cp = Checkpointer(tmp_path, CheckpointConfig(monitor="val/loss", mode="min"), interval=1, model=model, parts=parts, config={},
-                      fingerprint={})  # fmt: skip
+    cp = Checkpointer(
+        tmp_path,
+        CheckpointConfig(monitor="val/loss", mode="min"),
+        interval=1,
+        model=model,
+        stateful=parts,
+        config={},
+        fingerprint={},
+    )
     cp.save(TrainState(epoch=1, step=10), {"val/loss": 0.5})
     model[1].running_var.fill_(float("nan"))
     with caplog.at_level(logging.ERROR, logger="saturate"):
@@ -154,8 +174,13 @@ def test_a_finished_run_resumed_trains_nothing(make_cfg, caplog):
     assert "nothing to train" in caplog.text
     assert max(e.step for e in events(first.run_dir).Scalars("train/loss")) == 44
     assert metrics["progress/step"] == 44
-    shorter = make_cfg(f"run_dir={first.run_dir}", "trainer.limit_train_batches=-1", "trainer.max_epochs=3", "trainer.max_steps=5",
-                       "trainer.resume=auto")  # fmt: skip
+    shorter = make_cfg(
+        f"run_dir={first.run_dir}",
+        "trainer.limit_train_batches=-1",
+        "trainer.max_epochs=3",
+        "trainer.max_steps=5",
+        "trainer.resume=auto",
+    )
     assert saturate.train(shorter)["progress/step"] == 44  # past max_steps already: no step more
 
 
@@ -163,7 +188,9 @@ def test_a_changed_learning_rate_on_resume_is_applied_and_said(make_cfg, caplog)
     common = ["optim.schedule=constant", "optim.warmup_epochs=0", "trainer.log_interval=1"]
     first = make_cfg(*common)
     saturate.train(first)
-    resumed = make_cfg(*common, f"run_dir={first.run_dir}", "trainer.max_epochs=2", "trainer.resume=auto", "optim.optimizer.lr=0.01")
+    resumed = make_cfg(
+        *common, f"run_dir={first.run_dir}", "trainer.max_epochs=2", "trainer.resume=auto", "optim.optimizer.lr=0.01"
+    )
     with caplog.at_level(logging.WARNING, logger="saturate"):
         saturate.train(resumed)
     lrs = {e.step: e.value for e in events(first.run_dir).Scalars("train/lr")}
@@ -175,14 +202,18 @@ def test_resuming_with_another_optimizer_is_a_clear_error(make_cfg):
     first = make_cfg()
     saturate.train(first)
     with pytest.raises(CheckpointError, match="was trained with SGD, this run's optimizer is AdamW"):
-        saturate.train(make_cfg(f"run_dir={first.run_dir}", "trainer.max_epochs=2", "trainer.resume=auto", "optim=adamw"))
+        saturate.train(
+            make_cfg(f"run_dir={first.run_dir}", "trainer.max_epochs=2", "trainer.resume=auto", "optim=adamw")
+        )
 
 
 def test_resuming_another_model_names_what_does_not_fit(make_cfg):
     first = make_cfg()
     saturate.train(first)
     with pytest.raises(CheckpointError) as err:
-        saturate.train(make_cfg(f"run_dir={first.run_dir}", "trainer.max_epochs=2", "trainer.resume=auto", "model.width=16"))
+        saturate.train(
+            make_cfg(f"run_dir={first.run_dir}", "trainer.max_epochs=2", "trainer.resume=auto", "model.width=16")
+        )
     assert "does not fit this run's model" in str(err.value) and "size mismatch for" in str(err.value)
 
 
@@ -250,13 +281,33 @@ def test_a_frozen_worker_fails_the_run_within_the_timeout_and_saves(tmp_path):
     (tmp_path / "freezes.py").write_text(FREEZES)
     (tmp_path / "conf" / "data").mkdir(parents=True)
     (tmp_path / "conf" / "data" / "freezes.yaml").write_text("_target_: freezes.load\n")
-    args = [sys.executable, str(ROOT / "train.py"), f"hydra.searchpath=[file://{tmp_path}/conf]", "data=freezes",
-            "model._target_=freezes.Slow", "~model.width", "~model.norm", "+model.in_features=4", "+model.out_features=2",
-            "loader.num_workers=2", "loader.timeout_s=5", "loader.batch_size=16", "trainer.max_epochs=2", "trainer.progress=false",
-            f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    args = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        f"hydra.searchpath=[file://{tmp_path}/conf]",
+        "data=freezes",
+        "model._target_=freezes.Slow",
+        "~model.width",
+        "~model.norm",
+        "+model.in_features=4",
+        "+model.out_features=2",
+        "loader.num_workers=2",
+        "loader.timeout_s=5",
+        "loader.batch_size=16",
+        "trainer.max_epochs=2",
+        "trainer.progress=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     start = time.monotonic()
-    proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _, err = proc.communicate(timeout=90)
     finally:

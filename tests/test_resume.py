@@ -14,14 +14,21 @@ import pytest
 import torch
 
 import saturate
-from saturate.parts import checkpoint
 from saturate.loop.faults import Preempted
+from saturate.parts import checkpoint
 from tests.conftest import ROOT, read_metrics, run_cli
 from tests.test_train import events
 
 # digits, 11 steps per epoch, every step's loss logged
-EXACT = ["device=cpu", "trainer.deterministic=true", "trainer.max_epochs=3", "trainer.log_interval=1", "trainer.limit_train_batches=-1",
-         "trainer.limit_val_batches=-1", "loader.batch_size=128"]  # fmt: skip
+EXACT = [
+    "device=cpu",
+    "trainer.deterministic=true",
+    "trainer.max_epochs=3",
+    "trainer.log_interval=1",
+    "trainer.limit_train_batches=-1",
+    "trainer.limit_val_batches=-1",
+    "loader.batch_size=128",
+]
 
 
 def step_losses(*run_dirs) -> list[float]:
@@ -50,8 +57,11 @@ class SignalAt:
 
 def signal_at(step: int, signum: int = signal.SIGUSR1) -> list[str]:
     """The overrides that add a SignalAt callback to a run."""
-    return ["+callbacks.signal._target_=tests.test_resume.SignalAt", f"+callbacks.signal.step={step}",
-            f"+callbacks.signal.signum={int(signum)}"]  # fmt: skip
+    return [
+        "+callbacks.signal._target_=tests.test_resume.SignalAt",
+        f"+callbacks.signal.step={step}",
+        f"+callbacks.signal.signum={int(signum)}",
+    ]
 
 
 def interrupted_then_resumed(make_cfg, monkeypatch, overrides, at_step):
@@ -113,8 +123,13 @@ def test_resume_auto_without_a_checkpoint_starts_fresh(make_cfg):
 def test_sigterm_saves_exits_143_and_the_resumed_run_equals_the_uninterrupted_one(tmp_path):
     args = [*EXACT, "trainer.max_epochs=4", "trainer.progress=false"]
     run_dir = tmp_path / "interrupted"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoints" / "last.pt").exists():  # the first epoch is done
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -129,7 +144,9 @@ def test_sigterm_saves_exits_143_and_the_resumed_run_equals_the_uninterrupted_on
     hint = out.split("resume with: ", 1)[1].splitlines()[0]  # the command the run printed, run as printed
     assert hint.startswith("python ") and hint.endswith("trainer.resume=auto")
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # "python" is this test's interpreter
-    resumed = subprocess.run(hint, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=240, env={**os.environ, "PATH": path})
+    resumed = subprocess.run(
+        hint, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=240, env={**os.environ, "PATH": path}
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {run_dir / 'checkpoints'}" in resumed.stdout
     full = run_cli(*args, f"hydra.run.dir={tmp_path / 'full'}", cwd=tmp_path)
@@ -182,7 +199,11 @@ def test_sigkill_during_a_save_never_leaves_a_partial_checkpoint(tmp_path):
 
 def test_top_k_and_step_checkpoints(make_cfg):
     cfg = make_cfg(
-        "trainer.max_epochs=4", "checkpoint.top_k=2", "checkpoint.every_n_steps=2", "checkpoint.monitor=val/loss", "checkpoint.mode=min"
+        "trainer.max_epochs=4",
+        "checkpoint.top_k=2",
+        "checkpoint.every_n_steps=2",
+        "checkpoint.monitor=val/loss",
+        "checkpoint.mode=min",
     )
     saturate.train(cfg)
     folder = Path(cfg.run_dir) / "checkpoints"
@@ -205,7 +226,8 @@ def test_checkpoints_carry_the_fingerprint_and_config(make_cfg):
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux")
 def test_sigint_once_stops_cleanly(make_cfg, monkeypatch):
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if this runs in the background
+    # as in a terminal, even if this runs in the background
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         cfg = make_cfg(*EXACT, *signal_at(5, signal.SIGINT))
         with pytest.raises(Preempted) as stopped:

@@ -47,7 +47,8 @@ def test_trainer_restart_starts_the_run_over(make_cfg):
     run_dir, _ = finished(make_cfg)
     (run_dir / "checkpoints" / "top-001-0000003.pt").write_bytes((run_dir / "checkpoints" / "last.pt").read_bytes())
     metrics = saturate.train(make_cfg(f"run_dir={run_dir}", "trainer.restart=true"))
-    assert metrics["progress/step"] == 3 and not (run_dir / "checkpoints" / "top-001-0000003.pt").exists()  # the earlier run's are gone
+    # the earlier run's are gone
+    assert metrics["progress/step"] == 3 and not (run_dir / "checkpoints" / "top-001-0000003.pt").exists()
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 3
     assert len(list((run_dir / "tb").glob("events.out.tfevents.*"))) == 1  # this run's events only
 
@@ -60,7 +61,9 @@ def test_resume_and_restart_together_are_a_config_error(make_cfg):
 def test_a_mistake_while_resuming_keeps_the_finished_runs_record(make_cfg):
     run_dir, saved = finished(make_cfg)
     with pytest.raises(CompactHydraException):
-        saturate.train(make_cfg(f"run_dir={run_dir}", "trainer.resume=auto", "trainer.max_epochs=4", "loader.num_workers=-1"))
+        saturate.train(
+            make_cfg(f"run_dir={run_dir}", "trainer.resume=auto", "trainer.max_epochs=4", "loader.num_workers=-1")
+        )
     assert unchanged(run_dir, saved) and read_metrics(run_dir)["status"] == "completed"
     with pytest.raises(CompactHydraException, match="does not fit this run's model"):  # a mistake found while loading
         saturate.train(make_cfg(f"run_dir={run_dir}", "trainer.resume=auto", "trainer.max_epochs=4", "model.width=8"))
@@ -78,8 +81,13 @@ def test_the_cli_refuses_in_one_line(tmp_path):
 def test_a_second_run_into_a_dir_in_use_is_refused(make_cfg, tmp_path):
     run_dir = tmp_path / "busy"
     args = [*TINY, "trainer.max_epochs=1000", "trainer.limit_train_batches=-1", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (run_dir / "checkpoints" / "last.pt").exists():  # training, lock held

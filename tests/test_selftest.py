@@ -37,34 +37,71 @@ def test_on_the_cpu_every_check_runs_or_is_skipped_with_its_reason(tmp_path):
         if check.kind == "measure":
             assert why  # measured on a GPU only
             assert skip_reason(check, Context("cpu", tmp_path, dry=True), None) == (check.needs_cuda or None)
-    assert {c.name for c in REGISTRY.values() if c.needs_cuda} == {"resident-host-staged", "out-of-memory", "nvml", "copy-bandwidth"}
+    assert {c.name for c in REGISTRY.values() if c.needs_cuda} == {
+        "resident-host-staged",
+        "out-of-memory",
+        "nvml",
+        "copy-bandwidth",
+    }
 
 
 def test_a_check_that_hangs_raises_or_dies_is_one_row_and_the_rest_still_run(tmp_path):
     out = tmp_path / "st"
-    done = selftest("--checks", "tests.selftest_checks", "--only", "user-hangs,user-raises,user-dies,user-skips,precision-fp32,user-passes",
-                    out=out, timeout=240)  # fmt: skip
+    done = selftest(
+        "--checks",
+        "tests.selftest_checks",
+        "--only",
+        "user-hangs,user-raises,user-dies,user-skips,precision-fp32,user-passes",
+        out=out,
+        timeout=240,
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     found = rows(out)
-    assert list(found) == ["user-hangs", "user-raises", "user-dies", "user-skips", "precision-fp32", "user-passes"]  # in the order asked
-    assert found["user-hangs"]["status"] == "FAIL" and found["user-hangs"]["detail"].startswith("no answer within 4 s (killed")
+    # in the order asked
+    assert list(found) == [
+        "user-hangs",
+        "user-raises",
+        "user-dies",
+        "user-skips",
+        "precision-fp32",
+        "user-passes",
+    ]
+    assert found["user-hangs"]["status"] == "FAIL" and found["user-hangs"]["detail"].startswith(
+        "no answer within 4 s (killed"
+    )
     hung = int((out / "work" / "hung-child.pid").read_text())
-    assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE  # its process group went with it
+    # its process group went with it
+    assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE
     assert found["user-raises"]["detail"] == "ValueError: the model's head has 7 outputs"
-    assert found["user-dies"]["status"] == "FAIL" and "exited 3 without an answer: about to die" in found["user-dies"]["detail"]
+    assert (
+        found["user-dies"]["status"] == "FAIL"
+        and "exited 3 without an answer: about to die" in found["user-dies"]["detail"]
+    )
     assert found["user-skips"] == {**found["user-skips"], "status": "SKIP", "detail": "needs a TPU"}
-    assert found["precision-fp32"]["status"] == "PASS" and found["precision-fp32"]["detail"].startswith("precision fp32")
+    assert found["precision-fp32"]["status"] == "PASS" and found["precision-fp32"]["detail"].startswith(
+        "precision fp32"
+    )
     assert found["user-passes"]["status"] == "PASS"
     table = (out / "selftest.md").read_text()
-    assert "**2 passed, 3 failed, 1 skipped.**" in table and "| user-raises | FAIL | ValueError: the model's head has 7 outputs |" in table
-    assert "Traceback" in (out / "work" / "logs" / "user-raises.log").read_text()  # the whole story is in the check's log
+    assert (
+        "**2 passed, 3 failed, 1 skipped.**" in table
+        and "| user-raises | FAIL | ValueError: the model's head has 7 outputs |" in table
+    )
+    # the whole story is in the check's log
+    assert "Traceback" in (out / "work" / "logs" / "user-raises.log").read_text()
     assert "3 failed: user-hangs, user-raises, user-dies" in done.stdout
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--device", "cuda"], "saturate selftest: --device cuda: no CUDA device is visible"),
-    (["--only", "precision-fp8"], "saturate selftest: --only precision-fp8: no such check; the checks are device, "),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--device", "cuda"], "saturate selftest: --device cuda: no CUDA device is visible"),
+        (
+            ["--only", "precision-fp8"],
+            "saturate selftest: --only precision-fp8: no such check; the checks are device, ",
+        ),
+    ],
+)
 def test_a_mistake_on_its_command_line_is_one_line(tmp_path, args, message):
     done = selftest(*args, out=tmp_path, timeout=60)
     assert done.returncode == 1 and done.stderr.startswith(message) and "Traceback" not in done.stderr
@@ -100,8 +137,13 @@ def test_the_measurements_dry_run_on_the_cpu_reads_every_figure(tmp_path):
     found = rows(out)
     assert found["copy-bandwidth"]["status"] == "SKIP"
     for name in set(measures) - {"copy-bandwidth"}:
-        assert found[name]["status"] == "PASS" and found[name]["detail"].startswith("dry (toy sizes"), (name, found[name]["detail"])
-    assert {"fp32", "amp", "gain"} <= set(found["amp-gain"]["figures"]) and found["amp-gain"]["figures"]["amp"]["samples_per_s"] > 0
+        assert found[name]["status"] == "PASS" and found[name]["detail"].startswith("dry (toy sizes"), (
+            name,
+            found[name]["detail"],
+        )
+    assert {"fp32", "amp", "gain"} <= set(found["amp-gain"]["figures"]) and found["amp-gain"]["figures"]["amp"][
+        "samples_per_s"
+    ] > 0
     assert found["compile-gain"]["figures"]["compiled"]["verdict"]
     assert found["engine-overhead"]["figures"]["default"]["saturate"]["paired"] > 0
     assert found["augmentation-224"]["figures"]["step"]["augmentation_share"] > 0
@@ -116,18 +158,37 @@ def test_the_bundle_installs_offline_on_a_python_with_only_torch_and_runs_the_se
 
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     bundle = tmp_path / "bundle"
-    made = subprocess.run([sys.executable, str(ROOT / "scripts" / "selftest_bundle.py"), str(bundle), "--python-version", version],
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    made = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "selftest_bundle.py"), str(bundle), "--python-version", version],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert made.returncode == 0, made.stderr[-3000:]
     assert "hydra-core==" in (bundle / "requirements.txt").read_text() and not list((bundle / "wheels").glob("torch-*"))
     fresh = tmp_path / "fresh"
-    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(fresh)], check=True, timeout=120)
-    subprocess.run([str(fresh / "bin" / "python"), "-m", "pip", "install", "--quiet", f"torch=={torch.__version__.split('+')[0]}"],
-                   check=True, timeout=900)  # fmt: skip
-    env = {**os.environ, "PYTHON": str(fresh / "bin" / "python"), "PIP_CONFIG_FILE": os.devnull, "OUT": str(tmp_path / "out")}
+    subprocess.run(
+        [getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(fresh)], check=True, timeout=120
+    )
+    subprocess.run(
+        [str(fresh / "bin" / "python"), "-m", "pip", "install", "--quiet", f"torch=={torch.__version__.split('+')[0]}"],
+        check=True,
+        timeout=900,
+    )
+    env = {
+        **os.environ,
+        "PYTHON": str(fresh / "bin" / "python"),
+        "PIP_CONFIG_FILE": os.devnull,
+        "OUT": str(tmp_path / "out"),
+    }
     env.pop("PYTHONPATH", None)
-    done = subprocess.run(["bash", str(bundle / "run-selftest.sh"), "--device", "cpu", "--only", "precision-fp32,augmentation-gpu"],
-                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(bundle / "run-selftest.sh"), "--device", "cpu", "--only", "precision-fp32,augmentation-gpu"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "run-selftest: installing hydra-core==" in done.stdout
     found = rows(tmp_path / "out")

@@ -31,8 +31,19 @@ def shards(tmp_path_factory) -> tuple[Path, Path]:
     """(folder, shards): the digits as JPEGs with 2 broken files, converted by the script."""
     root = tmp_path_factory.mktemp("shards")
     write_digits(root / "folder", size=16, fmt="jpg", corrupt=2)
-    done = subprocess.run([sys.executable, str(ROOT / "scripts/make_shards.py"), str(root / "folder"), str(root / "shards"),
-                           "--per-shard", "400"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts/make_shards.py"),
+            str(root / "folder"),
+            str(root / "shards"),
+            "--per-shard",
+            "400",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "2 broken files skipped" in done.stdout
     return root / "folder", root / "shards"
@@ -43,25 +54,43 @@ def contents(dataset) -> list[tuple[int, str]]:
     found = []
     for start in range(0, len(dataset), 256):
         x, y = dataset.__getitems__(list(range(start, min(start + 256, len(dataset)))))
-        found += [(int(label), hashlib.sha256(image.contiguous().numpy().tobytes()).hexdigest()) for image, label in zip(x, y, strict=True)]
+        found += [
+            (int(label), hashlib.sha256(image.contiguous().numpy().tobytes()).hexdigest())
+            for image, label in zip(x, y, strict=True)
+        ]
     return sorted(found)
 
 
 def test_shards_hold_the_folders_split_sample_for_sample(shards):
     folder, out = shards
     train, val = load_shards(train=str(out / "train.json"), val=str(out / "val.json"), image_size=16, channels=3)
-    f_train, f_val = load_image_folder(root=str(folder), image_size=16, channels=3, val_fraction=0.2, split_seed=0, strict=False,
-                                       check=True, index_cache="")  # fmt: skip
+    f_train, f_val = load_image_folder(
+        root=str(folder),
+        image_size=16,
+        channels=3,
+        val_fraction=0.2,
+        split_seed=0,
+        strict=False,
+        check=True,
+        index_cache="",
+    )
     assert len(list(out.glob("train-*.tar"))) == 4 and len(train) == len(f_train)
     assert len(train) + len(val) == 1797  # every digit, no broken file
     assert contents(train) == contents(f_train) and contents(val) == contents(f_val)
-    assert train.classes == f_train.classes and train.mean == pytest.approx(f_train.mean, abs=0.005)  # taken at 64 px, here at 16
+    # taken at 64 px, here at 16
+    assert train.classes == f_train.classes and train.mean == pytest.approx(f_train.mean, abs=0.005)
 
 
 def test_training_on_shards_with_workers(make_cfg, shards):
     _, out = shards
-    cfg = make_cfg("data=shards", f"data.train={out / 'train.json'}", f"data.val={out / 'val.json'}", "data.image_size=16",
-                   "loader.num_workers=2", "model.width=8")  # fmt: skip
+    cfg = make_cfg(
+        "data=shards",
+        f"data.train={out / 'train.json'}",
+        f"data.val={out / 'val.json'}",
+        "data.image_size=16",
+        "loader.num_workers=2",
+        "model.width=8",
+    )
     metrics = saturate.train(cfg)
     assert metrics["progress/step"] == 3 and read_metrics(cfg.run_dir)["data"] == "shards"
 
@@ -69,8 +98,14 @@ def test_training_on_shards_with_workers(make_cfg, shards):
 @pytest.mark.slow
 def test_a_run_on_shards_resumed_mid_epoch_equals_the_uninterrupted_one(make_cfg, monkeypatch, shards):
     _, out = shards
-    overrides = ["data=shards", f"data.train={out / 'train.json'}", f"data.val={out / 'val.json'}", "data.image_size=16",
-                 "loader.num_workers=2", "model.width=8"]  # fmt: skip
+    overrides = [
+        "data=shards",
+        f"data.train={out / 'train.json'}",
+        f"data.val={out / 'val.json'}",
+        "data.image_size=16",
+        "loader.num_workers=2",
+        "model.width=8",
+    ]
     full = make_cfg(*EXACT, *overrides)
     saturate.train(full)
     first, second = interrupted_then_resumed(make_cfg, monkeypatch, overrides, 16)
@@ -141,7 +176,9 @@ def test_a_shard_url_with_a_scheme_is_refused_and_nothing_runs(make_cfg, tmp_pat
     with pytest.raises(CompactHydraException) as e:
         saturate.train(make_cfg("data=shards", f"data.train={path}", "data.val=null", "data.image_size=8"))
     message = str(e.value)
-    assert message.startswith(f"data.train='{path}': shardlist[0].url=") and "saturate opens local files only" in message
+    assert (
+        message.startswith(f"data.train='{path}': shardlist[0].url=") and "saturate opens local files only" in message
+    )
     assert "\n" not in message and not marker.exists()
 
 
@@ -150,25 +187,57 @@ BAD_INDEXES = [
     ("{ not json", "not a readable shard index (JSONDecodeError"),
     ("[" * 100_000 + "]" * 100_000, "not a readable shard index (RecursionError"),
     ('{"shardlist": []}', "expected a JSON object whose 'shardlist' lists"),
-    ('{"shardlist": [{"url": "good-000000.tar"}], "classes": ["a", "b"]}', "shardlist[0].nsamples=None: expected an integer >= 1"),
-    ('{"shardlist": [{"url": "good-000000.tar", "nsamples": -4}], "classes": ["a", "b"]}', "shardlist[0].nsamples=-4: expected an integer"),
-    ('{"shardlist": [{"url": "good-000000.tar", "nsamples": "4"}], "classes": ["a", "b"]}', "shardlist[0].nsamples='4': expected"),
-    ('{"shardlist": [{"url": "good-000000.tar", "nsamples": true}], "classes": ["a", "b"]}', "shardlist[0].nsamples=True: expected"),
-    ('{"shardlist": [{"url": "missing.tar", "nsamples": 4}], "classes": ["a", "b"]}', "shardlist[0].url='missing.tar': expected an"),
-    ('{"shardlist": [{"url": 7, "nsamples": 4}], "classes": ["a", "b"]}', "shardlist[0].url=7: expected the path of a shard file"),
+    (
+        '{"shardlist": [{"url": "good-000000.tar"}], "classes": ["a", "b"]}',
+        "shardlist[0].nsamples=None: expected an integer >= 1",
+    ),
+    (
+        '{"shardlist": [{"url": "good-000000.tar", "nsamples": -4}], "classes": ["a", "b"]}',
+        "shardlist[0].nsamples=-4: expected an integer",
+    ),
+    (
+        '{"shardlist": [{"url": "good-000000.tar", "nsamples": "4"}], "classes": ["a", "b"]}',
+        "shardlist[0].nsamples='4': expected",
+    ),
+    (
+        '{"shardlist": [{"url": "good-000000.tar", "nsamples": true}], "classes": ["a", "b"]}',
+        "shardlist[0].nsamples=True: expected",
+    ),
+    (
+        '{"shardlist": [{"url": "missing.tar", "nsamples": 4}], "classes": ["a", "b"]}',
+        "shardlist[0].url='missing.tar': expected an",
+    ),
+    (
+        '{"shardlist": [{"url": 7, "nsamples": 4}], "classes": ["a", "b"]}',
+        "shardlist[0].url=7: expected the path of a shard file",
+    ),
     ('{"shardlist": ["good-000000.tar"], "classes": ["a", "b"]}', "shardlist[0]='good-000000.tar': expected {'url'"),
     ('{"shardlist": [{"url": "good-000000.tar", "nsamples": 4}]}', "classes=None: expected the list of class names"),
-    ('{"shardlist": [{"url": "good-000000.tar", "nsamples": 4}], "classes": ["a", "b"], "mean": "grey", "std": [0.2, 0.2, 0.2]}',
-     "mean='grey': expected a list of 3 finite numbers"),
-    ('{"shardlist": [{"url": "good-000000.tar", "nsamples": 4}], "classes": ["a", "b"], "mean": 0.5, "std": [0.2, 0.2, 0.2]}',
-     "mean=0.5: expected a list of 3 finite numbers"),
-    ('{"shardlist": [{"url": "good-000000.tar", "nsamples": 4}], "classes": ["a", "b"], "mean": [0.5, 0.5, 0.5], "std": [0, 0, 0]}',
-     "std=[0, 0, 0]: expected standard deviations > 0"),
-    ('{"shardlist": [{"url": "good-000000.tar", "nsamples": 4}], "classes": ["a", "b"], "mean": [0.5, 0.5], "std": [0.2, 0.2]}',
-     "mean=[0.5, 0.5]: expected a list of 3 finite numbers"),
-    ('{"shardlist": [{"url": "good-000000.tar", "nsamples": 4}], "classes": ["a", "b"], "mean": [0.5, 0.5, 0.5]}',
-     "std=None: expected both mean and std, or neither"),
-]  # fmt: skip
+    (
+        '{"shardlist": [{"url": "good-000000.tar", "nsamples": 4}], "classes": ["a", "b"], "mean": "grey", "std": '
+        "[0.2, 0.2, 0.2]}",
+        "mean='grey': expected a list of 3 finite numbers",
+    ),
+    (
+        '{"shardlist": [{"url": "good-000000.tar", "nsamples": 4}], "classes": ["a", "b"], "mean": 0.5, "std": '
+        "[0.2, 0.2, 0.2]}",
+        "mean=0.5: expected a list of 3 finite numbers",
+    ),
+    (
+        '{"shardlist": [{"url": "good-000000.tar", "nsamples": 4}], "classes": ["a", "b"], "mean": [0.5, 0.5, 0.5], '
+        '"std": [0, 0, 0]}',
+        "std=[0, 0, 0]: expected standard deviations > 0",
+    ),
+    (
+        '{"shardlist": [{"url": "good-000000.tar", "nsamples": 4}], "classes": ["a", "b"], "mean": [0.5, 0.5], '
+        '"std": [0.2, 0.2]}',
+        "mean=[0.5, 0.5]: expected a list of 3 finite numbers",
+    ),
+    (
+        '{"shardlist": [{"url": "good-000000.tar", "nsamples": 4}], "classes": ["a", "b"], "mean": [0.5, 0.5, 0.5]}',
+        "std=None: expected both mean and std, or neither",
+    ),
+]
 
 
 @pytest.mark.parametrize(("write", "says"), BAD_INDEXES, ids=[b[1][:40] for b in BAD_INDEXES])
@@ -195,7 +264,9 @@ def test_a_class_outside_the_index_is_one_message_naming_the_sample(tmp_path):
     from saturate.errors import DataError
 
     write_shard(tmp_path / "s-000000.tar", [(png(8, 8), b"0"), (png(8, 8), b"7")])
-    train, _ = load_shards(train=str(index(tmp_path, [{"url": "s-000000.tar", "nsamples": 2}])), val=None, image_size=8, channels=3)
+    train, _ = load_shards(
+        train=str(index(tmp_path, [{"url": "s-000000.tar", "nsamples": 2}])), val=None, image_size=8, channels=3
+    )
     with pytest.raises(DataError, match=r"sample s-000000.tar#1: class 7, outside the index's 2 classes"):
         train.__getitems__([0, 1])
 
@@ -211,12 +282,23 @@ def test_a_sample_that_does_not_decode_is_skipped_named_and_left_out_next_time(m
     write_shard(tmp_path / "v-000000.tar", [(png(8, 8), str(i % 2).encode()) for i in range(16)])
     path, val = index(tmp_path, [{"url": "t-000000.tar", "nsamples": 40}]), tmp_path / "val.json"
     val.write_text(json.dumps({"shardlist": [{"url": "v-000000.tar", "nsamples": 16}], "classes": ["a", "b"]}))
-    overrides = ["data=shards", f"data.train={path}", f"data.val={val}", "data.image_size=8", "model.width=8", "loader.batch_size=8",
-                 "trainer.limit_train_batches=-1", "trainer.limit_val_batches=-1"]  # fmt: skip
+    overrides = [
+        "data=shards",
+        f"data.train={path}",
+        f"data.val={val}",
+        "data.image_size=8",
+        "model.width=8",
+        "loader.batch_size=8",
+        "trainer.limit_train_batches=-1",
+        "trainer.limit_val_batches=-1",
+    ]
     cfg = make_cfg(*overrides, "loader.num_workers=2")
     metrics = saturate.train(cfg)
     assert metrics["data/skipped_files"] == 2 and (Path(cfg.run_dir) / "checkpoints" / "best.pt").is_file()
-    assert "t-000000.tar#5: not a readable image (DecompressionBombError" in caplog.text and "t-000000.tar#33" in caplog.text
+    assert (
+        "t-000000.tar#5: not a readable image (DecompressionBombError" in caplog.text
+        and "t-000000.tar#33" in caplog.text
+    )
     caplog.clear()
     again, _ = load_shards(train=str(path), val=None, image_size=8, channels=3)
     assert again.notes["data/skipped_files"] == 2 and again.skipped.files == {5, 33}  # from the start
@@ -229,10 +311,18 @@ def test_make_shards_refuses_what_the_reader_would(tmp_path):
     PNG's size too, so make_shards skips and names it rather than writing it into a shard."""
     write_digits(tmp_path / "folder", size=8, fmt="png")
     (tmp_path / "folder" / "3" / "bomb.png").write_bytes(png(20000, 20000))
-    done = subprocess.run([sys.executable, str(ROOT / "scripts/make_shards.py"), str(tmp_path / "folder"), str(tmp_path / "shards")],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/make_shards.py"), str(tmp_path / "folder"), str(tmp_path / "shards")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
-    assert "1 broken files skipped" in done.stdout and "bomb.png" in done.stderr and "DecompressionBombError" in done.stderr
+    assert (
+        "1 broken files skipped" in done.stdout
+        and "bomb.png" in done.stderr
+        and "DecompressionBombError" in done.stderr
+    )
 
 
 def test_nothing_in_a_shard_is_unpickled(tmp_path):
@@ -251,7 +341,9 @@ def test_nothing_in_a_shard_is_unpickled(tmp_path):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    (tmp_path / "evil.json").write_text(json.dumps({"shardlist": [{"url": "evil-000000.tar", "nsamples": 1}], "classes": ["a", "b"]}))
+    (tmp_path / "evil.json").write_text(
+        json.dumps({"shardlist": [{"url": "evil-000000.tar", "nsamples": 1}], "classes": ["a", "b"]})
+    )
     train, _ = load_shards(train=str(tmp_path / "evil.json"), val=None, image_size=8, channels=3)
     x, y = train.__getitems__([0])
     assert y.tolist() == [1] and int(x.max()) == 9 and not (tmp_path / "pwned").exists()
@@ -274,7 +366,9 @@ def test_shards_are_shuffled_a_few_at_a_time_the_same_way_on_every_rank():
         return list(sampler)
 
     first, second = share(0), share(1)
-    assert sorted(first + second) == sorted([*range(1237), first[0]])  # padded by one to equal shares, as DistributedSampler
+    # padded by one to equal shares, as DistributedSampler
+    assert sorted(first + second) == sorted([*range(1237), first[0]])
     assert share(0) == first and share(0, epoch=1) != first
-    together = [i for pair in zip(first, second, strict=True) for i in pair]  # the order before the ranks took their shares
+    # the order before the ranks took their shares
+    together = [i for pair in zip(first, second, strict=True) for i in pair]
     assert len({i // 100 for i in together[:400]}) <= 4

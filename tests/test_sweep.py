@@ -34,12 +34,30 @@ def tensorboard(logdir):
     with socket.socket() as free:
         free.bind(("localhost", 0))
         port = free.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--port", str(port), "--host",
-                               "localhost", "--reload_interval", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(logdir),
+            "--port",
+            str(port),
+            "--host",
+            "localhost",
+            "--reload_interval",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
     def post(route: str, body: dict):
-        request = urllib.request.Request(f"http://localhost:{port}/data/plugin/hparams/{route}", data=json.dumps(body).encode(),
-                                         headers={"X-XSRF-Protected": "1", "Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"http://localhost:{port}/data/plugin/hparams/{route}",
+            data=json.dumps(body).encode(),
+            headers={"X-XSRF-Protected": "1", "Content-Type": "application/json"},
+        )
         return json.loads(urllib.request.urlopen(request, timeout=30).read())
 
     post.url = f"http://localhost:{port}"
@@ -60,7 +78,10 @@ def tensorboard(logdir):
 
 def report(directory):
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts/sweep_report.py"), str(directory)], capture_output=True, text=True, timeout=120
+        [sys.executable, str(ROOT / "scripts/sweep_report.py"), str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -72,9 +93,11 @@ def test_a_sweep_of_four_jobs_leaves_four_runs_hparams_and_a_report(tmp_path):
     root = sweep_dir(tmp_path)
     jobs = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name)
     assert [p.name for p in jobs] == [  # each job named by its swept values: TensorBoard's run list shows them
-        "0_loader.batch_size-32+loader.num_workers-0", "1_loader.batch_size-32+loader.num_workers-2",
-        "2_loader.batch_size-64+loader.num_workers-0", "3_loader.batch_size-64+loader.num_workers-2",
-    ]  # fmt: skip
+        "0_loader.batch_size-32+loader.num_workers-0",
+        "1_loader.batch_size-32+loader.num_workers-2",
+        "2_loader.batch_size-64+loader.num_workers-0",
+        "3_loader.batch_size-64+loader.num_workers-2",
+    ]
     seen = set()
     for job in jobs:
         assert json.loads((job / "metrics.json").read_text())["status"] == "completed"
@@ -88,24 +111,46 @@ def test_a_sweep_of_four_jobs_leaves_four_runs_hparams_and_a_report(tmp_path):
     with tensorboard(tmp_path / "outputs") as post:
         experiment = post("experiment", {"experimentName": ""})
         statuses = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
-        groups = post("session_groups", {"experimentName": "", "allowedStatuses": statuses, "colParams": [], "startIndex": 0,
-                                         "sliceSize": 100})["sessionGroups"]  # fmt: skip
-    columns = {h["name"]: h for h in experiment["hparamInfos"]}  # TensorBoard lists differing columns first, and ticks them
-    assert {n for n, h in columns.items() if h.get("differs")} == {"loader.batch_size", "loader.num_workers", "overrides"}
+        groups = post(
+            "session_groups",
+            {"experimentName": "", "allowedStatuses": statuses, "colParams": [], "startIndex": 0, "sliceSize": 100},
+        )["sessionGroups"]
+    # TensorBoard lists differing columns first, and ticks them
+    columns = {h["name"]: h for h in experiment["hparamInfos"]}
+    assert {n for n, h in columns.items() if h.get("differs")} == {
+        "loader.batch_size",
+        "loader.num_workers",
+        "overrides",
+    }
     assert columns["loader.batch_size"]["type"] == "DATA_TYPE_FLOAT64"  # numeric axes: 64 after 32, a range filter
-    assert columns["loader.batch_size"]["domainInterval"] == {"minValue": 32.0, "maxValue": 128.0}  # the plain run's 128 too
+    # the plain run's 128 too
+    assert columns["loader.batch_size"]["domainInterval"] == {
+        "minValue": 32.0,
+        "maxValue": 128.0,
+    }
     assert columns["trainer.compile"]["domainDiscrete"] == ["false"]  # a boolean reads false, not 0.0000
     assert sorted(m["name"]["tag"] for m in experiment["metricInfos"]) == [
-        "memory/peak_mb", "perf/data_wait_frac", "perf/samples_per_s", "train/loss", "val/acc", "val/loss"]  # fmt: skip
+        "memory/peak_mb",
+        "perf/data_wait_frac",
+        "perf/samples_per_s",
+        "train/loss",
+        "val/acc",
+        "val/loss",
+    ]
     overrides = sorted(g["hparams"]["overrides"] for g in groups)
-    assert len(groups) == 5 and overrides[0].startswith("loader.batch_size=32 loader.num_workers=0 ")  # swept keys first
+    # swept keys first
+    assert len(groups) == 5 and overrides[0].startswith("loader.batch_size=32 loader.num_workers=0 ")
 
     done = report(root)
     assert done.returncode == 0, done.stderr
-    table = [line for line in (root / "sweep.md").read_text().splitlines() if line.startswith("| ") and line[2].isdigit()]
+    table = [
+        line for line in (root / "sweep.md").read_text().splitlines() if line.startswith("| ") and line[2].isdigit()
+    ]
     assert len(table) == 4 and "**best** completed" in table[0]
     header = (root / "sweep.md").read_text().split("| job |")[1].splitlines()[0]
-    assert "loader.batch_size | loader.num_workers | samples/s | data wait | peak MB | val/acc | wall s | status" in header
+    assert (
+        "loader.batch_size | loader.num_workers | samples/s | data wait | peak MB | val/acc | wall s | status" in header
+    )
     rates = [float(line.split("|")[4].replace(",", "")) for line in table]
     assert rates == sorted(rates, reverse=True)  # sorted by throughput
     rows = list(csv.DictReader((root / "sweep.csv").open()))
@@ -116,18 +161,26 @@ def test_a_sweep_of_four_jobs_leaves_four_runs_hparams_and_a_report(tmp_path):
 
 @pytest.mark.slow  # a second real multirun (11 s): the default run keeps the four-job sweep
 def test_a_failing_job_does_not_lose_the_others(tmp_path):
-    result = run_cli("-m", "loader.batch_size=auto,5000", "batch_search.steps=1", "batch_search.cache=", *QUICK, cwd=tmp_path)
+    result = run_cli(
+        "-m", "loader.batch_size=auto,5000", "batch_search.steps=1", "batch_search.cache=", *QUICK, cwd=tmp_path
+    )
     assert result.returncode == 1  # the sweep as a whole failed ...
     assert "loader.batch_size=5000: larger than the training set" in result.stderr and "Traceback" not in result.stderr
     root = sweep_dir(tmp_path)
     ok = json.loads((root / "0_loader.batch_size-auto" / "metrics.json").read_text())
     assert ok["status"] == "completed" and ok["batch_size"] >= 16  # ... but the auto-sized job ran
     failed = json.loads((root / "1_loader.batch_size-5000" / "metrics.json").read_text())
-    assert failed == {"status": "failed", "error": "UserError: loader.batch_size=5000: larger than the training set (1437 samples)"}
+    assert failed == {
+        "status": "failed",
+        "error": "UserError: loader.batch_size=5000: larger than the training set (1437 samples)",
+    }
 
     done = report(root)
     assert done.returncode == 0, done.stderr
-    assert "2 jobs, 1 completed" in done.stdout and "Failed: job 1 (failed: UserError: loader.batch_size=5000" in done.stdout
+    assert (
+        "2 jobs, 1 completed" in done.stdout
+        and "Failed: job 1 (failed: UserError: loader.batch_size=5000" in done.stdout
+    )
     assert "**best** completed" in done.stdout
 
 
@@ -157,10 +210,14 @@ def test_plot_lines_follow_the_keys_that_varied():
     from saturate.observe.sweep import Job, lines
 
     jobs = [
-        Job(n, Path(str(n)), {"augmentation": aug, "loader.batch_size": str(b)},
-            {"status": "completed", "batch_size": b, "num_workers": 2, "perf/samples_per_s": float(b)})
+        Job(
+            n,
+            Path(str(n)),
+            {"augmentation": aug, "loader.batch_size": str(b)},
+            {"status": "completed", "batch_size": b, "num_workers": 2, "perf/samples_per_s": float(b)},
+        )
         for n, (aug, b) in enumerate([("cpu", 64), ("cpu", 128), ("gpu", 64), ("gpu", 128)])
-    ]  # fmt: skip
+    ]
     assert lines(jobs, "perf/samples_per_s") == {
         "augmentation=cpu": [(64, 64.0), (128, 128.0)],
         "augmentation=gpu": [(64, 64.0), (128, 128.0)],
@@ -172,8 +229,15 @@ def test_the_report_shows_the_monitored_metric_and_the_test_split():
     task's metrics, then their test-set counterparts."""
     from saturate.observe.sweep import Job, figures
 
-    logged = {"status": "completed", "monitor": "val/ter", "val/ter": 0.1, "val/loss": 0.5, "test/ter": 0.2, "test/loss": 0.6,
-              "perf/samples_per_s": 10.0}  # fmt: skip
+    logged = {
+        "status": "completed",
+        "monitor": "val/ter",
+        "val/ter": 0.1,
+        "val/loss": 0.5,
+        "test/ter": 0.2,
+        "test/loss": 0.6,
+        "perf/samples_per_s": 10.0,
+    }
     names = [name for _, name, _ in figures([Job(0, Path("."), {}, logged)])]
     assert names.index("val/ter") < names.index("test/ter") < names.index("wall s") and "val/loss" not in names
     plain = [name for _, name, _ in figures([Job(0, Path("."), {}, {"val/acc": 0.9, "val/loss": 0.3})])]

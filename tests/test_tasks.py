@@ -43,8 +43,14 @@ def one_line(err) -> str:
 
 def test_the_test_split_is_evaluated_once_with_best_pt_and_reported_everywhere(tmp_path):
     overrides = [*TINY, "trainer.max_epochs=2", "trainer.predict=test"]
-    metrics = saturate.fit(classifier, digits_like(), digits_like(64, 1), test_data=digits_like(96, 2), run_dir=tmp_path,
-                           overrides=overrides)  # fmt: skip
+    metrics = saturate.fit(
+        classifier,
+        digits_like(),
+        digits_like(64, 1),
+        test_data=digits_like(96, 2),
+        run_dir=tmp_path,
+        overrides=overrides,
+    )
     saved = read_metrics(tmp_path)
     assert {"test/loss", "test/acc"} <= saved.keys() and saved["test/acc"] == metrics["test/acc"]
     assert "test/acc" in events(tmp_path).Tags()["scalars"]
@@ -69,10 +75,15 @@ def test_predictions_of_different_widths_are_padded():
 
 
 def test_user_metrics_are_logged_monitored_and_per_class(tmp_path):
-    overrides = [*TINY, "+task.metrics.f1._target_=torchmetrics.classification.MulticlassF1Score",
-                 "+task.metrics.f1.num_classes=${data_info:num_classes}", "+task.metrics.f1.average=null",
-                 "+task.metrics.macro._target_=torchmetrics.classification.MulticlassF1Score", "+task.metrics.macro.num_classes=3",
-                 "checkpoint.monitor=val/macro"]  # fmt: skip
+    overrides = [
+        *TINY,
+        "+task.metrics.f1._target_=torchmetrics.classification.MulticlassF1Score",
+        "+task.metrics.f1.num_classes=${data_info:num_classes}",
+        "+task.metrics.f1.average=null",
+        "+task.metrics.macro._target_=torchmetrics.classification.MulticlassF1Score",
+        "+task.metrics.macro.num_classes=3",
+        "checkpoint.monitor=val/macro",
+    ]
     train = digits_like()
     train.classes = ["cat", "dog", "owl"]
     metrics = saturate.fit(classifier, train, digits_like(64, 1), run_dir=tmp_path, overrides=overrides)
@@ -83,14 +94,23 @@ def test_user_metrics_are_logged_monitored_and_per_class(tmp_path):
 
 def test_top5_only_where_it_means_something(tmp_path):
     assert "val/top5" not in fit(classifier, digits_like(), digits_like(64, 1), run_dir=tmp_path / "a")
-    asked = fit(classifier, digits_like(), digits_like(64, 1), run_dir=tmp_path / "b", overrides=[*TINY, "task.top_k=2"])
+    asked = fit(
+        classifier, digits_like(), digits_like(64, 1), run_dir=tmp_path / "b", overrides=[*TINY, "task.top_k=2"]
+    )
     assert "val/top2" in asked
 
 
 def test_regression_metrics_in_the_targets_units(tmp_path):
     """target_inverse: y * 10 + 3 takes standardised targets back: every error scales by 10."""
-    metrics = fit(mlp, Samples(64, windows), Samples(32, windows), test_data=Samples(32, windows), task="regression",
-                  target_inverse=lambda y: y * 10 + 3, run_dir=tmp_path)  # fmt: skip
+    metrics = fit(
+        mlp,
+        Samples(64, windows),
+        Samples(32, windows),
+        test_data=Samples(32, windows),
+        task="regression",
+        target_inverse=lambda y: y * 10 + 3,
+        run_dir=tmp_path,
+    )
     for split in ("val", "test"):
         assert metrics[f"{split}/rmse_raw"] == pytest.approx(10 * metrics[f"{split}/rmse"], rel=1e-5)
         assert metrics[f"{split}/mae_raw"] == pytest.approx(10 * metrics[f"{split}/mae"], rel=1e-5)
@@ -114,11 +134,20 @@ class Named(torch.nn.Module):
 def test_data_info_fills_a_models_own_argument_names(make_cfg, tmp_path):
     (tmp_path / "conf" / "model").mkdir(parents=True)
     (tmp_path / "conf" / "model" / "named.yaml").write_text(
-        "_target_: tests.test_tasks.Named\nwindow_size: ${data_info:input_shape.1}\nnum_features: ${data_info:input_shape.2}\n"
-        "output_size: ${data_info:num_classes}\n"
+        "_target_: tests.test_tasks.Named\nwindow_size: ${data_info:input_shape.1}\nnum_features: "
+        "${data_info:input_shape.2}\noutput_size: ${data_info:num_classes}\n"
     )
-    cfg = make_cfg(f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "model=named", "data=synthetic", "data.channels=1",
-                   "data.height=5", "data.width=7", "data.num_train=64", "data.num_val=32", "data.num_classes=4")  # fmt: skip
+    cfg = make_cfg(
+        f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+        "model=named",
+        "data=synthetic",
+        "data.channels=1",
+        "data.height=5",
+        "data.width=7",
+        "data.num_train=64",
+        "data.num_val=32",
+        "data.num_classes=4",
+    )
     metrics = saturate.train(cfg)
     assert metrics["progress/step"] == 2
     model = torch.load(f"{cfg.run_dir}/checkpoints/last.pt", weights_only=False)["model"]
@@ -140,7 +169,13 @@ def test_fit_with_a_model_factory_is_reproducible(tmp_path):
 
 
 def test_num_workers_auto_is_0_for_data_in_memory_and_says_why(tmp_path):
-    fit(classifier, digits_like(), digits_like(64, 1), run_dir=tmp_path, overrides=[t for t in TINY if "num_workers" not in t])
+    fit(
+        classifier,
+        digits_like(),
+        digits_like(64, 1),
+        run_dir=tmp_path,
+        overrides=[t for t in TINY if "num_workers" not in t],
+    )
     saved = read_metrics(tmp_path)
     assert saved["num_workers"] == 0
     assert "num_workers=auto: a sample takes" in (tmp_path / "report.md").read_text()
@@ -191,8 +226,22 @@ class LengthAware(Task):
 
 
 def test_a_user_task_trains_dict_batches_of_variable_length(tmp_path):
-    overrides = [*TINY, "trainer.max_epochs=10", "trainer.limit_train_batches=-1", "optim=adamw", "optim.optimizer.lr=0.05"]
-    metrics = fit(MaskedMean, Pairs(128), Pairs(32, 1), task=LengthAware(), collate=pad_collate, run_dir=tmp_path, overrides=overrides)
+    overrides = [
+        *TINY,
+        "trainer.max_epochs=10",
+        "trainer.limit_train_batches=-1",
+        "optim=adamw",
+        "optim.optimizer.lr=0.05",
+    ]
+    metrics = fit(
+        MaskedMean,
+        Pairs(128),
+        Pairs(32, 1),
+        task=LengthAware(),
+        collate=pad_collate,
+        run_dir=tmp_path,
+        overrides=overrides,
+    )
     first = min(e.step for e in events(tmp_path).Scalars("val/mse"))
     assert metrics["val/mse"] < 0.1 * dict((e.step, e.value) for e in events(tmp_path).Scalars("val/mse"))[first]
     assert read_metrics(tmp_path)["task"] == "length_aware"
@@ -202,13 +251,23 @@ def test_samples_that_do_not_stack_name_the_field_and_the_fix(tmp_path):
     with pytest.raises(UserError) as err:
         fit(MaskedMean, Pairs(64), Pairs(16, 1), task=LengthAware(), run_dir=tmp_path)
     message = one_line(err)
-    assert "the input of sample 0 has shape (5, 4), of sample 1 (8, 4)" in message and "'collate': saturate.data.pad_collate" in message
+    assert (
+        "the input of sample 0 has shape (5, 4), of sample 1 (8, 4)" in message
+        and "'collate': saturate.data.pad_collate" in message
+    )
 
 
 def test_loader_resident_with_variable_length_samples_is_a_start_up_error(tmp_path):
     with pytest.raises(UserError) as err:
-        fit(MaskedMean, Pairs(64), Pairs(16, 1), task=LengthAware(), collate=pad_collate, run_dir=tmp_path,
-            overrides=[*TINY, "loader=resident"])  # fmt: skip
+        fit(
+            MaskedMean,
+            Pairs(64),
+            Pairs(16, 1),
+            task=LengthAware(),
+            collate=pad_collate,
+            run_dir=tmp_path,
+            overrides=[*TINY, "loader=resident"],
+        )
     assert "resident" in one_line(err) and "variable length" in one_line(err)
 
 
@@ -249,9 +308,15 @@ def test_a_task_whose_loss_is_not_one_finite_number_is_one_message(tmp_path, tas
     ("overrides", "said"),
     [
         (["+task.metrics.bad._target_=collections.OrderedDict"], "task.metrics.bad"),
-        (["augmentation=kornia", "augmentation.transforms=[{_target_: collections.OrderedDict}]"], "augmentation.transforms[0]"),
         (
-            ["augmentation=kornia", "augmentation.transforms=[{_target_: kornia.augmentation.RandomAffine, degrees: nope}]"],
+            ["augmentation=kornia", "augmentation.transforms=[{_target_: collections.OrderedDict}]"],
+            "augmentation.transforms[0]",
+        ),
+        (
+            [
+                "augmentation=kornia",
+                "augmentation.transforms=[{_target_: kornia.augmentation.RandomAffine, degrees: nope}]",
+            ],
             "augmentation.transforms[0]",
         ),
     ],
@@ -266,16 +331,32 @@ def test_a_bad_metric_or_augmentation_node_is_one_line(tmp_path, overrides, said
 
 def test_a_test_set_of_another_structure_is_one_message(tmp_path):
     with pytest.raises(UserError) as err:
-        fit(MaskedMean, Pairs(64), Pairs(16, 1), test_data=digits_like(16), task=LengthAware(), collate=pad_collate, run_dir=tmp_path)
+        fit(
+            MaskedMean,
+            Pairs(64),
+            Pairs(16, 1),
+            test_data=digits_like(16),
+            task=LengthAware(),
+            collate=pad_collate,
+            run_dir=tmp_path,
+        )
     assert "test samples are pairs, training samples dicts" in one_line(err)
 
 
 def test_a_data_callable_returning_unknown_keys_is_one_message(tmp_path):
     (tmp_path / "mine.py").write_text("def load(**kwargs):\n    return {'train': [], 'validation': []}\n")
-    result = run_cli(*TINY, "data._target_=mine.load", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
-                     env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    result = run_cli(
+        *TINY,
+        "data._target_=mine.load",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert "'validation'" in result.stderr and "expected 'train' and any of val, test, collate, target_inverse" in result.stderr
+    assert (
+        "'validation'" in result.stderr
+        and "expected 'train' and any of val, test, collate, target_inverse" in result.stderr
+    )
 
 
 def test_float_images_take_every_image_option(tmp_path):
@@ -285,8 +366,14 @@ def test_float_images_take_every_image_option(tmp_path):
     x, y = torch.rand(96, 1, 16, 16, generator=g), torch.randint(0, 2, (96,), generator=g)
     data = TensorDataset(x, y)
     for setting in (["augmentation=gpu"], ["augmentation=cpu"], ["trainer.channels_last=true", "loader=resident"]):
-        metrics = fit(lambda in_channels, num_classes: torch.nn.Sequential(torch.nn.Conv2d(in_channels, 4, 3), torch.nn.Flatten(),
-                                                                           torch.nn.Linear(4 * 14 * 14, num_classes)),
-                      data, data, run_dir=tmp_path / setting[0].replace("=", "-"), overrides=[*TINY, *setting])  # fmt: skip
+        metrics = fit(
+            lambda in_channels, num_classes: torch.nn.Sequential(
+                torch.nn.Conv2d(in_channels, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 14 * 14, num_classes)
+            ),
+            data,
+            data,
+            run_dir=tmp_path / setting[0].replace("=", "-"),
+            overrides=[*TINY, *setting],
+        )
         assert metrics["progress/step"] == 3
     assert json.loads((tmp_path / "augmentation-gpu" / "metrics.json").read_text())["status"] == "completed"

@@ -18,19 +18,26 @@ from tests.test_sweep import QUICK, tensorboard
 
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (apt-get install chromium; DEVELOPERS.md)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (apt-get install chromium; DEVELOPERS.md)"),
+]
 
 
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory):
     """outputs/ of a user who ran a plain run (read first), a 2x2 sweep and a width sweep."""
     cwd = tmp_path_factory.mktemp("user")
-    runs = [run_cli(*QUICK, "trainer.max_epochs=2", "hydra.run.dir=outputs/a_plain_run", cwd=cwd),
-            run_cli("-m", "loader.batch_size=32,64", "trainer.channels_last=true,false", *QUICK, cwd=cwd),
-            run_cli("-m", "model.width=8,16", *QUICK, cwd=cwd)]  # fmt: skip
+    runs = [
+        run_cli(*QUICK, "trainer.max_epochs=2", "hydra.run.dir=outputs/a_plain_run", cwd=cwd),
+        run_cli("-m", "loader.batch_size=32,64", "trainer.channels_last=true,false", *QUICK, cwd=cwd),
+        run_cli("-m", "model.width=8,16", *QUICK, cwd=cwd),
+    ]
     for done in runs:
         assert done.returncode == 0, done.stderr[-2000:]
-    hint = re.search(r"review: tensorboard --logdir (\S+), then (http://localhost:6006/\S+)", runs[0].stdout + runs[0].stderr)
+    hint = re.search(
+        r"review: tensorboard --logdir (\S+), then (http://localhost:6006/\S+)", runs[0].stdout + runs[0].stderr
+    )
     assert hint and hint[1] == "outputs", runs[0].stdout[-2000:]
     return cwd / "outputs", hint[2]
 
@@ -62,12 +69,19 @@ def test_hparams_shows_every_swept_key_whichever_run_is_read_first(logdir, brows
         header = cells[: cells.index("Trial ID") + 12]
         for key in ("loader.batch_size", "trainer.channels_last", "model.width", "overrides"):  # ticked: they differ
             assert key in header, header
-        assert "true" in cells and "false" in cells and not any(c == "0.0000" for c in cells)  # booleans read true/false
+        # booleans read true/false
+        assert "true" in cells and "false" in cells and not any(c == "0.0000" for c in cells)
         rows = [c for c in cells if c.startswith("loader.batch_size=")]  # the overrides column, swept values first
-        assert sorted(r.split(" trainer.max")[0].lower() for r in rows) == [  # (a job's overrides as Hydra writes them: False)
-            "loader.batch_size=32 trainer.channels_last=false", "loader.batch_size=32 trainer.channels_last=true",
-            "loader.batch_size=64 trainer.channels_last=false", "loader.batch_size=64 trainer.channels_last=true"]  # fmt: skip
-        assert any("0_loader.batch_size-32+trainer.channels_last-True" in c for c in cells)  # run names carry their overrides
+        assert sorted(
+            r.split(" trainer.max")[0].lower() for r in rows
+        ) == [  # (a job's overrides as Hydra writes them: False)
+            "loader.batch_size=32 trainer.channels_last=false",
+            "loader.batch_size=32 trainer.channels_last=true",
+            "loader.batch_size=64 trainer.channels_last=false",
+            "loader.batch_size=64 trainer.channels_last=true",
+        ]
+        # run names carry their overrides
+        assert any("0_loader.batch_size-32+trainer.channels_last-True" in c for c in cells)
         experiment = post("experiment", {"experimentName": ""})
         types = {h["name"]: h["type"] for h in experiment["hparamInfos"]}
         assert types["loader.batch_size"] == types["model.width"] == "DATA_TYPE_FLOAT64"  # numeric axes, range filters

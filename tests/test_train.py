@@ -17,9 +17,18 @@ import saturate
 from tests.conftest import read_metrics
 
 CONTRACT_METRICS = [
-    "train/loss", "train/lr", "val/loss", "val/acc", "perf/samples_per_s", "perf/data_wait_frac", "perf/step_ms",
-    "memory/peak_mb", "time/wall_s", "progress/epoch", "progress/step",
-]  # fmt: skip
+    "train/loss",
+    "train/lr",
+    "val/loss",
+    "val/acc",
+    "perf/samples_per_s",
+    "perf/data_wait_frac",
+    "perf/step_ms",
+    "memory/peak_mb",
+    "time/wall_s",
+    "progress/epoch",
+    "progress/step",
+]
 
 
 def events(run_dir) -> EventAccumulator:
@@ -56,7 +65,8 @@ def test_tiny_run_writes_the_contract_outputs(make_cfg):
 
     acc = events(run_dir)
     scalars = set(acc.Tags()["scalars"])
-    assert set(CONTRACT_METRICS) - {"progress/step", "time/wall_s"} <= scalars  # the x axes (step, relative time): not charts
+    # the x axes (step, relative time): not charts
+    assert set(CONTRACT_METRICS) - {"progress/step", "time/wall_s"} <= scalars
     assert not {"progress/step", "time/wall_s", "cpu/process_util"} & scalars
     assert [e.step for e in acc.Scalars("train/loss")][:3] == [1, 2, 3]  # logged every step (log_interval=1)
     assert acc.Scalars("val/acc")[-1].value == pytest.approx(metrics["val/acc"])
@@ -64,12 +74,18 @@ def test_tiny_run_writes_the_contract_outputs(make_cfg):
     assert hp["loader.batch_size"] == 32 and hp["model"] == "SmallCNN" and hp["precision"] == "fp32"
     assert "config" in "".join(acc.Tags()["tensors"])  # the resolved config as text
     (config,) = acc.Tensors("custom_scalars__config__")  # the Custom Scalars tab: loss, validation, speed, why
-    charts = {c.title: list(c.multiline.tag) for c in layout_pb2.Layout.FromString(config.tensor_proto.string_val[0]).category[0].chart}
-    assert charts["loss"] == ["^train/loss$", "^val/loss$"] and charts["validation"] == ["^val/acc$"]  # top-5 of 10 classes means nothing
+    charts = {
+        c.title: list(c.multiline.tag)
+        for c in layout_pb2.Layout.FromString(config.tensor_proto.string_val[0]).category[0].chart
+    }
+    # top-5 of 10 classes means nothing
+    assert charts["loss"] == ["^train/loss$", "^val/loss$"] and charts["validation"] == ["^val/acc$"]
     assert list(charts) == ["loss", "validation", "samples/s", "data wait (fraction of each step)", "utilisation %"]
 
 
-@pytest.mark.parametrize(("mode", "resolved"), [("auto", "fp32"), ("amp", "bf16"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")])
+@pytest.mark.parametrize(
+    ("mode", "resolved"), [("auto", "fp32"), ("amp", "bf16"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]
+)
 def test_each_precision_option_trains_on_cpu(make_cfg, mode, resolved):
     cfg = make_cfg(f"precision={mode}")
     metrics = saturate.train(cfg)
@@ -93,7 +109,9 @@ def test_max_steps_stops_mid_epoch_and_still_evaluates(make_cfg):
 
 
 def test_resnet18_on_synthetic_data_is_labelled_synthetic(make_cfg):
-    cfg = make_cfg("model=resnet18", "data=synthetic", "data.num_train=96", "data.num_val=32", "data.height=16", "data.width=16")
+    cfg = make_cfg(
+        "model=resnet18", "data=synthetic", "data.num_train=96", "data.num_val=32", "data.height=16", "data.width=16"
+    )
     metrics = saturate.train(cfg)
     assert math.isfinite(metrics["train/loss"])
     assert read_metrics(cfg.run_dir)["synthetic"] is True
@@ -207,18 +225,36 @@ def test_benchmark_scripts_run_and_print_their_tables(script):
     args = {
         "bench_engine.py": ["--steps", "5", "--warmup", "1", "--rounds", "1", "--samples", "512", "--batch", "32"],
         "bench_loader.py": ["--batches", "5", "--rounds", "1", "--samples", "1024"],
-        "bench_augment.py": ["--batches", "4", "--rounds", "1", "--workers", "0", "1", "--batch", "32", "--model", "small_cnn"],
+        "bench_augment.py": [
+            "--batches",
+            "4",
+            "--rounds",
+            "1",
+            "--workers",
+            "0",
+            "1",
+            "--batch",
+            "32",
+            "--model",
+            "small_cnn",
+        ],
     }[script]
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| loop |" in result.stdout or "| loader " in result.stdout or "| placement " in result.stdout
     if script == "bench_augment.py":  # the model step it is compared with, and how that step was set up
-        assert "small_cnn step at batch 32 (fp32, channels_last, eager)" in result.stdout and "% of the step" in result.stdout
+        assert (
+            "small_cnn step at batch 32 (fp32, channels_last, eager)" in result.stdout
+            and "% of the step" in result.stdout
+        )
 
 
 def test_progress_is_one_line_per_epoch_in_train_log_when_output_is_a_pipe(tmp_path):
     from tests.conftest import run_cli
 
+    # stdout and stderr are pipes
     result = run_cli(
         "trainer.max_epochs=3",
         "trainer.limit_train_batches=3",
@@ -226,28 +262,48 @@ def test_progress_is_one_line_per_epoch_in_train_log_when_output_is_a_pipe(tmp_p
         "loader.batch_size=32",
         f"hydra.run.dir={tmp_path / 'run'}",
         cwd=tmp_path,
-    )  # fmt: skip  (stdout and stderr are pipes)
+    )
     assert result.returncode == 0, result.stderr
     log = (tmp_path / "run" / "train.log").read_text()
     lines = [line for line in log.splitlines() if "] - epoch " in line]
     assert len(lines) == 3
     assert "epoch 2/3, step 6: train/loss" in lines[1] and "val/acc" in lines[1] and "samples/s" in lines[1]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["best"]["metric"] == "val/acc" and metrics["best"]["value"] == max(metrics["best"]["value"], metrics["val/acc"])
-    assert metrics["best"]["epoch"] in (1, 2, 3) and metrics["overrides"][0] == "trainer.max_epochs=3" and metrics["started_at"][:2] == "20"
+    assert metrics["best"]["metric"] == "val/acc" and metrics["best"]["value"] == max(
+        metrics["best"]["value"], metrics["val/acc"]
+    )
+    assert (
+        metrics["best"]["epoch"] in (1, 2, 3)
+        and metrics["overrides"][0] == "trainer.max_epochs=3"
+        and metrics["started_at"][:2] == "20"
+    )
 
 
 def test_hparams_hold_the_values_used_and_the_compared_metrics(make_cfg):
     cfg = make_cfg("loader.num_workers=auto", "trainer.channels_last=true")
     metrics = saturate.train(cfg)
     hp = session_hparams(cfg.run_dir)
-    assert hp["loader.num_workers"] == 0 and hp["augmentation.preset"] == "none"  # what ran, not "auto" and the unused preset
-    assert hp["trainer.channels_last"] == "true" and hp["trainer.compile"] == "false"  # booleans read true/false, not 0.0000
-    assert hp["overrides"] == "(none)"  # train(cfg) of a composed config is given none (train.py's: tests/test_sweep.py)
+    # what ran, not "auto" and the unused preset
+    assert hp["loader.num_workers"] == 0 and hp["augmentation.preset"] == "none"
+    # booleans read true/false, not 0.0000
+    assert hp["trainer.channels_last"] == "true" and hp["trainer.compile"] == "false"
+    # train(cfg) of a composed config is given none (train.py's: tests/test_sweep.py)
+    assert hp["overrides"] == "(none)"
     session = EventAccumulator(str(Path(cfg.run_dir) / "tb" / "hparams"))
     session.Reload()
-    compared = set(session.Tags()["scalars"])  # TensorBoard offers every scalar of the session's run as a metric: only these
-    assert compared == {"val/acc", "val/loss", "train/loss", "perf/samples_per_s", "perf/data_wait_frac", "memory/peak_mb"}
+    # TensorBoard offers every scalar of the session's run as a metric: only these
+    compared = set(session.Tags()["scalars"])
+    assert compared == {
+        "val/acc",
+        "val/loss",
+        "train/loss",
+        "perf/samples_per_s",
+        "perf/data_wait_frac",
+        "memory/peak_mb",
+    }
     assert session.Scalars("val/acc")[0].value == pytest.approx(metrics["val/acc"])
     shown = set(events(cfg.run_dir).Tags()["scalars"])
-    assert not {"cpu/util_mean", "time/loop_s", "cost/flops_per_step", "train/micro_batches", "train/nonfinite_steps"} & shown
+    assert (
+        not {"cpu/util_mean", "time/loop_s", "cost/flops_per_step", "train/micro_batches", "train/nonfinite_steps"}
+        & shown
+    )

@@ -22,9 +22,25 @@ from saturate.tune import COMPUTE, candidates, merged, preset_text, side_order
 from tests.conftest import CONF, ROOT, compose_config, run_cli
 
 # what the bottleneck report records of a run (saturate.observe.report.RunFacts), plus the loader's prefetch
-FACTS = {"device": "cpu", "batch_size": 128, "num_workers": 0, "cpus": 4, "resident": False, "in_memory": False, "placement": "none",
-         "persistent_workers": False, "pin_memory": False, "precision": "fp32", "compile": False, "channels_last": False,
-         "memory_headroom": True, "emulated_precision": False, "image": True, "cpu_util": 40.0, "prefetch_factor": 2}  # fmt: skip
+FACTS = {
+    "device": "cpu",
+    "batch_size": 128,
+    "num_workers": 0,
+    "cpus": 4,
+    "resident": False,
+    "in_memory": False,
+    "placement": "none",
+    "persistent_workers": False,
+    "pin_memory": False,
+    "precision": "fp32",
+    "compile": False,
+    "channels_last": False,
+    "memory_headroom": True,
+    "emulated_precision": False,
+    "image": True,
+    "cpu_util": 40.0,
+    "prefetch_factor": 2,
+}
 
 
 def tried(verdict: str, facts: dict, allow=(), cuda=False) -> list[list[str]]:
@@ -41,7 +57,11 @@ def test_a_compute_bound_run_is_not_tuned_on_loader_knobs():
     options = tried("compute-bound", facts, allow=["batch_size", "precision"], cuda=True)
     assert not any(k.startswith("loader.") and k != "loader.batch_size" for k in keys(options))
     assert set(side_order("compute-bound")) == set(COMPUTE)
-    assert ["trainer.channels_last=true"] in options and ["trainer.compile=true"] in options and ["precision.mode=amp"] in options
+    assert (
+        ["trainer.channels_last=true"] in options
+        and ["trainer.compile=true"] in options
+        and ["precision.mode=amp"] in options
+    )
 
 
 def test_an_input_bound_run_tries_the_input_side_first():
@@ -49,7 +69,13 @@ def test_an_input_bound_run_tries_the_input_side_first():
     options = tried("input-bound", facts)
     assert options[0] == ["augmentation.placement=gpu"]  # per-sample augmentation is the usual bottleneck
     workers = [o[0] for o in options if o[0].startswith("loader.num_workers=")]
-    assert workers == ["loader.num_workers=1", "loader.num_workers=2", "loader.num_workers=3", "loader.num_workers=4"]  # more, in order
+    # more, in order
+    assert workers == [
+        "loader.num_workers=1",
+        "loader.num_workers=2",
+        "loader.num_workers=3",
+        "loader.num_workers=4",
+    ]
     assert keys(options).index("loader.num_workers") < keys(options).index("trainer.channels_last")
     assert ["trainer.compile=true"] not in options  # tens of seconds to compile, no gain measured on a CPU
 
@@ -60,13 +86,19 @@ def test_in_memory_data_gets_the_resident_loader_and_workers_their_own_options()
     assert ["loader.persistent_workers=true"] in in_memory and ["loader.prefetch_factor=4"] in in_memory
     resident = tried("input-bound", {**FACTS, "in_memory": True, "resident": True})
     assert not any(k.startswith("loader.") for k in keys(resident))  # nothing left to tune in a resident loader
-    augmented = tried("input-bound", {**FACTS, "in_memory": True, "placement": "cpu"})  # a resident loader has no workers to augment in
+    # a resident loader has no workers to augment in
+    augmented = tried("input-bound", {**FACTS, "in_memory": True, "placement": "cpu"})
     assert not any("loader.resident=true" in option for option in augmented)
 
 
 def test_a_cpu_saturated_run_tries_fewer_workers():
     options = candidates("num_workers", {**FACTS, "num_workers": 4, "cpu_util": 97.0}, allow=[], cuda=False)
-    assert options == [["loader.num_workers=3"], ["loader.num_workers=2"], ["loader.num_workers=1"], ["loader.num_workers=0"]]
+    assert options == [
+        ["loader.num_workers=3"],
+        ["loader.num_workers=2"],
+        ["loader.num_workers=1"],
+        ["loader.num_workers=0"],
+    ]
 
 
 def test_settings_that_change_the_optimisation_only_when_allowed():
@@ -74,7 +106,9 @@ def test_settings_that_change_the_optimisation_only_when_allowed():
     assert not any(k in ("precision.mode", "loader.batch_size") for k in keys(tried("compute-bound", facts, cuda=True)))
     allowed = tried("compute-bound", facts, allow=["batch_size", "precision"], cuda=True)
     assert ["loader.batch_size=auto"] in allowed and ["precision.mode=amp"] in allowed
-    emulated = candidates("precision", {**facts, "precision": "bf16", "emulated_precision": True}, allow=["precision"], cuda=False)
+    emulated = candidates(
+        "precision", {**facts, "precision": "bf16", "emulated_precision": True}, allow=["precision"], cuda=False
+    )
     assert emulated == [["precision.mode=fp32"]]
 
 
@@ -89,7 +123,10 @@ def test_pinned_memory_and_cudnn_only_on_cuda():
 
 def test_merged_keeps_one_value_per_key_in_place():
     assert merged(["data=digits", "loader.num_workers=0"], ["loader.num_workers=2", "+x.y=1"]) == [
-        "data=digits", "loader.num_workers=2", "+x.y=1"]  # fmt: skip
+        "data=digits",
+        "loader.num_workers=2",
+        "+x.y=1",
+    ]
 
 
 def test_bad_tune_settings_are_named():
@@ -97,8 +134,12 @@ def test_bad_tune_settings_are_named():
     with pytest.raises(ConfigError) as e:
         validate(cfg, presets=tuple(PRESETS))
     text = str(e.value)
-    for expected in ("tune.budget_s=0.0: expected a number >= 1.0", "tune.allow[1]='lr': expected one of batch_size, precision",
-                     "tune.extra[0]='oops': expected overrides", "tune.trial_s=-1.0"):  # fmt: skip
+    for expected in (
+        "tune.budget_s=0.0: expected a number >= 1.0",
+        "tune.allow[1]='lr': expected one of batch_size, precision",
+        "tune.extra[0]='oops': expected overrides",
+        "tune.trial_s=-1.0",
+    ):
         assert expected in text
 
 
@@ -110,8 +151,15 @@ def _composed(overrides: list[str], searchpath: Path | None = None) -> dict:
 
 
 def test_the_preset_reproduces_the_winners_config_exactly(tmp_path):
-    start = ["experiment=debug", "data=synthetic", "data.num_train=256", "augmentation=cpu", "loader.num_workers=0",
-             "model.width=8", "trainer.max_epochs=3"]  # fmt: skip
+    start = [
+        "experiment=debug",
+        "data=synthetic",
+        "data.num_train=256",
+        "augmentation=cpu",
+        "loader.num_workers=0",
+        "model.width=8",
+        "trainer.max_epochs=3",
+    ]
     changes = ["augmentation.placement=gpu", "loader.num_workers=1", "loader.batch_size=48"]
     groups = {"data", "augmentation", "loader", "model", "precision", "device", "optim", "task", "experiment", "sweep"}
     (tmp_path / "experiment").mkdir()
@@ -132,8 +180,13 @@ def _has_hparams(tb: Path) -> bool:
 
 
 def _cfg_job(args: list[str], cwd: Path) -> str:
-    done = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "--cfg", "job"], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args, "--cfg", "job"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -146,8 +199,16 @@ def test_tune_keeps_the_resident_loader_for_in_memory_data_and_skips_failing_tri
     start = ["data=digits", "model.width=4", "loader.num_workers=1"]
     preset = tmp_path / "conf" / "experiment" / "tuned_digits.yaml"
     extra = 'tune.extra=["model.width=0","optim.optimizer.lr=1e30"]'
-    done = run_cli(*start, "tune=true", "tune.budget_s=60", "tune.trial_s=0.5", f"tune.preset={preset}", extra, "hydra.run.dir=tune",
-                   cwd=tmp_path)  # fmt: skip
+    done = run_cli(
+        *start,
+        "tune=true",
+        "tune.budget_s=60",
+        "tune.trial_s=0.5",
+        f"tune.preset={preset}",
+        extra,
+        "hydra.run.dir=tune",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "tune" / "tune.json").read_text())
     assert "loader.resident=true" in result["changes"] and result["speedup"] > 1.05
@@ -161,7 +222,8 @@ def test_tune_keeps_the_resident_loader_for_in_memory_data_and_skips_failing_tri
     text = _events(tmp_path / "tune" / "tb").Tensors("tune/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "loader.resident=true" in text
     trials = sorted((tmp_path / "tune" / "trials").iterdir())
-    assert len(trials) == len(result["results"]) and all(_has_hparams(f / "tb") for f in trials)  # one HParams row per trial
+    # one HParams row per trial
+    assert len(trials) == len(result["results"]) and all(_has_hparams(f / "tb") for f in trials)
     # the preset: `experiment=tuned_digits` is the start plus the winner's changes, exactly
     assert yaml.safe_load(preset.read_text())["loader"]["resident"] is True
     searchpath = f"hydra.searchpath=[file://{preset.parent.parent}]"
@@ -184,8 +246,15 @@ INPUT_BOUND = ["data=image_folder", "data.image_size=32", "model.width=8", "augm
 
 @pytest.mark.slow
 def test_tune_an_input_bound_image_folder_run_then_reuse_it(tmp_path, jpeg_folder):
-    args = [*INPUT_BOUND, f"data.root={jpeg_folder}", "tune=true", "tune.budget_s=90", "tune.trial_s=1.5",
-            f"tune.cache={tmp_path / 'cache.json'}", f"tune.preset={tmp_path / 'tuned.yaml'}"]  # fmt: skip
+    args = [
+        *INPUT_BOUND,
+        f"data.root={jpeg_folder}",
+        "tune=true",
+        "tune.budget_s=90",
+        "tune.trial_s=1.5",
+        f"tune.cache={tmp_path / 'cache.json'}",
+        f"tune.preset={tmp_path / 'tuned.yaml'}",
+    ]
     done = run_cli(*args, "hydra.run.dir=first", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "first" / "tune.json").read_text())
@@ -205,8 +274,16 @@ def test_tune_an_input_bound_image_folder_run_then_reuse_it(tmp_path, jpeg_folde
 
 @pytest.mark.slow
 def test_a_compute_bound_run_spends_no_trial_on_the_loader(tmp_path):
-    done = run_cli("data=digits", "tune=true", "tune.budget_s=40", "tune.trial_s=1", f"tune.preset={tmp_path / 't.yaml'}", "tune.cache=",
-                   "hydra.run.dir=t", cwd=tmp_path)  # fmt: skip
+    done = run_cli(
+        "data=digits",
+        "tune=true",
+        "tune.budget_s=40",
+        "tune.trial_s=1",
+        f"tune.preset={tmp_path / 't.yaml'}",
+        "tune.cache=",
+        "hydra.run.dir=t",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "t" / "tune.json").read_text())
     assert result["results"][0]["verdict"] == "compute-bound"
@@ -219,8 +296,17 @@ def test_an_interrupted_tune_keeps_the_best_so_far(tmp_path, jpeg_folder):
     import signal
     import time
 
-    cmd = [sys.executable, str(ROOT / "train.py"), *INPUT_BOUND, f"data.root={jpeg_folder}", "tune=true", "tune.trial_s=2", "tune.cache=",
-           f"tune.preset={tmp_path / 't.yaml'}", "hydra.run.dir=t"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *INPUT_BOUND,
+        f"data.root={jpeg_folder}",
+        "tune=true",
+        "tune.trial_s=2",
+        "tune.cache=",
+        f"tune.preset={tmp_path / 't.yaml'}",
+        "hydra.run.dir=t",
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     trials = tmp_path / "t" / "trials"
     deadline = time.monotonic() + 120
@@ -236,15 +322,19 @@ def test_an_interrupted_tune_keeps_the_best_so_far(tmp_path, jpeg_folder):
 
 
 def test_the_preset_goes_to_the_users_config_dir_else_saturates(tmp_path):
+    from saturate.config.invocation import Invocation, config_dirs
     from saturate.tune import preset_path
 
-    sources = [{"path": "hydra.conf", "schema": "pkg", "provider": "hydra"}, {"path": str(CONF), "schema": "file", "provider": "main"}]
+    sources = [
+        {"path": "hydra.conf", "schema": "pkg", "provider": "hydra"},
+        {"path": str(CONF), "schema": "file", "provider": "main"},
+    ]
     user = {"path": str(tmp_path / "conf"), "schema": "file", "provider": "hydra.searchpath in command-line"}
     choices = {"data": "image_folder", "model": "small_cnn", "hydra/launcher": "basic"}
     cfg = compose_config(["tune.enabled=true"])
-    hydra_cfg = OmegaConf.create({"runtime": {"config_sources": [*sources, user], "choices": choices}})
-    assert preset_path(cfg, hydra_cfg) == tmp_path / "conf" / "experiment" / "tuned_image_folder_small_cnn.yaml"
-    hydra_cfg = OmegaConf.create({"runtime": {"config_sources": sources, "choices": choices}})
+    invocation = Invocation(choices=choices, config_dirs=config_dirs([*sources, user]))
+    assert preset_path(cfg, invocation) == tmp_path / "conf" / "experiment" / "tuned_image_folder_small_cnn.yaml"
+    hydra_cfg = Invocation(choices=choices, config_dirs=config_dirs(sources))
     assert preset_path(cfg, hydra_cfg) == CONF / "experiment" / "tuned_image_folder_small_cnn.yaml"
     named = compose_config(["tune.enabled=true", "name=my run/v2"])
     assert preset_path(named, hydra_cfg).name == "tuned_my_run_v2.yaml"
@@ -254,14 +344,16 @@ def test_the_preset_goes_to_the_users_config_dir_else_saturates(tmp_path):
 
 def test_a_trial_stops_once_its_steady_state_is_measured(make_cfg):
     import saturate
-    from saturate.compose.build import Given
+    from saturate.compose.build import UserObjects
     from saturate.tune import Measured
     from tests.conftest import read_metrics
 
     cfg = make_cfg("trainer.max_epochs=1000", "trainer.log_interval=5")  # 3 steps per epoch: 3,000 steps unless stopped
-    saturate.train(cfg, Given(callbacks={"measured": Measured(seconds=0.3, steps=10)}))  # tune's stop rule: a callback
+    measured = Measured(seconds=0.3, steps=10)  # tune's stop rule: a callback
+    saturate.train(cfg, objects=UserObjects(callbacks={"measured": measured}))
     done = read_metrics(cfg.run_dir)
-    assert done["status"] == "completed" and 13 <= done["progress/step"] < 3000  # the first window (warm-up) + at least 10
+    # the first window (warm-up) + at least 10
+    assert done["status"] == "completed" and 13 <= done["progress/step"] < 3000
     assert done["stopped_early"] == "tune: the trial's steady state is measured"
     assert done["time/wall_s"] < 60
 
@@ -280,10 +372,12 @@ def test_the_printed_command_finds_the_preset(tmp_path):
     assert reproduce(CONF / "experiment" / "tuned_a.yaml", []) == "python train.py experiment=tuned_a"
     mine = tmp_path / "conf"
     assert reproduce(mine / "experiment" / "tuned_a.yaml", [f"hydra.searchpath=[file://{mine}]"]) == (
-        f"python train.py hydra.searchpath=[file://{mine}] experiment=tuned_a")  # fmt: skip
+        f"python train.py hydra.searchpath=[file://{mine}] experiment=tuned_a"
+    )
     elsewhere = tmp_path / "other" / "experiment" / "tuned_a.yaml"  # tune.preset outside the config dirs
     assert reproduce(elsewhere, [f"hydra.searchpath=[file://{mine}]"]) == (
-        f"python train.py hydra.searchpath=[file://{mine},file://{tmp_path / 'other'}] experiment=tuned_a")  # fmt: skip
+        f"python train.py hydra.searchpath=[file://{mine},file://{tmp_path / 'other'}] experiment=tuned_a"
+    )
     assert reproduce(tmp_path / "t.yaml", []).startswith("copy it to <a config dir>/experiment/")
 
 
@@ -295,10 +389,18 @@ def good_entry() -> dict:
 
     start = {**Result(0, [], samples_per_s=100.0, outcome="start").__dict__}
     kept = {**Result(1, ["loader.resident=true", "loader.num_workers=0"], samples_per_s=300.0, outcome="kept").__dict__}
-    again = [{**Result(2, [], samples_per_s=110.0, outcome="again").__dict__},
-             {**Result(3, ["loader.resident=true", "loader.num_workers=0"], samples_per_s=290.0, outcome="again").__dict__}]  # fmt: skip
-    return {"results": [start, kept, *again], "changes": ["loader.resident=true", "loader.num_workers=0"], "best": 1, "rate": 290.0,
-            "speedup": 2.7, "confirmed": True}  # fmt: skip
+    again = [
+        {**Result(2, [], samples_per_s=110.0, outcome="again").__dict__},
+        {**Result(3, ["loader.resident=true", "loader.num_workers=0"], samples_per_s=290.0, outcome="again").__dict__},
+    ]
+    return {
+        "results": [start, kept, *again],
+        "changes": ["loader.resident=true", "loader.num_workers=0"],
+        "best": 1,
+        "rate": 290.0,
+        "speedup": 2.7,
+        "confirmed": True,
+    }
 
 
 TAMPERED = {
@@ -319,14 +421,17 @@ def test_a_tune_cache_entry_is_checked_before_it_is_used():
     from saturate.tune import valid_entry
 
     assert valid_entry(good_entry(), extra=[])
-    assert valid_entry({**good_entry(), "changes": ["model.width=64"]}, extra=["model.width=64"])  # the user's own tune.extra
+    # the user's own tune.extra
+    assert valid_entry({**good_entry(), "changes": ["model.width=64"]}, extra=["model.width=64"])
     for name, tamper in TAMPERED.items():
         entry = good_entry()
         tamper(entry)
         assert not valid_entry(entry, extra=[]), name
 
 
-@pytest.mark.parametrize("content", ["[]", '"a string"', "7", '{"k": 5}', '{"k": []}', "[" * 50_000 + "]" * 50_000, "{ not json"])
+@pytest.mark.parametrize(
+    "content", ["[]", '"a string"', "7", '{"k": 5}', '{"k": []}', "[" * 50_000 + "]" * 50_000, "{ not json"]
+)
 def test_a_cache_file_of_any_shape_is_measured_again_with_a_warning(tmp_path, caplog, content):
     from saturate.parts.batch_size import Cache, valid_choice
 
@@ -346,12 +451,16 @@ def test_a_preset_never_overwrites_a_file_tune_did_not_write(tmp_path):
 
     ours(tmp_path / "new.yaml")  # new: fine
     earlier = tmp_path / "tuned_a.yaml"
-    earlier.write_text(preset_text(["model.width=8"], [], {"model"}, "# Written by saturate's tune on 2026-11-26: ...\n"))
+    earlier.write_text(
+        preset_text(["model.width=8"], [], {"model"}, "# Written by saturate's tune on 2026-11-26: ...\n")
+    )
     ours(earlier)  # an earlier tune's preset: replaced
     for victim in (CONF / "config.yaml", tmp_path / "notes.yaml", tmp_path):
         if victim.suffix:
             victim.exists() or victim.write_text("mine: 1\n")
-        with pytest.raises(UserError, match="exists and is not a preset saturate's tune wrote; it is never overwritten"):
+        with pytest.raises(
+            UserError, match="exists and is not a preset saturate's tune wrote; it is never overwritten"
+        ):
             ours(victim)
 
 
@@ -360,7 +469,9 @@ def test_tune_refuses_a_preset_path_that_is_not_its_own_before_any_trial(tmp_pat
     done = run_cli("tune=true", f"tune.preset={tmp_path / 'config'}", "hydra.run.dir=t", cwd=tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"error: tune.preset: {tmp_path / 'config.yaml'} exists and is not a preset" in done.stderr
-    assert (tmp_path / "config.yaml").read_text() == "defaults: [base_config]\n" and not (tmp_path / "t" / "trials").exists()
+    assert (tmp_path / "config.yaml").read_text() == "defaults: [base_config]\n" and not (
+        tmp_path / "t" / "trials"
+    ).exists()
 
 
 @pytest.mark.slow
@@ -371,8 +482,19 @@ def test_an_interrupt_during_the_confirmation_stops_at_once_and_claims_nothing(t
     import signal
     import time
 
-    cmd = [sys.executable, str(ROOT / "train.py"), "data=digits", "model.width=4", "loader.num_workers=1", "tune=true", "tune.budget_s=60",
-           "tune.trial_s=0.5", "tune.cache=", f"tune.preset={tmp_path / 't.yaml'}", "hydra.run.dir=t"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "data=digits",
+        "model.width=4",
+        "loader.num_workers=1",
+        "tune=true",
+        "tune.budget_s=60",
+        "tune.trial_s=0.5",
+        "tune.cache=",
+        f"tune.preset={tmp_path / 't.yaml'}",
+        "hydra.run.dir=t",
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     trials = tmp_path / "t" / "trials"
     deadline, again = time.monotonic() + 150, []

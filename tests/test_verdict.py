@@ -26,23 +26,29 @@ def test_load_from_other_processes_is_named_and_never_turned_into_worker_advice(
     """The issue's case: a compute-bound run on a host another job keeps busy. The host is 97%
     busy, the run's own processes 45% of its CPUs: compute-bound, and the report says whose
     load it is."""
-    shared = facts(device="cpu", cpus=2, cores=2, num_workers=1, placement="none", cpu_util=45.0, host_cpu=97.0, other_cpu=52.0)
+    shared = facts(
+        device="cpu", cpus=2, cores=2, num_workers=1, placement="none", cpu_util=45.0, host_cpu=97.0, other_cpu=52.0
+    )
     verdict = diagnose(perf(0.001), shared, steps=100)
     assert verdict.kind == "compute-bound" and not any("num_workers" in o for o, _ in verdict.suggestions)
     text = render(perf(0.001), verdict, steps=100, facts=shared)
     assert "this run 45% of its 2 CPU(s)" in text and "the host 97% of its 2 cores" in text
     assert "busy with other processes: 1.0 of 2 cores" in text
-    own = facts(device="cpu", cpus=2, cores=2, num_workers=2, placement="cpu", cpu_util=97.0, host_cpu=98.0, other_cpu=1.0)
+    own = facts(
+        device="cpu", cpus=2, cores=2, num_workers=2, placement="cpu", cpu_util=97.0, host_cpu=98.0, other_cpu=1.0
+    )
     assert diagnose(perf(0.02), own, steps=100).kind == "CPU-saturated"  # the run's own workers: the advice applies
 
 
 @pytest.mark.parametrize(
     ("shares", "kind", "first"),
-    [({"evaluation": 0.45, "checkpoint": 0.05}, "evaluation-heavy", "trainer.eval_interval=5"),
-     ({"evaluation": 0.1, "checkpoint": 0.35}, "checkpoint-heavy", "trainer.checkpoint_interval=5"),
-     ({"logging": 0.25}, "logging-heavy", "trainer.log_interval=50"),
-     ({"evaluation": 0.2, "checkpoint": 0.1, "logging": 0.1}, "input-bound", "augmentation=gpu")],
-)  # fmt: skip
+    [
+        ({"evaluation": 0.45, "checkpoint": 0.05}, "evaluation-heavy", "trainer.eval_interval=5"),
+        ({"evaluation": 0.1, "checkpoint": 0.35}, "checkpoint-heavy", "trainer.checkpoint_interval=5"),
+        ({"logging": 0.25}, "logging-heavy", "trainer.log_interval=50"),
+        ({"evaluation": 0.2, "checkpoint": 0.1, "logging": 0.1}, "input-bound", "augmentation=gpu"),
+    ],
+)
 def test_a_loop_that_spends_its_time_outside_the_steps_says_where(shares, kind, first):
     verdict = diagnose(perf(0.35), facts(loop_shares=shares), steps=100)
     assert verdict.kind == kind and verdict.suggestions[0][0] == first
@@ -53,16 +59,30 @@ def test_launch_and_copy_bound_verdicts():
     assert cuda.kind == "launch-bound" and "waited on kernel launches in 80% of the steps" in cuda.reason
     assert [o for o, _ in cuda.suggestions] == ["trainer.compile=true", "loader.batch_size=256", "loader=resident"]
     cpu = diagnose(perf(0.01), facts(device="cpu", placement="none", launch_frac=0.6, launches=300, cpus=2), steps=100)
-    assert cpu.kind == "launch-bound" and "60% of the step's compute does not grow with the batch (300 operator launches)" in cpu.reason
+    assert (
+        cpu.kind == "launch-bound"
+        and "60% of the step's compute does not grow with the batch (300 operator launches)" in cpu.reason
+    )
     # beside other processes' load the step's timings stretch and the start-up's do not (a compute-bound
     # CNN measured 51% "fixed" beside two CPU burners): not judged, and the report says why
-    busy = facts(device="cpu", placement="none", launch_frac=0.6, launches=300, cpus=2, cores=2, cpu_util=49.0, other_cpu=51.0)
+    busy = facts(
+        device="cpu", placement="none", launch_frac=0.6, launches=300, cpus=2, cores=2, cpu_util=49.0, other_cpu=51.0
+    )
     assert diagnose(perf(0.01), busy, steps=100).kind == "compute-bound"
-    costs = {**perf(0.01), "cost/flops_per_step": 1e9, "cost/launches_per_step": 300.0, "cost/fixed_frac": 0.6, "cost/per_sample_ms": 0.1}
-    assert "(not judged: other processes' load stretched" in render(costs, diagnose(perf(0.01), busy, steps=100), steps=100, facts=busy)
+    costs = {
+        **perf(0.01),
+        "cost/flops_per_step": 1e9,
+        "cost/launches_per_step": 300.0,
+        "cost/fixed_frac": 0.6,
+        "cost/per_sample_ms": 0.1,
+    }
+    assert "(not judged: other processes' load stretched" in render(
+        costs, diagnose(perf(0.01), busy, steps=100), steps=100, facts=busy
+    )
     copy = {**perf(0.01), "perf/copy_ms": 3.0}
     assert diagnose(copy, facts(placement="gpu", in_memory=True), steps=100).kind == "copy-bound"
-    assert diagnose(copy, facts(device="cpu", placement="none", cpus=2), steps=100).kind == "compute-bound"  # no copy on a CPU
+    # no copy on a CPU
+    assert diagnose(copy, facts(device="cpu", placement="none", cpus=2), steps=100).kind == "compute-bound"
 
 
 def test_mfu_against_the_detected_gpus_peak_never_borrowed_never_over_100_percent():
@@ -172,7 +192,8 @@ def test_the_run_cpu_share_counts_its_workers_and_not_other_processes():
     # the stranger is not among the run's processes (which may hold other tests' leftovers in this worker)
     assert child.pid in children and len(strangers) == 1 and not children & set(strangers)
     cores = psutil.cpu_count()
-    assert sample["cpu/workers_util"] >= 30  # the worker's core (shared with the stranger and the other tests), % of one core
+    # the worker's core (shared with the stranger and the other tests), % of one core
+    assert sample["cpu/workers_util"] >= 30
     assert sample["cpu/run_util"] == pytest.approx(min(100.0, sample["cpu/process_util"] / cores))
     assert sample["cpu/other_util"] >= 10  # the stranger: another process's load, not the run's
 
@@ -224,9 +245,23 @@ def test_every_constructed_cpu_case_gets_its_verdict(tmp_path):
     from tests.conftest import ROOT
 
     out = tmp_path / "verdicts.json"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_verdict.py"), "--rounds", "1", "--no-traceml", "--json", str(out)],
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_verdict.py"),
+            "--rounds",
+            "1",
+            "--no-traceml",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     results = json.loads(out.read_text())
-    assert {name: r["given"] for name, r in results.items()} == {name: [r["expected"]] for name, r in results.items()}, done.stdout
+    assert {name: r["given"] for name, r in results.items()} == {
+        name: [r["expected"]] for name, r in results.items()
+    }, done.stdout
     assert done.returncode == 0 and len(results) == 9
     assert not any("num_workers" in o for o in results["cpu-contention"]["suggestions"])

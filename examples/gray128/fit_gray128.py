@@ -14,7 +14,17 @@ import saturate
 if __name__ == "__main__":
     train, val = load_gray()
     conf = Path(__file__).resolve().parent / "conf"
-    metrics = saturate.fit(GrayNet, train, val,
-                           overrides=[f"hydra.searchpath=[file://{conf}]", "augmentation=gray_gpu", "optim=adamw", "loader.batch_size=64",
-                                      "trainer.max_epochs=12", *sys.argv[1:]])  # fmt: skip
+    metrics = saturate.fit(
+        GrayNet,
+        train,
+        val,
+        overrides=[
+            f"hydra.searchpath=[file://{conf}]",
+            "augmentation=gray_gpu",
+            "optim=adamw",
+            "loader.batch_size=64",
+            "trainer.max_epochs=12",
+            *sys.argv[1:],
+        ],
+    )
     print(f"val/acc {metrics['val/acc']:.4f}")

@@ -30,10 +30,12 @@ def draw(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     for i, k in enumerate(labels):
         cy, cx, r = rng.uniform(35, 93), rng.uniform(35, 93), rng.uniform(12, 28)
         dy, dx = yy - cy, xx - cx
-        mask = {0: dy**2 + dx**2 < r**2,
-                1: (abs(dy) < r * 0.8) & (abs(dx) < r * 0.8),
-                2: (dy < r * 0.7) & (dy > -r) & (abs(dx) < (dy + r) * 0.6),
-                3: ((abs(dy) < r) & (abs(dx) < r * 0.3)) | ((abs(dx) < r) & (abs(dy) < r * 0.3))}[int(k)]  # fmt: skip
+        mask = {
+            0: dy**2 + dx**2 < r**2,
+            1: (abs(dy) < r * 0.8) & (abs(dx) < r * 0.8),
+            2: (dy < r * 0.7) & (dy > -r) & (abs(dx) < (dy + r) * 0.6),
+            3: ((abs(dy) < r) & (abs(dx) < r * 0.3)) | ((abs(dx) < r) & (abs(dy) < r * 0.3)),
+        }[int(k)]
         light = rng.uniform(60, 120) + rng.uniform(-30, 30) * (xx / SIZE) + rng.uniform(-30, 30) * (yy / SIZE)
         image = light + mask * rng.uniform(70, 120) * rng.choice([-1, 1]) + rng.normal(0, 12, (SIZE, SIZE))
         images[i] = np.clip(image, 0, 255)
@@ -66,7 +68,11 @@ class GrayNet(nn.Module):
         super().__init__()
         stages, channels = [], in_channels
         for out in (width, width * 2, width * 4, width * 8):
-            stages += [nn.Conv2d(channels, out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(out), nn.ReLU(inplace=True)]
+            stages += [
+                nn.Conv2d(channels, out, 3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(out),
+                nn.ReLU(inplace=True),
+            ]
             channels = out
         self.features = nn.Sequential(*stages, nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.head = nn.Linear(channels, num_classes)

@@ -14,11 +14,26 @@ if __name__ == "__main__":
     data = load_har()
     metrics = saturate.fit(
         lambda in_features, num_classes: HarLSTM(input_size=in_features, output_size=num_classes, n_hidden=64),
-        data["train"], data["val"], test_data=data["test"],
-        overrides=["optim=adamw", "optim.optimizer.lr=0.001", "optim.optimizer.weight_decay=0", "optim.schedule=constant",
-                   "optim.warmup_epochs=0", "loader.batch_size=64", "trainer.max_epochs=15", "trainer.grad_clip=10",
-                   "task.confusion_matrix=true", "+task.metrics.f1._target_=torchmetrics.classification.MulticlassF1Score",
-                   "+task.metrics.f1.num_classes=${data_info:num_classes}", "+task.metrics.f1.average=null", *sys.argv[1:]],
-    )  # fmt: skip
-    print(f"test/acc {metrics['test/acc']:.4f}; F1 per activity: "
-          + ", ".join(f"{k.removeprefix('test/f1/')} {v:.3f}" for k, v in metrics.items() if k.startswith("test/f1/")))  # fmt: skip
+        data["train"],
+        data["val"],
+        test_data=data["test"],
+        overrides=[
+            "optim=adamw",
+            "optim.optimizer.lr=0.001",
+            "optim.optimizer.weight_decay=0",
+            "optim.schedule=constant",
+            "optim.warmup_epochs=0",
+            "loader.batch_size=64",
+            "trainer.max_epochs=15",
+            "trainer.grad_clip=10",
+            "task.confusion_matrix=true",
+            "+task.metrics.f1._target_=torchmetrics.classification.MulticlassF1Score",
+            "+task.metrics.f1.num_classes=${data_info:num_classes}",
+            "+task.metrics.f1.average=null",
+            *sys.argv[1:],
+        ],
+    )
+    print(
+        f"test/acc {metrics['test/acc']:.4f}; F1 per activity: "
+        + ", ".join(f"{k.removeprefix('test/f1/')} {v:.3f}" for k, v in metrics.items() if k.startswith("test/f1/"))
+    )

@@ -29,10 +29,22 @@ from torch.utils.data import Dataset
 
 ACTIVITIES = ("walking", "walking_upstairs", "walking_downstairs", "sitting", "standing", "laying")
 # per activity: gait frequency (Hz, 0: none), gait amplitude (g), gravity direction in the phone's frame
-GAIT = {"walking": (1.9, 0.30), "walking_upstairs": (1.6, 0.25), "walking_downstairs": (2.1, 0.40),
-        "sitting": (0.0, 0.0), "standing": (0.0, 0.0), "laying": (0.0, 0.0)}  # fmt: skip
-GRAVITY = {"walking": (1.0, -0.1, 0.1), "walking_upstairs": (0.95, -0.2, 0.15), "walking_downstairs": (1.0, -0.05, 0.05),
-           "sitting": (0.75, 0.0, 0.6), "standing": (1.0, -0.15, 0.0), "laying": (0.0, 0.4, 0.9)}  # fmt: skip
+GAIT = {
+    "walking": (1.9, 0.30),
+    "walking_upstairs": (1.6, 0.25),
+    "walking_downstairs": (2.1, 0.40),
+    "sitting": (0.0, 0.0),
+    "standing": (0.0, 0.0),
+    "laying": (0.0, 0.0),
+}
+GRAVITY = {
+    "walking": (1.0, -0.1, 0.1),
+    "walking_upstairs": (0.95, -0.2, 0.15),
+    "walking_downstairs": (1.0, -0.05, 0.05),
+    "sitting": (0.75, 0.0, 0.6),
+    "standing": (1.0, -0.15, 0.0),
+    "laying": (0.0, 0.4, 0.9),
+}
 
 
 def make_windows(subjects: list[int], per_subject: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -47,7 +59,9 @@ def make_windows(subjects: list[int], per_subject: int, seed: int) -> tuple[np.n
             k = int(rng.integers(len(ACTIVITIES)))
             freq, amp = GAIT[ACTIVITIES[k]]
             phase = rng.uniform(0, 2 * np.pi)
-            gait = amp * np.sin(2 * np.pi * freq * tempo * t[:, None] + phase + np.array([0.0, 1.3, 2.1])) if freq else 0.0
+            gait = (
+                amp * np.sin(2 * np.pi * freq * tempo * t[:, None] + phase + np.array([0.0, 1.3, 2.1])) if freq else 0.0
+            )
             body = gait + rng.normal(0, 0.02 + 0.03 * (freq > 0), (128, 3))
             gyro = (np.gradient(body, axis=0) * 8 if freq else 0.0) + rng.normal(0, 0.03, (128, 3))
             gravity = np.array(GRAVITY[ACTIVITIES[k]]) + tilt + rng.normal(0, 0.05, 3)
@@ -74,13 +88,18 @@ class SensorWindows(Dataset):
 def load_har(per_subject: int = 80, seed: int = 0) -> dict:
     """{train, val, test}, split by subject as UCI HAR is (21 train, 4 val, 5 test here)."""
     split = {"train": list(range(1, 22)), "val": list(range(22, 26)), "test": list(range(26, 31))}
-    return {name: SensorWindows(*make_windows(subjects, per_subject, seed + i)) for i, (name, subjects) in enumerate(split.items())}
+    return {
+        name: SensorWindows(*make_windows(subjects, per_subject, seed + i))
+        for i, (name, subjects) in enumerate(split.items())
+    }
 
 
 class HarLSTM(nn.Module):
     """An LSTM over the window; the last time step's output, dropped out, -> activity logits."""
 
-    def __init__(self, input_size: int, output_size: int, n_hidden: int = 256, n_layers: int = 2, drop_prob: float = 0.5):
+    def __init__(
+        self, input_size: int, output_size: int, n_hidden: int = 256, n_layers: int = 2, drop_prob: float = 0.5
+    ):
         super().__init__()
         self.input_size, self.n_hidden = input_size, n_hidden
         self.lstm = nn.LSTM(input_size, n_hidden, n_layers, dropout=drop_prob, batch_first=True)

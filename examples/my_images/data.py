@@ -25,8 +25,12 @@ def load(size: int = 32, val_fraction: float = 0.2):
 
     x, y = load_digits(return_X_y=True)
     small = torch.from_numpy(np.rint(x * (255 / 16)).astype(np.float32).reshape(-1, 1, 8, 8))
-    images = torch.nn.functional.interpolate(small, size=(size, size), mode="bilinear").round().clamp(0, 255).to(torch.uint8)
+    images = (
+        torch.nn.functional.interpolate(small, size=(size, size), mode="bilinear").round().clamp(0, 255).to(torch.uint8)
+    )
     order = np.random.default_rng(0).permutation(len(y))
     cut = int(len(y) * (1 - val_fraction))
     train, val = order[:cut], order[cut:]
-    return EnlargedDigits(images[train], y[train].astype(np.int64)), EnlargedDigits(images[val], y[val].astype(np.int64))
+    return EnlargedDigits(images[train], y[train].astype(np.int64)), EnlargedDigits(
+        images[val], y[val].astype(np.int64)
+    )

@@ -16,11 +16,28 @@ if __name__ == "__main__":
     data = load_pm25(window_size=30)
     metrics = saturate.fit(
         lambda input_shape: PM25CNN2D(window_size=input_shape[0], num_features=input_shape[1]),
-        data["train"], data["val"], test_data=data["test"], target_inverse=data["target_inverse"], task="regression",
+        data["train"],
+        data["val"],
+        test_data=data["test"],
+        target_inverse=data["target_inverse"],
+        task="regression",
         callbacks=[EarlyStopping(patience=20)],
-        overrides=["optim=adamw", "optim.optimizer.lr=0.001", "optim.optimizer.weight_decay=0", "optim.schedule=constant",
-                   "optim.warmup_epochs=0", "loader.batch_size=32", "trainer.max_epochs=200",
-                   "+task.metrics.mape._target_=torchmetrics.MeanAbsolutePercentageError", *sys.argv[1:]],
-    )  # fmt: skip
-    print("test (µg/m³): " + ", ".join(f"{k.removeprefix('test/').removesuffix('_raw')} {metrics[k]:.3f}"
-                                        for k in ("test/r2_raw", "test/rmse_raw", "test/mae_raw", "test/mape_raw")))  # fmt: skip
+        overrides=[
+            "optim=adamw",
+            "optim.optimizer.lr=0.001",
+            "optim.optimizer.weight_decay=0",
+            "optim.schedule=constant",
+            "optim.warmup_epochs=0",
+            "loader.batch_size=32",
+            "trainer.max_epochs=200",
+            "+task.metrics.mape._target_=torchmetrics.MeanAbsolutePercentageError",
+            *sys.argv[1:],
+        ],
+    )
+    print(
+        "test (µg/m³): "
+        + ", ".join(
+            f"{k.removeprefix('test/').removesuffix('_raw')} {metrics[k]:.3f}"
+            for k in ("test/r2_raw", "test/rmse_raw", "test/mae_raw", "test/mape_raw")
+        )
+    )

@@ -27,8 +27,20 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-FEATURES = ("temperature", "dew_point", "humidity", "pressure", "wind_speed", "wind_u", "wind_v", "precipitation",
-            "boundary_layer_height", "solar_radiation", "day_sin", "day_cos")  # fmt: skip
+FEATURES = (
+    "temperature",
+    "dew_point",
+    "humidity",
+    "pressure",
+    "wind_speed",
+    "wind_u",
+    "wind_v",
+    "precipitation",
+    "boundary_layer_height",
+    "solar_radiation",
+    "day_sin",
+    "day_cos",
+)
 
 
 def make_days(days: int = 1826, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -50,14 +62,34 @@ def make_days(days: int = 1826, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     precipitation = np.where(rng.random(days) < 0.15 + 0.1 * (weather > 0), rng.exponential(5, days), 0.0)
     blh = np.clip(900 - 400 * season - 200 * weather + rng.normal(0, 150, days), 100, None)
     solar = np.clip(200 - 120 * season - 40 * weather + rng.normal(0, 30, days), 10, None)
-    drive = 0.35 * season + 0.25 * (humidity - 55) / 10 - 0.3 * (wind_speed - 3) - 0.4 * (blh - 900) / 400 - 0.05 * precipitation
+    drive = (
+        0.35 * season
+        + 0.25 * (humidity - 55) / 10
+        - 0.3 * (wind_speed - 3)
+        - 0.4 * (blh - 900) / 400
+        - 0.05 * precipitation
+    )
     load = np.zeros(days)
     for i in range(1, days):  # pollution accumulates over stagnant days
         load[i] = 0.6 * load[i - 1] + drive[i] + rng.normal(0, 0.25)
     pm25 = np.clip(np.exp(3.8 + 0.55 * load), 3, 500)
-    features = np.stack([temperature, dew_point, humidity, pressure, wind_speed, wind_speed * np.cos(direction),
-                         wind_speed * np.sin(direction), precipitation, blh, solar, np.sin(2 * np.pi * t / 365.25),
-                         np.cos(2 * np.pi * t / 365.25)], axis=1)  # fmt: skip
+    features = np.stack(
+        [
+            temperature,
+            dew_point,
+            humidity,
+            pressure,
+            wind_speed,
+            wind_speed * np.cos(direction),
+            wind_speed * np.sin(direction),
+            precipitation,
+            blh,
+            solar,
+            np.sin(2 * np.pi * t / 365.25),
+            np.cos(2 * np.pi * t / 365.25),
+        ],
+        axis=1,
+    )
     return features, pm25
 
 
@@ -79,7 +111,11 @@ class Windows(Dataset):
     """Samples (window (window_size, num_features) float32, PM2.5 of its last day float32)."""
 
     def __init__(self, features: np.ndarray, target: np.ndarray, window_size: int):
-        self.features, self.target, self.window_size = torch.from_numpy(features).float(), torch.from_numpy(target).float(), window_size
+        self.features, self.target, self.window_size = (
+            torch.from_numpy(features).float(),
+            torch.from_numpy(target).float(),
+            window_size,
+        )
 
     def __len__(self) -> int:
         return len(self.target) - self.window_size + 1
@@ -88,7 +124,9 @@ class Windows(Dataset):
         return self.features[i : i + self.window_size], self.target[i + self.window_size - 1]
 
 
-def load_pm25(window_size: int = 30, days: int = 1826, train_fraction: float = 0.70, val_fraction: float = 0.15, seed: int = 0) -> dict:
+def load_pm25(
+    window_size: int = 30, days: int = 1826, train_fraction: float = 0.70, val_fraction: float = 0.15, seed: int = 0
+) -> dict:
     """{train, val, test, target_inverse}: the days split in time order (no future in
     training; each later split starts with the window_size-1 days before it as context)."""
     features, pm25 = make_days(days, seed)
@@ -105,23 +143,40 @@ class PM25CNN2D(nn.Module):
     """The window (window_size, num_features) as a one-channel image: blocks of Conv2d,
     BatchNorm, ReLU and 2x2 max-pooling (filters doubling), then 256 -> 64 -> 1."""
 
-    def __init__(self, window_size: int, num_features: int, num_conv_layers: int = 3, base_filters: int = 32, kernel_size: int = 3,
-                 dropout_rate: float = 0.3):  # fmt: skip
+    def __init__(
+        self,
+        window_size: int,
+        num_features: int,
+        num_conv_layers: int = 3,
+        base_filters: int = 32,
+        kernel_size: int = 3,
+        dropout_rate: float = 0.3,
+    ):
         super().__init__()
         layers, channels = [], 1
         for i in range(num_conv_layers):
             out = base_filters * 2**i
-            layers += [nn.Conv2d(channels, out, kernel_size, padding=kernel_size // 2), nn.BatchNorm2d(out), nn.ReLU(inplace=True),
-                       nn.MaxPool2d(2, 2)]  # fmt: skip
+            layers += [
+                nn.Conv2d(channels, out, kernel_size, padding=kernel_size // 2),
+                nn.BatchNorm2d(out),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(2, 2),
+            ]
             channels = out
         self.conv_layers = nn.Sequential(*layers)
         with torch.no_grad():
             size = self.conv_layers(torch.zeros(1, 1, window_size, num_features)).numel()
         self.fc_layers = nn.Sequential(
-            nn.Linear(size, 256), nn.BatchNorm1d(256), nn.ReLU(inplace=True), nn.Dropout(dropout_rate),
-            nn.Linear(256, 64), nn.BatchNorm1d(64), nn.ReLU(inplace=True), nn.Dropout(dropout_rate * 0.7),
+            nn.Linear(size, 256),
+            nn.BatchNorm1d(256),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout_rate),
+            nn.Linear(256, 64),
+            nn.BatchNorm1d(64),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout_rate * 0.7),
             nn.Linear(64, 1),
-        )  # fmt: skip
+        )
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")

@@ -14,8 +14,19 @@ if __name__ == "__main__":
     data = load_clips()
     metrics = saturate.fit(
         lambda in_features, num_classes: GestureCTCNet(input_dim=in_features, num_classes=num_classes),
-        data["train"], data["val"], test_data=data["test"], collate=data["collate"], task="sequence",
-        overrides=["optim=adamw", "optim.optimizer.lr=0.003", "optim.optimizer.weight_decay=0", "loader.batch_size=32",
-                   "trainer.max_epochs=8", "trainer.grad_clip=5", *sys.argv[1:]],
-    )  # fmt: skip
+        data["train"],
+        data["val"],
+        test_data=data["test"],
+        collate=data["collate"],
+        task="sequence",
+        overrides=[
+            "optim=adamw",
+            "optim.optimizer.lr=0.003",
+            "optim.optimizer.weight_decay=0",
+            "loader.batch_size=32",
+            "trainer.max_epochs=8",
+            "trainer.grad_clip=5",
+            *sys.argv[1:],
+        ],
+    )
     print(f"test/ter {metrics['test/ter']:.4f} (token error rate), test/seq_acc {metrics['test/seq_acc']:.4f}")

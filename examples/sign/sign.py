@@ -38,7 +38,8 @@ class Clips(Dataset):
 
     def __init__(self, count: int, seed: int):
         rng = np.random.default_rng(seed)
-        shapes = np.random.default_rng(7).normal(0, 1, (len(SIGNS), 4, FEATURES)).astype(np.float32)  # each sign's 4 key poses
+        # each sign's 4 key poses
+        shapes = np.random.default_rng(7).normal(0, 1, (len(SIGNS), 4, FEATURES)).astype(np.float32)
         self.clips, self.labels = [], []
         for _ in range(count):
             signs = rng.integers(1, len(SIGNS) + 1, int(rng.integers(1, 5)))
@@ -48,7 +49,11 @@ class Clips(Dataset):
                 path = np.linspace(0, 3, length)  # through the sign's key poses, at the signer's speed
                 lo = np.floor(path).astype(int).clip(0, 2)
                 w = (path - lo)[:, None]
-                frames.append((1 - w) * shapes[sign - 1, lo] + w * shapes[sign - 1, lo + 1] + rng.normal(0, NOISE, (length, FEATURES)))
+                frames.append(
+                    (1 - w) * shapes[sign - 1, lo]
+                    + w * shapes[sign - 1, lo + 1]
+                    + rng.normal(0, NOISE, (length, FEATURES))
+                )
                 frames.append(rng.normal(0, NOISE, (int(rng.integers(2, 5)), FEATURES)))  # a pause
             self.clips.append(torch.from_numpy(np.concatenate(frames).astype(np.float32)))
             self.labels.append(torch.from_numpy(signs.astype(np.int64)))
@@ -63,7 +68,12 @@ class Clips(Dataset):
 def load_clips(train: int = 1200, val: int = 200, test: int = 200, seed: int = 0) -> dict:
     from saturate.data import pad_collate
 
-    return {"train": Clips(train, seed), "val": Clips(val, seed + 1), "test": Clips(test, seed + 2), "collate": pad_collate}
+    return {
+        "train": Clips(train, seed),
+        "val": Clips(val, seed + 1),
+        "test": Clips(test, seed + 2),
+        "collate": pad_collate,
+    }
 
 
 class GestureCTCNet(nn.Module):

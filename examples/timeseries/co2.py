@@ -36,7 +36,9 @@ def load_co2(window: int = 52, horizon: int = 1, val_fraction: float = 0.2):
     split = int(len(values) * (1 - val_fraction))
     mean, std = values[:split].mean(), values[:split].std()
     level = (values - mean) / std
-    features = np.stack([level, np.sin(2 * np.pi * week / 52.18), np.cos(2 * np.pi * week / 52.18)], axis=1).astype(np.float32)
+    features = np.stack([level, np.sin(2 * np.pi * week / 52.18), np.cos(2 * np.pi * week / 52.18)], axis=1).astype(
+        np.float32
+    )
     target = level.astype(np.float32)
     train = Windows(features[:split], target[:split], window, horizon)
     val = Windows(features[split - window - horizon + 1 :], target[split - window - horizon + 1 :], window, horizon)
@@ -49,10 +51,13 @@ class WindowCNN(nn.Module):
     def __init__(self, in_features: int, num_outputs: int, width: int = 32):
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv1d(in_features, width, 5, padding=2), nn.GELU(),
-            nn.Conv1d(width, width, 5, padding=2, stride=2), nn.GELU(),
-            nn.AdaptiveAvgPool1d(1), nn.Flatten(),
-        )  # fmt: skip
+            nn.Conv1d(in_features, width, 5, padding=2),
+            nn.GELU(),
+            nn.Conv1d(width, width, 5, padding=2, stride=2),
+            nn.GELU(),
+            nn.AdaptiveAvgPool1d(1),
+            nn.Flatten(),
+        )
         self.head = nn.Linear(width, num_outputs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, F) -> (B, num_outputs)

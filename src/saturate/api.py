@@ -4,16 +4,15 @@ run directory."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from saturate.config.invocation import Invocation, outside_hydra_app
 from saturate.config.naming import run_name
 from saturate.config.registration import register
 from saturate.errors import UserError
@@ -24,13 +23,27 @@ def config_dir() -> Path:
     """saturate's conf/ (beside src/ in the checkout saturate is installed from)."""
     found = Path(__file__).resolve().parents[2] / "conf"
     if not (found / "config.yaml").is_file():
-        raise UserError(f"saturate.fit: no conf/config.yaml at {found}; install saturate from its checkout (pip install -e .)")
+        raise UserError(
+            f"saturate.fit: no conf/config.yaml at {found}; install saturate from its checkout (pip install -e .)"
+        )
     return found
 
 
-def fit(model, train_data, val_data=None, *, test_data=None, task: str | Any = "classification", loss: Callable | str | None = None,
-        overrides: Sequence[str] = (), run_dir: str | Path | None = None, callbacks: Sequence[Any] | dict = (),
-        loggers: Sequence[Any] | dict = (), collate: Callable | None = None, target_inverse: Callable | None = None):  # fmt: skip
+def fit(
+    model,
+    train_data,
+    val_data=None,
+    *,
+    test_data=None,
+    task: str | Any = "classification",
+    loss: Callable | str | None = None,
+    overrides: Sequence[str] = (),
+    run_dir: str | Path | None = None,
+    callbacks: Sequence[Any] | dict = (),
+    loggers: Sequence[Any] | dict = (),
+    collate: Callable | None = None,
+    target_inverse: Callable | None = None,
+):
     """Train `model` on `train_data` (validated on `val_data`, tested with best.pt on
     `test_data`, if given) with saturate's engine and config groups: `overrides` as on the
     command line (`["precision=amp", "loader.batch_size=64", "trainer.max_epochs=5"]`).
@@ -48,30 +61,48 @@ def fit(model, train_data, val_data=None, *, test_data=None, task: str | Any = "
 
     Writes the same run dir as train.py (default: outputs/runs/<date>/<time>) and returns the
     final metrics (saturate.compose.run.Metrics)."""
-    from saturate.compose.build import Given
+    from saturate.compose.build import UserObjects
     from saturate.compose.run import train
     from saturate.data import Data
 
     register()
     overrides, loss = _fit_arguments(overrides, loss, task)
-    if run_dir is not None:
-        overrides.append(f"run_dir={Path(run_dir).absolute()}")
-    elif not any(o.startswith("run_dir=") for o in overrides):  # as train.py names its runs
-        named = next((o.partition("=")[2] for o in overrides if o.startswith("name=")), None)
-        stamp = datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f") + run_name(named, overrides)
-        overrides.append(f"run_dir={Path('outputs/runs').absolute() / stamp}")
+    overrides = _with_run_dir(overrides, run_dir)
     task_object = None if isinstance(task, str) else task
     with outside_hydra_app():
         cfg = _compose([f"task={task}"] * isinstance(task, str) + overrides)
-        devices = cfg.trainer.devices
-        if devices not in ("auto", 1) and int(os.environ.get("WORLD_SIZE", "1")) != devices:
-            raise UserError(f"trainer.devices={devices}: saturate.fit trains in the process that calls it; for {devices} processes "
-                            f"start your script with torchrun --nproc_per_node={devices} (fit then joins their process group)")  # fmt: skip
-        data = Data.of({"train": train_data, "val": val_data, "test": test_data, "collate": collate, "target_inverse": target_inverse},
-                       "saturate.fit")  # fmt: skip
-        given = Given(model=model, data=data, task=task_object, loss=loss, callbacks=_named(callbacks), loggers=_named(loggers),
-                      overrides=overrides)  # fmt: skip
-        return train(cfg, given)
+        _check_devices(cfg.trainer.devices)
+        splits = {"train": train_data, "val": val_data, "test": test_data}
+        data = Data.of({**splits, "collate": collate, "target_inverse": target_inverse}, "saturate.fit")
+        objects = UserObjects(
+            model=model,
+            data=data,
+            task=task_object,
+            loss=loss,
+            callbacks=_named(callbacks),
+            loggers=_named(loggers),
+        )
+        return train(cfg, Invocation.given(overrides), objects)
+
+
+def _with_run_dir(overrides: list[str], run_dir: str | Path | None) -> list[str]:
+    """The overrides with the run dir: the one given, or one named as train.py names its runs."""
+    if run_dir is not None:
+        return [*overrides, f"run_dir={Path(run_dir).absolute()}"]
+    if any(o.startswith("run_dir=") for o in overrides):
+        return overrides
+    named = next((o.partition("=")[2] for o in overrides if o.startswith("name=")), None)
+    stamp = datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f") + run_name(named, Invocation.given(overrides))
+    return [*overrides, f"run_dir={Path('outputs/runs').absolute() / stamp}"]
+
+
+def _check_devices(devices) -> None:
+    """fit trains in its own process: several devices need torchrun to have started them."""
+    if devices not in ("auto", 1) and int(os.environ.get("WORLD_SIZE", "1")) != devices:
+        raise UserError(
+            f"trainer.devices={devices}: saturate.fit trains in the process that calls it; for {devices} processes "
+            f"start your script with torchrun --nproc_per_node={devices} (fit then joins their process group)"
+        )
 
 
 def _named(objects) -> dict[str, Any]:
@@ -90,15 +121,22 @@ def _fit_arguments(overrides, loss, task) -> tuple[list[str], Callable | None]:
     loss as a callable (a regression loss's name becomes task.loss)."""
     if isinstance(overrides, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
         given = repr(overrides) if len(repr(overrides)) < 80 else repr(overrides)[:77] + "..."
-        raise UserError(f"saturate.fit: overrides={given}: expected a list of 'key=value' strings, e.g. "
-                        "overrides=['precision=amp', 'trainer.max_epochs=5']")  # fmt: skip
+        raise UserError(
+            f"saturate.fit: overrides={given}: expected a list of 'key=value' strings, e.g. "
+            "overrides=['precision=amp', 'trainer.max_epochs=5']"
+        )
     if isinstance(task, str) and task not in BUILT_IN:
-        raise UserError(f"saturate.fit: task={task!r}: expected one of {', '.join(BUILT_IN)}, or a task object (saturate.tasks.base)")
+        raise UserError(
+            f"saturate.fit: task={task!r}: expected one of {', '.join(BUILT_IN)}, or a task object "
+            "(saturate.tasks.base)"
+        )
     overrides = list(overrides)
     if isinstance(loss, str):
         if task != "regression":
-            raise UserError(f"saturate.fit: loss={loss!r}: task={task} takes a callable loss(outputs, targets), or None for its own; "
-                            "named losses (mse, l1, huber) are regression's")  # fmt: skip
+            raise UserError(
+                f"saturate.fit: loss={loss!r}: task={task} takes a callable loss(outputs, targets), or None for its "
+                "own; named losses (mse, l1, huber) are regression's"
+            )
         return [f"task.loss={loss}", *overrides], None
     return overrides, loss
 
@@ -108,23 +146,3 @@ def _compose(overrides: list[str]) -> DictConfig:
 
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         return compose("config", overrides=overrides)
-
-
-@contextlib.contextmanager
-def outside_hydra_app():
-    """For the block, no Hydra app is running: `saturate.fit` called from inside a user's
-    `@hydra.main` function composes saturate's own config and names, logs and records its run
-    as its own (not with the outer app's overrides); the outer app's Hydra is put back after."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    outer_hydra = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
-    outer_cfg = HydraConfig.instance().cfg
-    GlobalHydra.instance().clear()
-    HydraConfig.instance().cfg = None
-    try:
-        yield
-    finally:
-        GlobalHydra.instance().clear()
-        if outer_hydra is not None:
-            GlobalHydra.instance().initialize(outer_hydra)
-        HydraConfig.instance().cfg = outer_cfg

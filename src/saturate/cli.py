@@ -17,12 +17,11 @@ import os
 import sys
 from collections.abc import Callable
 
-from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
-from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from saturate.config.invocation import Invocation, from_hydra
 from saturate.config.registration import register
 from saturate.errors import Problem, UserError, shown
 
@@ -50,12 +49,25 @@ def run(main: Callable[[], object]) -> None:
     except OSError as e:  # Hydra creating the run dir on a read-only or full disk, before saturate runs
         if e.errno == errno.ENAMETOOLONG:
             name = shown(str(e.filename or "the run dir"))
-            sys.exit(f"error: cannot create {name[:120]}{'...' if len(name) > 120 else ''}: a name in it is over the file system's "
-                     "limit (255 bytes); give a shorter hydra.run.dir or name=")  # fmt: skip
-        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EEXIST):
+            sys.exit(
+                f"error: cannot create {name[:120]}{'...' if len(name) > 120 else ''}: a name in it is over the "
+                "file system's limit (255 bytes); give a shorter hydra.run.dir or name="
+            )
+        if e.errno not in (
+            errno.EACCES,
+            errno.EPERM,
+            errno.EROFS,
+            errno.ENOSPC,
+            errno.EDQUOT,
+            errno.ENOTDIR,
+            errno.EEXIST,
+        ):
             raise
         what = shown(e.filename) if e.filename else "the run dir"
-        sys.exit(f"error: cannot write {what} ({e.strerror}); run from a writable folder or set hydra.run.dir=<writable folder>")
+        sys.exit(
+            f"error: cannot write {what} ({e.strerror}); run from a writable folder or set hydra.run.dir=<writable "
+            "folder>"
+        )
 
 
 def help_text(argv: list[str]) -> str:
@@ -72,7 +84,9 @@ def help_text(argv: list[str]) -> str:
     conf = Path(__file__).resolve().parents[2] / "conf"
     dirs = [conf]
     for override in OverridesParser.create().parse_overrides([a for a in argv if a.startswith("hydra.searchpath=")]):
-        dirs += [Path(str(d).removeprefix("file://")) for d in (override.value() or []) if not str(d).startswith("pkg://")]
+        dirs += [
+            Path(str(d).removeprefix("file://")) for d in (override.value() or []) if not str(d).startswith("pkg://")
+        ]
     groups: dict[str, set[str]] = {}
     for folder in dirs:
         for group in (g for g in folder.glob("*") if g.is_dir() and g.name != "hydra"):
@@ -94,6 +108,7 @@ def task(cfg: DictConfig):
     for (saturate.scale.launch). In a single run a UserError leaves at once, as a SystemExit, so
     that Hydra adds nothing to its message; in a multirun it is raised as usual: the job is
     recorded as failed and the sweep goes on."""
+    invocation = from_hydra()  # how this run was started, read once; passed down from here
     try:
         try:
             _check(cfg)  # every mistake in the config now, before torch is imported
@@ -102,34 +117,47 @@ def task(cfg: DictConfig):
 
             record_failure(cfg.run_dir, e)  # for sweep reports: this job failed, and why
             raise
-        import torch  # noqa: F401 (torch, torchmetrics and the rest: imported here, before any thread of the run starts)
+        import torch  # noqa: F401 (torch and the rest: imported here, before any thread of the run starts)
 
-        from saturate.compose.run import Metrics, train
-        from saturate.scale.launch import command_line, launch, processes
+        from saturate.compose.run import train
+        from saturate.scale.launch import processes
         from saturate.tune import tune
 
         if cfg.tune.enabled:
-            return tune(cfg)
+            return tune(cfg, invocation)
         count = processes(cfg.trainer.devices, cfg.device.type) if _valid_devices(cfg.trainer.devices) else 1
         if count > 1:
-            what = "one per CUDA device" if cfg.device.type != "cpu" and torch.cuda.is_available() else "gloo on the CPU"
-            log.info("trainer.devices=%s: %d processes (%s) through torch's elastic launcher; trainer.devices=1 runs one",
-                     cfg.trainer.devices, count, what)  # fmt: skip
-            hydra_cfg = HydraConfig.get()
-            if _answering:  # the processes answer mistakes in one line too (run() set HYDRA_FULL_ERROR for itself)
-                os.environ.pop("HYDRA_FULL_ERROR", None)
-            try:
-                metrics = Metrics(launch(count, command_line(), hydra_cfg.runtime.output_dir))
-            finally:
-                if _answering:
-                    os.environ["HYDRA_FULL_ERROR"] = "1"
-            metrics.objective = metrics.get("monitor", metrics.objective)
-            return metrics
-        return train(cfg)
+            return _launched(cfg, count, invocation)
+        return train(cfg, invocation)
     except UserError as e:
-        if _answering and HydraConfig.get().mode == RunMode.RUN:
+        if _answering and not invocation.multirun:
             raise SystemExit(f"error: {e}") from None
         raise
+
+
+def _launched(cfg: DictConfig, count: int, invocation: Invocation):
+    """The run in `count` processes through torch's elastic launcher; rank 0's metrics."""
+    import torch
+
+    from saturate.compose.run import Metrics
+    from saturate.scale.launch import launch
+
+    what = "one per CUDA device" if cfg.device.type != "cpu" and torch.cuda.is_available() else "gloo on the CPU"
+    log.info(
+        "trainer.devices=%s: %d processes (%s) through torch's elastic launcher; trainer.devices=1 runs one",
+        cfg.trainer.devices,
+        count,
+        what,
+    )
+    if _answering:  # the processes answer mistakes in one line too (run() set HYDRA_FULL_ERROR for itself)
+        os.environ.pop("HYDRA_FULL_ERROR", None)
+    try:
+        metrics = Metrics(launch(count, invocation.command_line(), invocation.output_dir))
+    finally:
+        if _answering:
+            os.environ["HYDRA_FULL_ERROR"] = "1"
+    metrics.objective = metrics.get("monitor", metrics.objective)
+    return metrics
 
 
 def _check(cfg: DictConfig) -> None:

@@ -42,12 +42,13 @@ from pathlib import Path
 
 import torch
 from hydra import compose
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from saturate.compose.build import Given
+from saturate import names
+from saturate.compose.build import UserObjects
 from saturate.compose.run import Metrics, train
+from saturate.config.invocation import Invocation, is_setting, key_of
 from saturate.config.naming import slug
 from saturate.data.loader import cpus_per_process
 from saturate.errors import UserError
@@ -56,7 +57,6 @@ from saturate.observe.environment import cpu_name
 from saturate.observe.report import MIN_STEPS
 from saturate.parts.batch_size import Cache
 from saturate.parts.rundir import write_json
-from saturate.scale.launch import command_line
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Measured:
         return enough or time.perf_counter() >= self.deadline
 
     def on_log(self, run, metrics: dict, step: int) -> None:
-        if "perf/samples_per_s" in metrics and self.reached(run.timer):
+        if names.SAMPLES_PER_S in metrics and self.reached(run.timer):
             run.request_stop("tune: the trial's steady state is measured")
 
 
@@ -161,13 +161,18 @@ def candidates(dimension: str, facts: dict, *, allow: list[str], cuda: bool) -> 
     if dimension == "compile":  # on a CPU: tens of seconds of compilation for no measured gain (docs/benchmarks.md)
         return [["trainer.compile=true"]] if cuda and not f["compile"] else []
     if dimension == "cudnn":
-        return [["device.tf32=true", "device.cudnn_benchmark=true"]] if cuda and not (f.get("tf32", True) and f.get("cudnn", True)) else []
+        return (
+            [["device.tf32=true", "device.cudnn_benchmark=true"]]
+            if cuda and not (f.get("tf32", True) and f.get("cudnn", True))
+            else []
+        )
     if dimension == "precision" and "precision" in allow:
         if f["emulated_precision"]:
             return [["precision.mode=fp32"]]
         return [["precision.mode=amp"]] if cuda and f["precision"] == "fp32" else []
     if dimension == "batch_size" and "batch_size" in allow:
-        return [["loader.batch_size=auto"]]  # the batch-size search, inside the trial; lr scaled as optim.lr_scaling says
+        # the batch-size search, inside the trial; lr scaled as optim.lr_scaling says
+        return [["loader.batch_size=auto"]]
     return []
 
 
@@ -207,9 +212,13 @@ def valid_entry(entry: dict, extra: list[str]) -> bool:
     if not (isinstance(results, list) and results and all(isinstance(r, dict) and set(r) == fields for r in results)):
         return False
     rows = [Result(**r) for r in results]
-    if not all(isinstance(r.changes, list) and all(isinstance(c, str) and tunable(c, extra) for c in r.changes) for r in rows):
+    if not all(
+        isinstance(r.changes, list) and all(isinstance(c, str) and tunable(c, extra) for c in r.changes) for r in rows
+    ):
         return False
-    ok = {r.number for r in rows if r.status == "ok" and isinstance(r.samples_per_s, (int, float)) and r.samples_per_s > 0}
+    ok = {
+        r.number for r in rows if r.status == "ok" and isinstance(r.samples_per_s, (int, float)) and r.samples_per_s > 0
+    }
     changes, best = entry.get("changes"), entry.get("best")
     if not (isinstance(changes, list) and all(isinstance(c, str) and tunable(c, extra) for c in changes)):
         return False
@@ -243,12 +252,14 @@ def merged(*override_lists: list[str]) -> list[str]:
 
 
 class Tuner:
-    def __init__(self, cfg: DictConfig, overrides: list[str], run_dir: Path):
-        """`overrides`: the whole command line (saturate.scale.launch.command_line), Hydra's own
-        overrides first: every trial composes with them (a user's config dir included)."""
+    def __init__(self, cfg: DictConfig, invocation: Invocation, run_dir: Path):
+        """`invocation`: how the tune was started: every trial composes with its whole
+        command line, Hydra's own overrides first (a user's config dir included)."""
         self.tune = cfg.tune
+        self.invocation = invocation
+        overrides = invocation.command_line()
         self.hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra.")]
-        self.start_overrides = [o for o in overrides if not _ours(o)]
+        self.start_overrides = [o for o in overrides if is_setting(o)]
         self.searchpath = [o for o in overrides if o.startswith("hydra.searchpath=")]  # where the preset is found
         self.run_dir = run_dir
         self.cuda = cfg.device.type != "cpu" and torch.cuda.is_available()
@@ -282,35 +293,44 @@ class Tuner:
         trial_dir = self.run_dir / "trials" / f"{number:02d}{_trial_name(result.changes)}"
         started = time.perf_counter()
         log.info(
-            "tune: trial %d (%.0f s of the budget left): %s", number, self.remaining(), " ".join(result.changes) or "the starting config"
+            "tune: trial %d (%.0f s of the budget left): %s",
+            number,
+            self.remaining(),
+            " ".join(result.changes) or "the starting config",
         )
         saturate_log = logging.getLogger("saturate")
-        level, outer = saturate_log.level, HydraConfig.instance().cfg
+        level = saturate_log.level
         fresh_compile_state()
         try:
             trial = merged(overrides, TRIAL, [f"run_dir={trial_dir}"])
             cfg = compose("config", overrides=[*self.hydra_overrides, *trial], return_hydra_config=True)
-            with open_dict(cfg):
-                cfg.hydra.overrides.task = overrides  # what the trial's HParams entry and run name show
-                cfg.hydra.overrides.hydra = self.hydra_overrides
-                cfg.hydra.runtime.output_dir = str(trial_dir)
-            HydraConfig.instance().set_config(cfg)
+            invocation = dataclasses.replace(
+                self.invocation,
+                overrides=tuple(overrides),  # what the trial's HParams entry and run name show
+                choices=dict(cfg.hydra.runtime.choices),
+                varied=frozenset(key_of(o) for o in overrides),
+                output_dir=str(trial_dir),
+            )
             with open_dict(cfg):
                 del cfg["hydra"]
-            settings = {"prefetch_factor": cfg.loader.prefetch_factor, "tf32": cfg.device.tf32, "cudnn": cfg.device.cudnn_benchmark}
+            settings = {
+                "prefetch_factor": cfg.loader.prefetch_factor,
+                "tf32": cfg.device.tf32,
+                "cudnn": cfg.device.cudnn_benchmark,
+            }
             deadline = self.started + self.tune.budget_s
-            train(cfg, Given(callbacks={"tune_measured": Measured(self.tune.trial_s, MIN_STEPS, deadline)}))
+            measured = Measured(self.tune.trial_s, MIN_STEPS, deadline)
+            train(cfg, invocation, UserObjects(callbacks={"tune_measured": measured}))
             self._read(result, trial_dir, settings)
         except (KeyboardInterrupt, Preempted):
             result.status, result.outcome, self.interrupted = "interrupted", "interrupted", True
         except TrainingDiverged as e:
             result.status, result.outcome = "diverged", f"diverged: {_first_line(e)}"
-        except Exception as e:  # noqa: BLE001 (a failing trial is recorded and skipped: out of memory, a compile error, a bad setting)
+        except Exception as e:  # noqa: BLE001 (a failing trial is recorded and skipped)
             result.status, result.outcome = "failed", f"failed: {type(e).__name__}: {_first_line(e)}"
             if self.cuda:
                 torch.cuda.empty_cache()
         finally:
-            HydraConfig.instance().cfg = outer
             saturate_log.setLevel(level)
             shutil.rmtree(trial_dir / "checkpoints", ignore_errors=True)  # a few seconds of training: nothing to keep
         result.seconds = time.perf_counter() - started
@@ -326,10 +346,10 @@ class Tuner:
 
     def _read(self, result: Result, trial_dir: Path, settings: dict) -> None:
         m = json.loads((trial_dir / "metrics.json").read_text())
-        result.samples_per_s, result.data_wait = m["perf/samples_per_s"], m["perf/data_wait_frac"]
-        result.gpu_util, result.peak_mb = m.get("gpu/util_mean"), m.get("memory/peak_mb")
+        result.samples_per_s, result.data_wait = m[names.SAMPLES_PER_S], m[names.DATA_WAIT_FRAC]
+        result.gpu_util, result.peak_mb = m.get(names.GPU_UTIL_MEAN), m.get(names.PEAK_MB)
         result.verdict, result.facts, result.batch_size = m["verdict"], {**m["facts"], **settings}, m["batch_size"]
-        if not math.isfinite(m.get("train/loss", 0.0)):
+        if not math.isfinite(m.get(names.TRAIN_LOSS, 0.0)):
             result.status, result.outcome = "diverged", "diverged: the training loss is not finite"
 
     def better(self, result: Result, than: Result) -> bool:
@@ -351,7 +371,9 @@ class Tuner:
             if dimension is None:
                 break
             tried.add(dimension)
-            self.try_dimension(dimension, candidates(dimension, self.best.facts, allow=list(self.tune.allow), cuda=self.cuda))
+            self.try_dimension(
+                dimension, candidates(dimension, self.best.facts, allow=list(self.tune.allow), cuda=self.cuda)
+            )
         for text in self.tune.extra:
             if not self.affordable(reserve=2):
                 break
@@ -389,7 +411,13 @@ class Tuner:
         self.speedup, self.confirmed, self.rate = statistics.median(ratios), True, best_rate
         if self.speedup <= 1 + self.tune.min_gain:
             log.info("tune: measured again, the fastest is %.2fx the starting config: not kept", self.speedup)
-            self.best.outcome, self.best, self.changes, self.speedup, self.rate = "not confirmed", start, [], 1.0, start_rate
+            self.best.outcome, self.best, self.changes, self.speedup, self.rate = (
+                "not confirmed",
+                start,
+                [],
+                1.0,
+                start_rate,
+            )
 
     def try_dimension(self, dimension: str, options: list[list[str]]) -> None:
         """Try each option in order on top of the best config; keep the best that pays. An
@@ -419,59 +447,111 @@ class Tuner:
             self.changes, self.best = merged(self.changes, changes), best_here
 
 
-def tune(cfg: DictConfig) -> Metrics:
+def tune(cfg: DictConfig, invocation: Invocation | None) -> Metrics:
     """`tune=true`: measure, choose, write the preset and the table; returns the winner's
     figures (`float()` of it: its samples/s)."""
-    if not HydraConfig.initialized():
+    if invocation is None or not invocation.app:
         raise UserError("tune.enabled=true: run it through train.py (python train.py tune=true ...)")
-    hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode is not None and hydra_cfg.mode.name == "MULTIRUN":
-        raise UserError("tune.enabled=true: tune runs its own trials; run it without -m (python train.py tune=true ...)")
+    if invocation.multirun:
+        raise UserError(
+            "tune.enabled=true: tune runs its own trials; run it without -m (python train.py tune=true ...)"
+        )
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("tune.enabled=true: run it as one process (python train.py tune=true), not under torchrun")
     _check(cfg)
-    run_dir = Path(hydra_cfg.runtime.output_dir)
-    tuner = Tuner(cfg, command_line(), run_dir)
-    preset = preset_path(cfg, hydra_cfg)
+    run_dir = Path(invocation.output_dir)
+    tuner = Tuner(cfg, invocation, run_dir)
+    preset = preset_path(cfg, invocation)
     ours(preset)  # before the trials: a preset that cannot be written is found now, not after the budget
     key = _cache_key(cfg, tuner)
     extra = [part for text in cfg.tune.extra for part in str(text).split()]
     cache = Cache(cfg.tune.cache, what="tune.cache", valid=lambda entry: valid_entry(entry, extra))
+    _measure_or_reuse(tuner, cache, key, cfg.tune)
+    _record_tune(tuner, preset, run_dir)
+    metrics = Metrics(
+        {
+            names.SAMPLES_PER_S: tuner.rate,
+            names.TUNE_SPEEDUP: tuner.speedup,
+            names.TUNE_CONFIRMED: float(tuner.confirmed),
+            names.TUNE_TRIALS: len(tuner.results),
+        }
+    )
+    metrics.objective = names.SAMPLES_PER_S
+    return metrics
+
+
+def _measure_or_reuse(tuner: Tuner, cache: Cache, key: dict, cfg) -> None:
+    """The trials, or the cached tune of the same config on the same hardware."""
     hit = cache.get(key)
     if hit is not None:
         tuner.results = [Result(**r) for r in hit["results"]]
         tuner.changes = hit["changes"]
         tuner.best = next(r for r in tuner.results if r.number == hit["best"])
         tuner.rate, tuner.speedup, tuner.confirmed = hit["rate"], hit["speedup"], hit["confirmed"]
-        log.info("tune: reused the tune of this config on this hardware from %s (tune.cache= to measure again)", cfg.tune.cache)
+        log.info(
+            "tune: reused the tune of this config on this hardware from %s (tune.cache= to measure again)",
+            cfg.cache,
+        )
     else:
-        log.info("tune: trials of %.0f s of steady state each, within tune.budget_s=%.0f", cfg.tune.trial_s, cfg.tune.budget_s)
+        log.info(
+            "tune: trials of %.0f s of steady state each, within tune.budget_s=%.0f",
+            cfg.trial_s,
+            cfg.budget_s,
+        )
         try:
             with StopSignal() as tuner.stop:
                 tuner.run()
         except KeyboardInterrupt:
             tuner.interrupted = True
             if tuner.best is not None:
-                tuner.rate, tuner.speedup = tuner.best.samples_per_s, tuner.best.samples_per_s / tuner.results[0].samples_per_s
+                tuner.rate, tuner.speedup = (
+                    tuner.best.samples_per_s,
+                    tuner.best.samples_per_s / tuner.results[0].samples_per_s,
+                )
         if tuner.best is None:
             raise UserError("tune: interrupted before the starting config was measured; nothing to write")
         if not tuner.interrupted:
-            cache.put(key, {"results": [dataclasses.asdict(r) for r in tuner.results], "changes": tuner.changes, "best": tuner.best.number,
-                            "rate": tuner.rate, "speedup": tuner.speedup, "confirmed": tuner.confirmed})  # fmt: skip
+            cache.put(
+                key,
+                {
+                    "results": [dataclasses.asdict(r) for r in tuner.results],
+                    "changes": tuner.changes,
+                    "best": tuner.best.number,
+                    "rate": tuner.rate,
+                    "speedup": tuner.speedup,
+                    "confirmed": tuner.confirmed,
+                },
+            )
+
+
+def _record_tune(tuner: Tuner, preset: Path, run_dir: Path) -> None:
+    """The preset, tune.md, tune.json and the TensorBoard text."""
     speedup = tuner.speedup
-    write_preset(preset, tuner.start_overrides, tuner.changes, searchpath=tuner.searchpath, speedup=speedup, rate=tuner.rate,
-                 confirmed=tuner.confirmed)  # fmt: skip
+    write_preset(
+        preset,
+        tuner.start_overrides,
+        tuner.changes,
+        groups={k for k in tuner.invocation.choices if not k.startswith("hydra")},
+        searchpath=tuner.searchpath,
+        speedup=speedup,
+        rate=tuner.rate,
+        confirmed=tuner.confirmed,
+    )
     text = render(tuner, preset=preset)
     (run_dir / "tune.md").write_text(text)
-    write_json(run_dir / "tune.json", {"results": [dataclasses.asdict(r) for r in tuner.results], "changes": tuner.changes,
-                                       "speedup": speedup, "confirmed": tuner.confirmed, "preset": str(preset),
-                                       "interrupted": tuner.interrupted})  # fmt: skip
+    write_json(
+        run_dir / "tune.json",
+        {
+            "results": [dataclasses.asdict(r) for r in tuner.results],
+            "changes": tuner.changes,
+            "speedup": speedup,
+            "confirmed": tuner.confirmed,
+            "preset": str(preset),
+            "interrupted": tuner.interrupted,
+        },
+    )
     _tensorboard(run_dir, lambda tb, run: tb.on_text(run, "tune", text, 0))
     log.info("\n%s", text)
-    metrics = Metrics({"perf/samples_per_s": tuner.rate, "tune/speedup": speedup, "tune/confirmed": float(tuner.confirmed),
-                       "tune/trials": len(tuner.results)})  # fmt: skip
-    metrics.objective = "perf/samples_per_s"
-    return metrics
 
 
 def _check(cfg: DictConfig) -> None:
@@ -479,12 +559,6 @@ def _check(cfg: DictConfig) -> None:
     from saturate.data.augment import PRESETS
 
     validate(cfg, presets=tuple(PRESETS))  # every mistake now, not in the first trial
-
-
-def _ours(override: str) -> bool:
-    """Overrides that belong to this tune, not to the config it tunes."""
-    key = override.lstrip("+~").partition("=")[0]
-    return key.startswith(("tune.", "hydra.")) or key in ("tune", "run_dir", "name")
 
 
 def _trial_name(changes: list[str]) -> str:
@@ -496,7 +570,7 @@ def _record(trial_dir: Path, result: Result) -> None:
     """A trial that did not train to the end still gets its row in TensorBoard's HParams
     tab: its overrides and what happened (a trained trial's run logs its own)."""
     params = {"overrides": " ".join(result.changes), "tune.outcome": result.outcome}
-    _tensorboard(trial_dir, lambda tb, run: tb.on_hparams(run, params, {"tune/failed": 1.0}, []))
+    _tensorboard(trial_dir, lambda tb, run: tb.on_hparams(run, params, {names.TUNE_FAILED: 1.0}, []))
 
 
 def _tensorboard(run_dir: Path, write) -> None:
@@ -539,16 +613,13 @@ def preset_name(cfg: DictConfig, choices: dict) -> str:
     return "tuned_" + re.sub(r"[^A-Za-z0-9_-]+", "_", str(name)).strip("_")
 
 
-def preset_path(cfg: DictConfig, hydra_cfg: DictConfig) -> Path:
+def preset_path(cfg: DictConfig, invocation: Invocation) -> Path:
     """Where the preset goes: tune.preset, or experiment/ in the first config dir the user
     added (hydra.searchpath), else in the primary config dir (saturate's conf/)."""
     if cfg.tune.preset != "auto":
         path = Path(cfg.tune.preset)
         return path if path.suffix == ".yaml" else path.with_suffix(".yaml")
-    sources = [s for s in hydra_cfg.runtime.config_sources if s.schema == "file"]
-    user = [s for s in sources if s.provider not in ("main", "hydra", "schema")]
-    folder = Path((user or sources)[0].path)
-    return folder / "experiment" / f"{preset_name(cfg, hydra_cfg.runtime.choices)}.yaml"
+    return Path(invocation.config_dirs[0]) / "experiment" / f"{preset_name(cfg, invocation.choices)}.yaml"
 
 
 def preset_text(start: list[str], changes: list[str], groups: set[str], header: str) -> str:
@@ -589,36 +660,55 @@ def ours(path: Path) -> None:
         except OSError as e:
             raise UserError(f"tune.preset: cannot read {path} ({e.strerror or e}); give another path") from None
     if head != PRESET_MARK:
-        raise UserError(f"tune.preset: {path} exists and is not a preset saturate's tune wrote; it is never overwritten: give "
-                        "tune.preset=<a new .yaml path>, or remove that file yourself")  # fmt: skip
+        raise UserError(
+            f"tune.preset: {path} exists and is not a preset saturate's tune wrote; it is never overwritten: give "
+            "tune.preset=<a new .yaml path>, or remove that file yourself"
+        )
 
 
-def write_preset(path: Path, start: list[str], changes: list[str], *, searchpath: list[str], speedup: float, rate: float,
-                 confirmed: bool) -> None:  # fmt: skip
+def write_preset(
+    path: Path,
+    start: list[str],
+    changes: list[str],
+    *,
+    groups: set[str],
+    searchpath: list[str],
+    speedup: float,
+    rate: float,
+    confirmed: bool,
+) -> None:
+    """The preset `path`: `start` then `changes` (`groups`: the config groups, whose
+    overrides become defaults-list entries)."""
     ours(path)
-    choices = HydraConfig.get().runtime.choices
-    groups = {k for k in choices if not k.startswith("hydra")}
     how = "" if confirmed or not changes else " (one trial each, not confirmed)"
     header = (
-        f"# Written by saturate's tune on {datetime.now():%Y-%m-%d %H:%M}: {rate:,.0f} samples/s, {speedup:.2f}x the starting config"
-        f"{how}:\n"
-        f"#   python train.py tune=true {' '.join(searchpath + start)}\n"
+        f"# Written by saturate's tune on {datetime.now():%Y-%m-%d %H:%M}: {rate:,.0f} samples/s, {speedup:.2f}x "
+        f"the starting config{how}:\n#   python train.py tune=true {' '.join(searchpath + start)}\n"
         f"# Reproduce it: {reproduce(path, searchpath)}\n"
     )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(preset_text(start, changes, groups, header))
     except OSError as e:
-        raise UserError(f"tune.preset: cannot write {path} ({e.strerror or e}); set tune.preset=<a writable .yaml path>") from None
+        raise UserError(
+            f"tune.preset: cannot write {path} ({e.strerror or e}); set tune.preset=<a writable .yaml path>"
+        ) from None
 
 
 def _rows(results: list[Result], start: Result) -> Iterator[str]:
     for r in results:
         ok = r.status == "ok"
-        cells = [str(r.number), "`" + (" ".join(r.changes) or "(start)") + "`",
-                 f"{r.samples_per_s:,.0f}" if ok else "-", f"{r.samples_per_s / start.samples_per_s:.2f}x" if ok else "-",
-                 f"{r.data_wait:.0%}" if ok else "-", f"{r.gpu_util:.0f}%" if r.gpu_util is not None else "-",
-                 f"{r.peak_mb:,.0f}" if r.peak_mb is not None else "-", r.verdict or "-", r.outcome]  # fmt: skip
+        cells = [
+            str(r.number),
+            "`" + (" ".join(r.changes) or "(start)") + "`",
+            f"{r.samples_per_s:,.0f}" if ok else "-",
+            f"{r.samples_per_s / start.samples_per_s:.2f}x" if ok else "-",
+            f"{r.data_wait:.0%}" if ok else "-",
+            f"{r.gpu_util:.0f}%" if r.gpu_util is not None else "-",
+            f"{r.peak_mb:,.0f}" if r.peak_mb is not None else "-",
+            r.verdict or "-",
+            r.outcome,
+        ]
         yield "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 
 
@@ -630,7 +720,9 @@ def reproduce(preset: Path, searchpath: list[str]) -> str:
     dirs = [str(d) for o in OverridesParser.create().parse_overrides(searchpath) for d in (o.value() or [])]
     root = preset.parent.parent.resolve()
     main = Path(__file__).resolve().parents[2] / "conf"  # train.py's config_path, beside src/ in the checkout
-    if root != main and not any(d.removeprefix("file://") and Path(d.removeprefix("file://")).resolve() == root for d in dirs):
+    if root != main and not any(
+        d.removeprefix("file://") and Path(d.removeprefix("file://")).resolve() == root for d in dirs
+    ):
         dirs.append(f"file://{root}")
     where = [f"hydra.searchpath=[{','.join(dirs)}]"] if dirs else []
     return " ".join(["python train.py", *where, f"experiment={preset.stem}"])
@@ -639,21 +731,38 @@ def reproduce(preset: Path, searchpath: list[str]) -> str:
 def render(tuner: Tuner, *, preset: Path) -> str:
     """The tune as Markdown (console, tune.md, TensorBoard text)."""
     start = tuner.results[0]
-    lines = ["## Tune", "", "| trial | overrides | samples/s | vs start | data wait | GPU util | peak MB | verdict | result |",
-             "|---:|---|---:|---:|---:|---:|---:|---|---|", *_rows(tuner.results, start), ""]  # fmt: skip
+    lines = [
+        "## Tune",
+        "",
+        "| trial | overrides | samples/s | vs start | data wait | GPU util | peak MB | verdict | result |",
+        "|---:|---|---:|---:|---:|---:|---:|---|---|",
+        *_rows(tuner.results, start),
+        "",
+    ]
     if tuner.interrupted:
         lines += ["Interrupted: the best so far is kept.", ""]
     rounds = sum(r.outcome == "again" for r in tuner.results) // 2 + 1
-    how = f"the median of {rounds} paired measurements of the start and the fastest" if tuner.confirmed else "one trial each"
+    how = (
+        f"the median of {rounds} paired measurements of the start and the fastest"
+        if tuner.confirmed
+        else "one trial each"
+    )
     if tuner.changes and tuner.confirmed:
-        lines.append(f"**Fastest: {tuner.rate:,.0f} samples/s, {tuner.speedup:.2f}x the starting config** ({how}) with "
-                     f"`{' '.join(tuner.changes)}`.")  # fmt: skip
+        lines.append(
+            f"**Fastest: {tuner.rate:,.0f} samples/s, {tuner.speedup:.2f}x the starting config** ({how}) with "
+            f"`{' '.join(tuner.changes)}`."
+        )
     elif tuner.changes:
-        lines.append(f"**Fastest: {tuner.rate:,.0f} samples/s, {tuner.speedup:.2f}x the starting config in one trial each, not "
-                     f"confirmed** with `{' '.join(tuner.changes)}`: the budget (or an interrupt) left no room to measure the start "
-                     "and the fastest again side by side; a single trial is at the mercy of a noisy machine. Tune again with a "
-                     "larger tune.budget_s to confirm it.")  # fmt: skip
+        lines.append(
+            f"**Fastest: {tuner.rate:,.0f} samples/s, {tuner.speedup:.2f}x the starting config in one trial each, not "
+            f"confirmed** with `{' '.join(tuner.changes)}`: the budget (or an interrupt) left no room to measure "
+            "the start "
+            "and the fastest again side by side; a single trial is at the mercy of a noisy machine. Tune again with a "
+            "larger tune.budget_s to confirm it."
+        )
     else:
-        lines.append(f"**Nothing measured faster than the starting config** ({tuner.rate:,.0f} samples/s): keep it as it is.")
+        lines.append(
+            f"**Nothing measured faster than the starting config** ({tuner.rate:,.0f} samples/s): keep it as it is."
+        )
     lines += ["", f"Preset: `{preset}`; run it with `{reproduce(preset, tuner.searchpath)}`."]
     return "\n".join(lines) + "\n"

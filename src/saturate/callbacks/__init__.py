@@ -13,10 +13,10 @@ user's own would use (copy one to start yours):
     python train.py callbacks=[early_stopping,ema] callbacks.early_stopping.patience=5
 """
 
-from saturate.callbacks.base import HOOKS, Callback, Run
+from saturate.callbacks.base import HOOKS, Callback, Plan, Run
 from saturate.callbacks.dispatch import CallbackError, Observers
 from saturate.callbacks.early_stopping import EarlyStopping
 from saturate.callbacks.ema import EMA
 from saturate.callbacks.plateau import Plateau
 
-__all__ = ["EMA", "HOOKS", "Callback", "CallbackError", "EarlyStopping", "Observers", "Plateau", "Run"]
+__all__ = ["EMA", "HOOKS", "Callback", "CallbackError", "EarlyStopping", "Observers", "Plan", "Plateau", "Run"]

@@ -17,28 +17,56 @@ restored on resume, so a resumed run behaves as an uninterrupted one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from saturate import names
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run is set to do, as its callbacks read it."""
+
+    run_dir: Path
+    monitor: str = names.VAL_LOSS  # checkpoint.monitor, resolved
+    mode: str = "min"  # its direction: max or min
+    total_steps: int = 0
+    rank: int = 0
+    world_size: int = 1
+    info: dict[str, Any] = field(default_factory=dict)  # data, model, task: names, for the record
+
 
 class Run:
-    """What a callback sees of the run, and the requests it may make. Set up by the run; the
-    loop keeps `step`, `epoch` and `metrics` current."""
+    """What a callback sees of the run, and the requests it may make. Built by the run from
+    its plan, the objects it trains with, and where the loop is (`position`: its `step` and
+    `epoch`, which the loop keeps current; `timer`: the step timer's steady-state windows,
+    saturate.observe.timing.StepTimer, read-only)."""
 
-    def __init__(self, *, run_dir: Path, model, optimizer, scheduler, monitor: str, mode: str, total_steps: int, start_step: int,
-                 rank: int = 0, world_size: int = 1, info: dict[str, Any] | None = None, direction=None):  # fmt: skip
-        self.run_dir, self.model, self.optimizer, self.scheduler = Path(run_dir), model, optimizer, scheduler
+    def __init__(
+        self, plan: Plan, *, model, optimizer, scheduler, position, timer=None, lr_scale: float = 1.0, direction=None
+    ):
+        self.run_dir, self.monitor, self.mode = Path(plan.run_dir), plan.monitor, plan.mode
+        self.total_steps, self.rank, self.world_size = plan.total_steps, plan.rank, plan.world_size
+        self.info = dict(plan.info)
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.position, self.timer = position, timer
+        self.start_step = position.step  # where this attempt started (a resumed run: its checkpoint's step)
         self._direction = direction or (lambda name: "min" if name.endswith("loss") else "max")
-        self.timer = None  # the step timer's steady-state windows (saturate.observe.timing.StepTimer), read-only
-        self.monitor, self.mode = monitor, mode  # checkpoint.monitor and its direction (max or min), resolved
-        self.total_steps, self.start_step = total_steps, start_step
-        self.rank, self.world_size = rank, world_size
-        self.info = dict(info or {})  # data, model, task: names, for the record
-        self.step, self.epoch = start_step, 0
         self.metrics: dict[str, float] = {}  # the latest logged value of every metric
         self.eval_model = model  # what is evaluated and saved as the run's weights (a callback may set an average)
         self.stop_reason: str | None = None
-        self.lr_scale = 1.0  # the product of scale_lr's factors (saved in checkpoints, so a resumed run keeps it)
+        self.lr_scale = lr_scale  # the product of scale_lr's factors (saved in checkpoints, so a resumed run keeps it)
+
+    @property
+    def step(self) -> int:
+        """Training steps completed."""
+        return self.position.step
+
+    @property
+    def epoch(self) -> int:
+        """Epochs completed."""
+        return self.position.epoch
 
     def direction(self, metric: str) -> str:
         """Which way `metric` (e.g. "val/acc") improves: "max" or "min", as the task says."""
@@ -114,5 +142,16 @@ class Callback:
         """This run's settings and final metrics, for comparing runs; `varied`: the settings a sweep varies."""
 
 
-HOOKS = ("on_run_start", "on_train_batch_end", "on_after_optimizer_step", "on_log", "on_eval_end", "on_checkpoint", "on_run_end",
-         "on_text", "on_images", "on_layout", "on_hparams")  # fmt: skip
+HOOKS = (
+    "on_run_start",
+    "on_train_batch_end",
+    "on_after_optimizer_step",
+    "on_log",
+    "on_eval_end",
+    "on_checkpoint",
+    "on_run_end",
+    "on_text",
+    "on_images",
+    "on_layout",
+    "on_hparams",
+)

@@ -38,14 +38,19 @@ class Observers:
     """The run's callbacks and loggers behind one call per hook. `callbacks` and `loggers`:
     {name: object}; loggers are dropped on ranks other than 0 (`is_main`)."""
 
-    def __init__(self, callbacks: dict[str, Any] | None = None, loggers: dict[str, Any] | None = None, *, is_main: bool = True):
+    def __init__(
+        self, callbacks: dict[str, Any] | None = None, loggers: dict[str, Any] | None = None, *, is_main: bool = True
+    ):
         self.callbacks = dict(callbacks or {})
         self.loggers = dict(loggers or {}) if is_main else {}
         every = {**self.callbacks, **self.loggers}
         for name, obj in every.items():
             if not any(callable(getattr(obj, hook, None)) for hook in HOOKS):
                 raise UserError(f"callbacks: {name} ({type(obj).__name__}) has none of the hooks {', '.join(HOOKS)}")
-        self._hooks = {hook: [(name, fn) for name, obj in every.items() if callable(fn := getattr(obj, hook, None))] for hook in HOOKS}
+        self._hooks = {
+            hook: [(name, fn) for name, obj in every.items() if callable(fn := getattr(obj, hook, None))]
+            for hook in HOOKS
+        }
         self.running: str | None = None  # the hook running now, as name.hook
         self.stopping = False  # a stop signal arrived
         self._previous_alarm = None  # SIGALRM's handler while a hook is on the clock
@@ -62,13 +67,17 @@ class Observers:
                     self._arm()
                 fn(run, *args)
             except CallbackHung:
-                log.warning("%s did not return within %.0f s of the stop signal: abandoned; the run stops", self.running, HANG_S)
+                log.warning(
+                    "%s did not return within %.0f s of the stop signal: abandoned; the run stops", self.running, HANG_S
+                )
             except Exception as e:
                 if isinstance(e, RuntimeError) and "DataLoader worker" in str(e):
                     # torch's SIGCHLD handler raises a worker's death in whatever the main thread
                     # runs, a logger's hook included: the loader's failure, not the hook's
                     raise
-                raise CallbackError(f"{self.running} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+                raise CallbackError(
+                    f"{self.running} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+                ) from e
             finally:
                 self._disarm()
                 self.running = None
@@ -99,7 +108,9 @@ class Observers:
 
     def state_dict(self) -> dict[str, Any]:
         """{name: state} of every callback with a state_dict()."""
-        return {name: obj.state_dict() for name, obj in self.callbacks.items() if callable(getattr(obj, "state_dict", None))}
+        return {
+            name: obj.state_dict() for name, obj in self.callbacks.items() if callable(getattr(obj, "state_dict", None))
+        }
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
         """Give each callback its saved state (by name); one the checkpoint has no state for

@@ -42,15 +42,19 @@ class EarlyStopping:
     def on_eval_end(self, run, metrics: dict[str, float]) -> None:
         value = metrics.get(self.monitor.removeprefix("val/"), metrics.get(self.monitor))
         if value is None:
-            raise KeyError(f"early_stopping: {self.monitor} is not among the evaluation's metrics ({', '.join(sorted(metrics))})")
+            raise KeyError(
+                f"early_stopping: {self.monitor} is not among the evaluation's metrics ({', '.join(sorted(metrics))})"
+            )
         if math.isfinite(value) and (self.best is None or self._better(value)):
             self.best, self.best_step, self.wait = float(value), run.step, 0
             return
         self.wait += 1
         if self.wait >= self.patience:
             best = f"{self.best:.4f} at step {self.best_step}" if self.best is not None else "no finite value"
-            run.request_stop(f"early stopping: {self.monitor} did not improve by more than {self.min_delta:g} in {self.patience} "
-                             f"evaluation(s) (best {best})")  # fmt: skip
+            run.request_stop(
+                f"early stopping: {self.monitor} did not improve by more than {self.min_delta:g} in {self.patience} "
+                f"evaluation(s) (best {best})"
+            )
 
     def _better(self, value: float) -> bool:
         return value > self.best + self.min_delta if self.mode == "max" else value < self.best - self.min_delta

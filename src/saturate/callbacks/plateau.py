@@ -14,8 +14,16 @@ from saturate.errors import ConfigError, Problem
 
 
 class Plateau:
-    def __init__(self, monitor: str = "auto", mode: str = "auto", factor: float = 0.1, patience: int = 2, threshold: float = 1e-4,
-                 cooldown: int = 0, min_lr: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        monitor: str = "auto",
+        mode: str = "auto",
+        factor: float = 0.1,
+        patience: int = 2,
+        threshold: float = 1e-4,
+        cooldown: int = 0,
+        min_lr: float = 0.0,
+    ):
         problems = []
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor < 1:
             problems.append(Problem("callbacks.plateau.factor", factor, "a number in (0, 1)"))
@@ -39,9 +47,15 @@ class Plateau:
             self.mode = run.direction(self.monitor)
         base = max(run.scheduler.base_lrs)
         scale = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-        self.rule = torch.optim.lr_scheduler.ReduceLROnPlateau(scale, mode=self.mode, factor=self.factor, patience=self.patience,
-                                                               threshold=self.threshold, cooldown=self.cooldown,
-                                                               min_lr=self.min_lr / base if base else 0.0)  # fmt: skip
+        self.rule = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            scale,
+            mode=self.mode,
+            factor=self.factor,
+            patience=self.patience,
+            threshold=self.threshold,
+            cooldown=self.cooldown,
+            min_lr=self.min_lr / base if base else 0.0,
+        )
         if getattr(self, "_pending", None) is not None:  # restored before the run started
             self.rule.load_state_dict(self._pending)
             self._pending = None
@@ -53,7 +67,9 @@ class Plateau:
     def on_eval_end(self, run, metrics: dict[str, float]) -> None:
         value = metrics.get(self.monitor.removeprefix("val/"), metrics.get(self.monitor))
         if value is None:
-            raise KeyError(f"plateau: {self.monitor} is not among the evaluation's metrics ({', '.join(sorted(metrics))})")
+            raise KeyError(
+                f"plateau: {self.monitor} is not among the evaluation's metrics ({', '.join(sorted(metrics))})"
+            )
         before = self.scale
         self.rule.step(value)
         if self.scale < before:

@@ -25,8 +25,12 @@ class Profiler:
         self.sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
         self.directory = run.run_dir / "profile"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        self.profiler = profile(activities=activities, schedule=schedule(wait=self.wait, warmup=1, active=self.steps, repeat=1),
-                                on_trace_ready=self._ready, record_shapes=True)  # fmt: skip
+        self.profiler = profile(
+            activities=activities,
+            schedule=schedule(wait=self.wait, warmup=1, active=self.steps, repeat=1),
+            on_trace_ready=self._ready,
+            record_shapes=True,
+        )
         self.profiler.start()
 
     def _ready(self, prof) -> None:
@@ -35,8 +39,12 @@ class Profiler:
         prof.export_chrome_trace(str(path))
         table = prof.key_averages().table(sort_by=self.sort, row_limit=self.top)
         (self.directory / "top_ops.txt").write_text(table)
-        log.info("profile: trace of the steady-state steps in %s (open in https://ui.perfetto.dev); top operators by self time:\n%s",
-                 path, table)  # fmt: skip
+        log.info(
+            "profile: trace of the steady-state steps in %s (open in https://ui.perfetto.dev); top operators by "
+            "self time:\n%s",
+            path,
+            table,
+        )
         self.done = True
 
     def on_train_batch_end(self, run, loss) -> None:

@@ -29,8 +29,9 @@ from hydra.utils import get_method
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from saturate import names
+from saturate.config.data_info import DATA_ARGUMENTS, PLACEHOLDER
 from saturate.errors import ConfigError, Problem
-from saturate.tasks import DATA_ARGUMENTS as TASK_ARGUMENTS
 
 # A schema's problems(): (field, bad value, what is allowed), keyed relative to its node.
 Issues = Iterator[tuple[str, Any, str]]
@@ -65,7 +66,9 @@ class DeviceConfig:
     tf32: bool = True  # TF32 matmuls and convolutions on Ampere and newer
     cudnn_benchmark: bool = True
     memory_fraction: float = 1.0  # cap on this process's share of device memory
-    keep_host_memory: bool = True  # glibc malloc keeps freed blocks up to 32 MiB (no page faults per step; saturate.parts.device)
+    keep_host_memory: bool = (
+        True  # glibc malloc keeps freed blocks up to 32 MiB (no page faults per step; saturate.parts.device)
+    )
 
     def problems(self) -> Issues:
         yield from _choice("type", self.type, ("auto", "cpu", "cuda"))
@@ -116,7 +119,8 @@ class StageConfig:
 @dataclass
 class AugmentationConfig:
     placement: str = "none"  # none | cpu (per sample, in the workers) | gpu (batched, on the device)
-    transforms: list[Any] = field(default_factory=list)  # your own augmentation: `_target_` nodes of Kornia modules; replaces the policy
+    # your own augmentation: `_target_` nodes of Kornia modules; replaces the policy
+    transforms: list[Any] = field(default_factory=list)
     preset: str = "standard"  # minimal | standard | strong (see saturate.data.augment.PRESETS)
     schedule: list[StageConfig] = field(default_factory=list)  # by epoch; replaces `preset`
     # Set any of these to override the preset (every stage of a schedule):
@@ -144,7 +148,11 @@ class AugmentationConfig:
             yield from _choice(f"schedule[{i}].preset", stage.preset, presets)
         starts = [stage.from_epoch for stage in self.schedule]
         if starts and (starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts))):
-            yield "schedule", [f"from_epoch={e}" for e in starts], "stages ordered by from_epoch, strictly increasing, the first at 0"
+            yield (
+                "schedule",
+                [f"from_epoch={e}" for e in starts],
+                "stages ordered by from_epoch, strictly increasing, the first at 0",
+            )
         yield from _at_least("preview_images", self.preview_images, 0)
 
 
@@ -184,15 +192,23 @@ class TrainerConfig:
     progress: bool = True  # progress bar
     log_level: str = "INFO"
     resume: str | None = None  # "auto" (newest checkpoint in this run dir), a .pt file or a run dir
-    restart: bool = False  # a fresh run into a run dir holding an earlier run's checkpoints: delete them first (else refused)
-    predict: str | None = None  # val | test: write that split's predictions (best.pt's) to <run dir>/predictions/<split>.npz
-    skip_nonfinite: bool = True  # skip non-finite steps (decided on the device by a fused optimizer, else one host read per step)
+    restart: bool = (
+        False  # a fresh run into a run dir holding an earlier run's checkpoints: delete them first (else refused)
+    )
+    predict: str | None = (
+        None  # val | test: write that split's predictions (best.pt's) to <run dir>/predictions/<split>.npz
+    )
+    skip_nonfinite: bool = (
+        True  # skip non-finite steps (decided on the device by a fused optimizer, else one host read per step)
+    )
     max_nonfinite_steps: int = 10  # this many in a row stop the run
     sync_batchnorm: bool = False  # under DDP on GPUs: BatchNorm statistics over the global batch
     profile: bool = False  # record a torch.profiler trace of a few steady-state steps
     profile_wait: int = 5  # steps before the trace (warm-up: compilation, workers, caches)
     profile_steps: int = 5  # steps in the trace
-    devices: Any = "auto"  # processes: "auto" (every visible CUDA device; 1 on a CPU) or a number (saturate.scale.launch)
+    devices: Any = (
+        "auto"  # processes: "auto" (every visible CUDA device; 1 on a CPU) or a number (saturate.scale.launch)
+    )
 
     def problems(self) -> Issues:
         yield from _at_least("max_epochs", self.max_epochs, 1)
@@ -215,14 +231,20 @@ class TrainerConfig:
         if self.predict is not None:
             yield from _choice("predict", self.predict, ("val", "test"))
         if self.restart and self.resume:
-            yield "restart", True, f"false with trainer.resume={self.resume} (resume continues a run, restart starts it over)"
+            yield (
+                "restart",
+                True,
+                f"false with trainer.resume={self.resume} (resume continues a run, restart starts it over)",
+            )
 
 
 @dataclass
 class MonitorConfig:
     enabled: bool = True  # sample GPU (NVML) and CPU (psutil) use in a background thread
     interval_s: float = 1.0
-    costs: bool = True  # count a step's FLOPs and launches, and time its batch scaling, at start-up (a few passes on 8 samples)
+    costs: bool = (
+        True  # count a step's FLOPs and launches, and time its batch scaling, at start-up (a few passes on 8 samples)
+    )
 
     def problems(self) -> Issues:
         if self.interval_s <= 0:
@@ -249,7 +271,11 @@ class BatchSearchConfig:
         yield from _unit_interval("safety", self.safety, open_low=True)
 
 
-TUNABLE = ("batch_size", "precision")  # settings that change the optimisation: tune tries them only when tune.allow names them
+# settings that change the optimisation: tune tries them only when tune.allow names them
+TUNABLE = (
+    "batch_size",
+    "precision",
+)
 
 
 @dataclass
@@ -261,7 +287,8 @@ class TuneConfig:
     budget_s: float = 120.0  # the whole tune, trials and their set-up included
     trial_s: float = 4.0  # steady-state seconds each trial measures (after a warm-up of one log window)
     min_gain: float = 0.05  # a setting is kept when samples/s improves by more than this share
-    allow: list[str] = field(default_factory=list)  # also try these optimisation-changing settings: batch_size, precision
+    # also try these optimisation-changing settings: batch_size, precision
+    allow: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)  # your own candidates, each "key=value [key=value ...]", tried last
     preset: str = "auto"  # the preset written; auto: <your config dir>/experiment/tuned_<name>.yaml
     cache: str = "outputs/tune_cache.json"  # earlier tunes, reused for the same config and hardware; "" disables
@@ -280,16 +307,22 @@ class TuneConfig:
 
 @dataclass
 class CheckpointConfig:
-    monitor: str = "auto"  # the metric best.pt (and top_k) is chosen by; auto: val/acc (classification), val/loss (regression)
+    monitor: str = (
+        "auto"  # the metric best.pt (and top_k) is chosen by; auto: val/acc (classification), val/loss (regression)
+    )
     mode: str = "auto"  # max | min | auto: from the metric (max for accuracy and r2, min for losses and errors)
     top_k: int = 1  # > 1: also keep the k best as top-<epoch>-<step>.pt
     every_n_steps: int = 0  # > 0: also save last.pt every n steps (mid-epoch resume points)
 
     def problems(self) -> Issues:
         if self.monitor != "auto" and not re.fullmatch(r"(train|val)/[\w./-]+", self.monitor):
-            yield "monitor", self.monitor, "auto, or a metric the run logs: train/loss, val/loss or val/<a metric of the task>"
+            yield (
+                "monitor",
+                self.monitor,
+                "auto, or a metric the run logs: train/loss, val/loss or val/<a metric of the task>",
+            )
         yield from _choice("mode", self.mode, ("auto", "max", "min"))
-        if self.monitor in ("train/loss", "val/loss") and self.mode == "max":
+        if self.monitor in (names.TRAIN_LOSS, names.VAL_LOSS) and self.mode == "max":
             yield "mode", self.mode, f"min or auto for checkpoint.monitor={self.monitor} (lower is better)"
         yield from _at_least("top_k", self.top_k, 1)
         yield from _at_least("every_n_steps", self.every_n_steps, 0)
@@ -298,13 +331,15 @@ class CheckpointConfig:
         """monitor and mode with `auto` replaced by what the task and the data decide; a
         metric the task does not log, or a mode against its direction, is a ConfigError."""
         if self.monitor == "auto":
-            monitor = "train/loss" if not has_val else (f"val/{task.main}" if task.main else "val/loss")
+            monitor = names.TRAIN_LOSS if not has_val else (f"val/{task.main}" if task.main else names.VAL_LOSS)
         else:
             monitor = self.monitor
-        logged = ("train/loss", *((f"val/{name}" for name in ("loss", *task.names())) if has_val else ()))
+        logged = (names.TRAIN_LOSS, *((f"val/{name}" for name in ("loss", *task.names())) if has_val else ()))
         if monitor not in logged:
             why = "" if has_val else " (there is no validation set)"
-            raise ConfigError([Problem("checkpoint.monitor", monitor, f"auto or a metric the run logs{why}: {', '.join(logged)}")])
+            raise ConfigError(
+                [Problem("checkpoint.monitor", monitor, f"auto or a metric the run logs{why}: {', '.join(logged)}")]
+            )
         direction = "min" if monitor.endswith("/loss") else task.better(monitor.split("/", 1)[1])
         if self.mode not in ("auto", direction):
             better = "higher" if direction == "max" else "lower"
@@ -321,23 +356,38 @@ class RunConfig:
     augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
     model: Any = MISSING  # `_target_` node: an nn.Module, given the data-derived arguments its constructor names
     data: Any = MISSING  # `_target_` node: a callable returning (train_dataset, val_dataset)
-    task: Any = MISSING  # `_target_` node: a task (saturate.tasks), given the data-derived arguments its constructor names
+    task: Any = (
+        MISSING  # `_target_` node: a task (saturate.tasks), given the data-derived arguments its constructor names
+    )
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     batch_search: BatchSearchConfig = field(default_factory=BatchSearchConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
-    logger: dict[str, Any] = field(default_factory=dict)  # {name: `_target_` node}: the logger group's options, or yours (rank 0)
-    callbacks: dict[str, Any] = field(default_factory=dict)  # {name: `_target_` node} with hooks of saturate.callbacks.Callback
+    # {name: `_target_` node}: the logger group's options, or yours (rank 0)
+    logger: dict[str, Any] = field(default_factory=dict)
+    # {name: `_target_` node} with hooks of saturate.callbacks.Callback
+    callbacks: dict[str, Any] = field(default_factory=dict)
     run_dir: str = MISSING  # Hydra's output dir for this job
-    name: str | None = None  # ends the run dir's name (TensorBoard's run name); default: the overrides (a sweep's swept ones)
+    name: str | None = (
+        None  # ends the run dir's name (TensorBoard's run name); default: the overrides (a sweep's swept ones)
+    )
 
 
 MAX_SEED = 2**32 - 1
-# the data-derived arguments a model's constructor may name (saturate.compose.run: model_arguments)
-DATA_ARGUMENTS = ("in_channels", "in_features", "num_classes", "num_outputs", "input_shape")
-GROUPS = ("device", "precision", "loader", "augmentation", "optim", "trainer", "checkpoint", "batch_search", "monitor", "tune")
+GROUPS = (
+    "device",
+    "precision",
+    "loader",
+    "augmentation",
+    "optim",
+    "trainer",
+    "checkpoint",
+    "batch_search",
+    "monitor",
+    "tune",
+)
 
 
 def _check_target(node: Any, prefix: str, given: tuple[str, ...]) -> Iterator[Problem]:
@@ -365,11 +415,15 @@ def _check_target(node: Any, prefix: str, given: tuple[str, ...]) -> Iterator[Pr
                 yield Problem(f"{prefix}.{name}", "(missing)", f"a value: {target} requires it")
     for key, value in node.items():
         yield from _nested_targets(value, f"{prefix}.{key}")
-        if key in params and not key.startswith("_") and not (isinstance(value, str) and value.startswith(DATA_INFO)):
+        if key in params and not key.startswith("_") and not (isinstance(value, str) and value.startswith(PLACEHOLDER)):
             expected = _plain_type(params[key].annotation)
             if expected is not None and not _is(value, expected):
                 name = fn.__qualname__ if hasattr(fn, "__qualname__") else target
-                yield Problem(f"{prefix}.{key}", value, f"{_A[expected[0]]}{' or null' if None in expected else ''} ({name}'s {key})")
+                yield Problem(
+                    f"{prefix}.{key}",
+                    value,
+                    f"{_A[expected[0]]}{' or null' if None in expected else ''} ({name}'s {key})",
+                )
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     for key, value in node.items():
@@ -389,7 +443,6 @@ def _nested_targets(value: Any, prefix: str) -> Iterator[Problem]:
             yield from _nested_targets(inner, f"{prefix}[{i}]")
 
 
-DATA_INFO = "<data_info:"  # what ${data_info:...} resolves to before the data is described (saturate.config.registration)
 _A = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
@@ -457,51 +510,61 @@ def validate(cfg: DictConfig, *, presets: tuple[str, ...], given: tuple[str, ...
     """Check the whole composed config; raise one ConfigError that lists every problem.
     `presets`: the augmentation presets that exist; `given`: nodes whose objects the caller
     passes in (saturate.fit: "model", "data"), not checked here."""
-    problems: list[Problem] = []
     try:
         run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except OmegaConfBaseException as e:  # an interpolation that does not resolve, a node removed with ~
         key = getattr(e, "full_key", None) or "config"
-        raise ConfigError([Problem(key, given_text(cfg, key), f"a value that resolves ({str(e).splitlines()[0]})")]) from None
-    known = [f.name for f in dataclasses.fields(RunConfig)]
-    problems += [Problem(key, cfg[key], "one of the top-level keys " + ", ".join(known)) for key in cfg if key not in known]
-    floats = _floats(OmegaConf.to_container(cfg, resolve=True))
-    problems += [Problem(key, value, "a finite number") for key, value in floats if not math.isfinite(value)]
-    for group in GROUPS:
-        fields = [f.name for f in dataclasses.fields(getattr(run, group))]
-        if group not in cfg:  # ~group on the command line
-            problems.append(Problem(group, "(removed)", f"the {group} node: it cannot be removed; override its keys instead"))
-            continue
-        for key in cfg[group]:  # `+group.key=...` gets past Hydra; a typo should not
-            if key not in fields:
-                problems.append(Problem(f"{group}.{key}", cfg[group][key], "one of the keys " + ", ".join(fields)))
-        args = {"augmentation": (presets,)}.get(group, ())
-        for key, value, allowed in getattr(run, group).problems(*args):
-            problems.append(Problem(f"{group}.{key}", value, allowed))
-
-    if "data" not in given:
-        problems += _check_target(run.data, "data", given=())
-    if "task" not in given:
-        problems += _check_target(run.task, "task", given=TASK_ARGUMENTS)
-    for name, entries in (("logger", run.logger), ("callbacks", run.callbacks)):
-        for key, entry in entries.items():
-            problems += _check_target(entry, f"{name}.{key}", given=())
-
-    if run.loader.resident and run.augmentation.placement == "cpu":
-        problems.append(
-            Problem(
-                "augmentation.placement", "cpu", "gpu or none with loader.resident=true (a resident loader has no workers to augment in)"
-            )
-        )
-    if "model" not in given:
-        problems += _check_target(run.model, "model", given=DATA_ARGUMENTS)
-    for i, node in enumerate(run.augmentation.transforms):
-        problems += _check_target(node, f"augmentation.transforms[{i}]", given=())
-    if isinstance(run.loader.batch_size, int) and 1 <= run.loader.batch_size < run.trainer.accumulate:
-        problems.append(Problem("trainer.accumulate", run.trainer.accumulate,
-                                f"at most loader.batch_size ({run.loader.batch_size}): each micro-batch needs a sample"))  # fmt: skip
-    problems += _check_target(dict(run.optim.optimizer), "optim.optimizer", given=("params",))
-
+        raise ConfigError(
+            [Problem(key, given_text(cfg, key), f"a value that resolves ({str(e).splitlines()[0]})")]
+        ) from None
+    problems = [*_group_problems(cfg, run, presets), *_node_problems(run, given), *_combination_problems(run)]
     if problems:
         raise ConfigError(problems)
     return run
+
+
+def _group_problems(cfg: DictConfig, run: RunConfig, presets: tuple[str, ...]) -> Iterator[Problem]:
+    """Unknown top-level keys, non-finite numbers, and each group's keys and values."""
+    known = [f.name for f in dataclasses.fields(RunConfig)]
+    yield from (
+        Problem(key, cfg[key], "one of the top-level keys " + ", ".join(known)) for key in cfg if key not in known
+    )
+    floats = _floats(OmegaConf.to_container(cfg, resolve=True))
+    yield from (Problem(key, value, "a finite number") for key, value in floats if not math.isfinite(value))
+    for group in GROUPS:
+        fields = [f.name for f in dataclasses.fields(getattr(run, group))]
+        if group not in cfg:  # ~group on the command line
+            yield Problem(group, "(removed)", f"the {group} node: it cannot be removed; override its keys instead")
+            continue
+        for key in cfg[group]:  # `+group.key=...` gets past Hydra; a typo should not
+            if key not in fields:
+                yield Problem(f"{group}.{key}", cfg[group][key], "one of the keys " + ", ".join(fields))
+        args = {"augmentation": (presets,)}.get(group, ())
+        for key, value, allowed in getattr(run, group).problems(*args):
+            yield Problem(f"{group}.{key}", value, allowed)
+
+
+def _node_problems(run: RunConfig, given: tuple[str, ...]) -> Iterator[Problem]:
+    """The `_target_` nodes: each target imports and takes the keys its node gives."""
+    if "data" not in given:
+        yield from _check_target(run.data, "data", given=())
+    if "task" not in given:
+        yield from _check_target(run.task, "task", given=DATA_ARGUMENTS)
+    if "model" not in given:
+        yield from _check_target(run.model, "model", given=DATA_ARGUMENTS)
+    for name, entries in (("logger", run.logger), ("callbacks", run.callbacks)):
+        for key, entry in entries.items():
+            yield from _check_target(entry, f"{name}.{key}", given=())
+    for i, node in enumerate(run.augmentation.transforms):
+        yield from _check_target(node, f"augmentation.transforms[{i}]", given=())
+    yield from _check_target(dict(run.optim.optimizer), "optim.optimizer", given=("params",))
+
+
+def _combination_problems(run: RunConfig) -> Iterator[Problem]:
+    """Settings that are each valid but not together."""
+    if run.loader.resident and run.augmentation.placement == "cpu":
+        allowed = "gpu or none with loader.resident=true (a resident loader has no workers to augment in)"
+        yield Problem("augmentation.placement", "cpu", allowed)
+    if isinstance(run.loader.batch_size, int) and 1 <= run.loader.batch_size < run.trainer.accumulate:
+        allowed = f"at most loader.batch_size ({run.loader.batch_size}): each micro-batch needs a sample"
+        yield Problem("trainer.accumulate", run.trainer.accumulate, allowed)

@@ -136,7 +136,9 @@ class BatchAugment:
     def __call__(self, x: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
         policy = self.schedule.policy(epoch)
         if policy not in self._pipelines:
-            self._pipelines[policy] = policy.pipeline.to(x.device) if isinstance(policy, Transforms) else kornia_pipeline(policy)
+            self._pipelines[policy] = (
+                policy.pipeline.to(x.device) if isinstance(policy, Transforms) else kornia_pipeline(policy)
+            )
         # Kornia draws its parameters from the global CPU generator: seed it for this batch
         # inside a fork, so no other user of the global generator sees a difference.
         with torch.random.fork_rng(devices=[]):

@@ -60,7 +60,10 @@ def fits_in_memory(what: str, nbytes: int) -> None:
 
     available = psutil.virtual_memory().available
     if nbytes > 0.8 * available:
-        raise DataError(f"{what}: {nbytes / 2**30:.1f} GiB in memory, more than the {available / 2**30:.1f} GiB available; make it smaller")
+        raise DataError(
+            f"{what}: {nbytes / 2**30:.1f} GiB in memory, more than the {available / 2**30:.1f} GiB available; make "
+            "it smaller"
+        )
 
 
 def at_least(key: str, value, low: int) -> None:
@@ -79,7 +82,10 @@ def as_tensor(value) -> torch.Tensor:
         return torch.tensor(value)
     if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, np.generic)) for v in value):
         return torch.tensor(value)
-    raise DataError(f"data: a sample holds a {type(value).__name__}; expected a tensor, a numpy array, a list of numbers or a number")
+    raise DataError(
+        f"data: a sample holds a {type(value).__name__}; expected a tensor, a numpy array, a list of numbers or a "
+        "number"
+    )
 
 
 @dataclass
@@ -102,7 +108,9 @@ class DataSpec:
     structure: str = "pair"  # pair: (input, target); dict: the input and target under input_key and target_key
     input_key: str = "input"
     target_key: str = "target"
-    float_image: bool = False  # float (C, H, W) in [0, 1] (the ToTensor() convention): augmented as images, not normalised
+    float_image: bool = (
+        False  # float (C, H, W) in [0, 1] (the ToTensor() convention): augmented as images, not normalised
+    )
     fixed: bool = True  # every sample has the same shapes (variable-length samples need a collate; no resident loader)
     collate: bool = False  # the data brings its own collate function
     sample_s: float | None = None  # seconds to read one sample in this process (the num_workers=auto rule)
@@ -126,7 +134,9 @@ class DataSpec:
     def describe(self) -> str:
         shape = "x".join(map(str, self.input_shape)) or "scalar"
         kind = f"{self.num_classes} classes" if self.classes else f"real targets of shape {tuple(self.target_shape)}"
-        return f"{shape} {str(self.input_dtype).removeprefix('torch.')} inputs{' (images)' if self.image else ''}, {kind}"
+        return (
+            f"{shape} {str(self.input_dtype).removeprefix('torch.')} inputs{' (images)' if self.image else ''}, {kind}"
+        )
 
 
 def channel_stats(images, chunk_elements: int = 1 << 22) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -176,7 +186,9 @@ class InMemory(Dataset):
         self.tree = (inputs, targets) if tree is None else tree
         sizes = {len(leaf) for leaf in tree_leaves(self.tree)}
         if len(sizes) != 1:
-            raise DataError(f"data: in-memory tensors of different lengths ({', '.join(map(str, sorted(sizes)))} samples)")
+            raise DataError(
+                f"data: in-memory tensors of different lengths ({', '.join(map(str, sorted(sizes)))} samples)"
+            )
         self.length = sizes.pop()
 
     @property
@@ -223,35 +235,47 @@ def materialize(dataset: Dataset) -> InMemory:
         values, _ = tree_flatten(tree_map(as_tensor, dataset[i]))
         for store, value in zip(stores, values, strict=True):
             if value.shape != store.shape[1:]:
-                raise DataError(f"loader.resident=true: sample {i} has an entry of shape {tuple(value.shape)}, sample 0 "
-                                f"{tuple(store.shape[1:])}; a resident data set holds samples of one shape")  # fmt: skip
+                raise DataError(
+                    f"loader.resident=true: sample {i} has an entry of shape {tuple(value.shape)}, sample 0 "
+                    f"{tuple(store.shape[1:])}; a resident data set holds samples of one shape"
+                )
             store[i] = value
     return InMemory(tree=tree_unflatten(stores, spec))
 
 
-def _sample(dataset: Dataset, what: str, input_key: str, target_key: str, index: int = 0) -> tuple[torch.Tensor, torch.Tensor, str]:
+def _sample(
+    dataset: Dataset, what: str, input_key: str, target_key: str, index: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, str]:
     """(input, target, structure) of sample `index`: a pair, or a dict holding both."""
     try:
         n = len(dataset)
     except TypeError:
-        raise DataError(f"data: the {what} set has no len(); saturate needs a map-style Dataset (__len__ and __getitem__)") from None
+        raise DataError(
+            f"data: the {what} set has no len(); saturate needs a map-style Dataset (__len__ and __getitem__)"
+        ) from None
     if n == 0:
         raise DataError(f"data: the {what} set is empty")
     sample = dataset[index]
     return (*entries(sample, what, input_key, target_key), "dict" if isinstance(sample, dict) else "pair")
 
 
-def entries(sample, what: str, input_key: str = "input", target_key: str = "target") -> tuple[torch.Tensor, torch.Tensor]:
+def entries(
+    sample, what: str, input_key: str = "input", target_key: str = "target"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A sample's input and target: the two of a pair, or a dict's `input_key` and `target_key`."""
     if isinstance(sample, (tuple, list)) and len(sample) == 2:
         return as_tensor(sample[0]), as_tensor(sample[1])
     if isinstance(sample, dict):
         missing = [key for key in (input_key, target_key) if key not in sample]
         if missing:
-            raise DataError(f"data: a {what} sample is a dict with keys {sorted(map(str, sample))}; the task reads its input from "
-                            f"{input_key!r} and its target from {target_key!r} (task.input_key, task.target_key)")  # fmt: skip
+            raise DataError(
+                f"data: a {what} sample is a dict with keys {sorted(map(str, sample))}; the task reads its input from "
+                f"{input_key!r} and its target from {target_key!r} (task.input_key, task.target_key)"
+            )
         return as_tensor(sample[input_key]), as_tensor(sample[target_key])
-    raise DataError(f"data: a {what} sample is a {type(sample).__name__}; expected a pair (input, target) or a dict holding them")
+    raise DataError(
+        f"data: a {what} sample is a {type(sample).__name__}; expected a pair (input, target) or a dict holding them"
+    )
 
 
 def _all_targets(dataset: Dataset, input_key: str = "input", target_key: str = "target") -> torch.Tensor:
@@ -259,7 +283,10 @@ def _all_targets(dataset: Dataset, input_key: str = "input", target_key: str = "
     known = _known_targets(dataset, target_key)
     if known is not None:
         return known
-    log.info("data: reading every target once to count the classes (give the dataset a `classes` or `targets` attribute to skip this)")
+    log.info(
+        "data: reading every target once to count the classes (give the dataset a `classes` or `targets` attribute "
+        "to skip this)"
+    )
     return torch.stack([entries(dataset[i], "training", input_key, target_key)[1] for i in range(len(dataset))])
 
 
@@ -297,9 +324,15 @@ def _check_classes(dataset: Dataset, what: str, num_classes: int, target_key: st
     bad = (targets < 0) | (targets >= num_classes)
     if bool(bad.any()):
         first = int(bad.nonzero()[0])
-        source = "the data's `classes`/`num_classes`" if hasattr(dataset, "classes") or hasattr(dataset, "num_classes") else "the targets"
-        raise DataError(f"data: the {what} set's target {int(targets[first])} (sample {first}; {int(bad.sum())} such) is not a class "
-                        f"index in [0, {num_classes - 1}]: {source} give {num_classes} classes")  # fmt: skip
+        source = (
+            "the data's `classes`/`num_classes`"
+            if hasattr(dataset, "classes") or hasattr(dataset, "num_classes")
+            else "the targets"
+        )
+        raise DataError(
+            f"data: the {what} set's target {int(targets[first])} (sample {first}; {int(bad.sum())} such) is not a "
+            f"class index in [0, {num_classes - 1}]: {source} give {num_classes} classes"
+        )
 
 
 def _check_finite(dataset: Dataset, what: str) -> None:
@@ -307,13 +340,19 @@ def _check_finite(dataset: Dataset, what: str) -> None:
     whatever the learning rate (checked where the tensors are at hand, once)."""
     if not isinstance(dataset, InMemory):
         return
-    named = dataset.tree.items() if isinstance(dataset.tree, dict) else zip(("inputs", "targets"), dataset.tree, strict=False)
+    named = (
+        dataset.tree.items()
+        if isinstance(dataset.tree, dict)
+        else zip(("inputs", "targets"), dataset.tree, strict=False)
+    )
     for name, values in named:
         if isinstance(values, torch.Tensor) and values.is_floating_point():
             bad = ~torch.isfinite(values.reshape(len(values), -1)).all(dim=1)
             if bool(bad.any()):
-                raise DataError(f"data: {int(bad.sum())} {what} sample(s) hold NaN or inf {name} (the first: sample "
-                                f"{int(bad.nonzero()[0])}); remove or fill them: a loss over them is NaN at any learning rate")  # fmt: skip
+                raise DataError(
+                    f"data: {int(bad.sum())} {what} sample(s) hold NaN or inf {name} (the first: sample "
+                    f"{int(bad.nonzero()[0])}); remove or fill them: a loss over them is NaN at any learning rate"
+                )
 
 
 def stack(samples: list):
@@ -330,9 +369,11 @@ def stack(samples: list):
         shapes = [tuple(leaves[k].shape) for leaves, _ in flat]
         if len(set(shapes)) > 1:
             other = next(shape for shape in shapes if shape != shapes[0])
-            raise DataError(f"data: samples do not stack into a batch: the {name} of one sample has shape {shapes[0]}, of another "
-                            f"{other}; pad them to one shape in the data set, or give the data a collate function that pads a "
-                            "batch (return {'train': ..., 'collate': saturate.data.pad_collate})")  # fmt: skip
+            raise DataError(
+                f"data: samples do not stack into a batch: the {name} of one sample has shape {shapes[0]}, of another "
+                f"{other}; pad them to one shape in the data set, or give the data a collate function that pads a "
+                "batch (return {'train': ..., 'collate': saturate.data.pad_collate})"
+            )
     raise DataError("data: samples do not stack into a batch (their shapes differ)")
 
 
@@ -349,7 +390,9 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _differing(dataset: Dataset, what: str, first: tuple[torch.Tensor, torch.Tensor], keys: tuple[str, str]) -> tuple | None:
+def _differing(
+    dataset: Dataset, what: str, first: tuple[torch.Tensor, torch.Tensor], keys: tuple[str, str]
+) -> tuple | None:
     """(entry, sample, its shape) of the first of a few samples besides sample 0 whose input
     or target has another shape than sample 0's; None when they all match (a data set that
     returns whole batches makes them itself)."""
@@ -373,9 +416,11 @@ def _check_stacks(dataset: Dataset, what: str, first: tuple[torch.Tensor, torch.
     if found is not None:
         part, i, shape = found
         a = first[0] if part == "input" else first[1]
-        raise DataError(f"data: {what} samples do not stack into a batch: the {part} of sample 0 has shape {tuple(a.shape)}, "
-                        f"of sample {i} {shape}; pad them to one shape in the data set, or give the data a collate function "
-                        "that pads a batch (return {'train': ..., 'collate': saturate.data.pad_collate})")  # fmt: skip
+        raise DataError(
+            f"data: {what} samples do not stack into a batch: the {part} of sample 0 has shape {tuple(a.shape)}, "
+            f"of sample {i} {shape}; pad them to one shape in the data set, or give the data a collate function "
+            "that pads a batch (return {'train': ..., 'collate': saturate.data.pad_collate})"
+        )
 
 
 def _float_image(x: torch.Tensor) -> bool:
@@ -407,8 +452,53 @@ def _image_stats(dataset: Dataset, key: str = "input") -> tuple[tuple[float, ...
     return channel_stats(entries(dataset[i], "training", key, key)[0] for i in index)
 
 
-def describe(train: Dataset, val: Dataset | None, *, name: str, classes: bool, test: Dataset | None = None, input_key: str = "input",
-             target_key: str = "target", collate: bool = False) -> DataSpec:  # fmt: skip
+def _check_like_training(other: Dataset, what: str, first: tuple, keys: tuple[str, str], *, fixed: bool, collate: bool):
+    """A validation or test set's samples have the training samples' structure, shapes and dtypes."""
+    x, y, structure = first
+    vx, vy, other_structure = _sample(other, what, *keys)
+    if other_structure != structure:
+        raise DataError(
+            f"data: {what} samples are {'dicts' if other_structure == 'dict' else 'pairs'}, training samples "
+            f"{'dicts' if structure == 'dict' else 'pairs'}; they must have one structure"
+        )
+    same_input = (vx.shape == x.shape) if fixed else (vx.shape[1:] == x.shape[1:])
+    if not same_input or vx.dtype != x.dtype:
+        raise DataError(
+            f"data: {what} inputs are {_dtype(vx)} {tuple(vx.shape)}, training inputs {_dtype(x)} "
+            f"{tuple(x.shape)}; they must match"
+        )
+    same_target = (vy.shape == y.shape) if fixed else (vy.ndim == y.ndim)
+    if not same_target or vy.is_floating_point() != y.is_floating_point():
+        raise DataError(
+            f"data: {what} targets are {_dtype(vy)} {tuple(vy.shape)}, training targets {_dtype(y)} "
+            f"{tuple(y.shape)}; they must match (the task and the metrics compare them alike)"
+        )
+    if not collate:
+        _check_stacks(other, what, (vx, vy), keys)
+
+
+def _check_values(spec: DataSpec, splits: tuple) -> None:
+    """Class indices in range (and at least two classes); in-memory values finite."""
+    if spec.classes and spec.num_classes < 2:
+        raise DataError(f"data: {spec.num_classes} class(es) in the training targets; classification needs at least 2")
+    for dataset, what in zip(splits, ("training", "validation", "test"), strict=True):
+        if dataset is not None:
+            _check_finite(dataset, what)
+            if spec.classes:
+                _check_classes(dataset, what, spec.num_classes, spec.target_key)
+
+
+def describe(
+    train: Dataset,
+    val: Dataset | None,
+    *,
+    name: str,
+    classes: bool,
+    test: Dataset | None = None,
+    input_key: str = "input",
+    target_key: str = "target",
+    collate: bool = False,
+) -> DataSpec:
     """Learn what the run needs from the training set's first sample (and its targets, to
     count classes when `classes`); check that the validation and test sets' samples look the
     same. `collate`: the data brings its own collate, so samples may differ in shape."""
@@ -418,42 +508,38 @@ def describe(train: Dataset, val: Dataset | None, *, name: str, classes: bool, t
     if not collate:
         _check_stacks(train, "training", (x, y), keys)
     for other, what in ((val, "validation"), (test, "test")):
-        if other is None:
-            continue
-        vx, vy, other_structure = _sample(other, what, *keys)
-        if other_structure != structure:
-            raise DataError(f"data: {what} samples are {'dicts' if other_structure == 'dict' else 'pairs'}, training samples "
-                            f"{'dicts' if structure == 'dict' else 'pairs'}; they must have one structure")  # fmt: skip
-        same_input = (vx.shape == x.shape) if fixed else (vx.shape[1:] == x.shape[1:])
-        if not same_input or vx.dtype != x.dtype:
-            raise DataError(f"data: {what} inputs are {_dtype(vx)} {tuple(vx.shape)}, training inputs {_dtype(x)} {tuple(x.shape)}; "
-                            "they must match")  # fmt: skip
-        same_target = (vy.shape == y.shape) if fixed else (vy.ndim == y.ndim)
-        if not same_target or vy.is_floating_point() != y.is_floating_point():
-            raise DataError(f"data: {what} targets are {_dtype(vy)} {tuple(vy.shape)}, training targets {_dtype(y)} {tuple(y.shape)}; "
-                            "they must match (the task and the metrics compare them alike)")  # fmt: skip
-        if not collate:
-            _check_stacks(other, what, (vx, vy), keys)
+        if other is not None:
+            _check_like_training(other, what, (x, y, structure), keys, fixed=fixed, collate=collate)
     integer = not (y.is_floating_point() or y.is_complex())
     if classes and (not integer or y.ndim != 0):
-        raise DataError(f"task=classification: the targets are {_dtype(y)} of shape {tuple(y.shape)}; classification needs one "
-                        "integer class index per sample. For real-valued targets use task=regression")  # fmt: skip
+        raise DataError(
+            f"task=classification: the targets are {_dtype(y)} of shape {tuple(y.shape)}; classification needs one "
+            "integer class index per sample. For real-valued targets use task=regression"
+        )
     num_classes = _num_classes(train, *keys) if classes else getattr(train, "num_classes", None)
     if num_classes is None and isinstance(getattr(train, "classes", None), (list, tuple)):
         num_classes = len(train.classes)
     spec = DataSpec(
-        name=name, input_shape=tuple(x.shape), input_dtype=x.dtype, target_shape=tuple(y.shape), classes=classes, num_classes=num_classes,
-        synthetic=bool(getattr(train, "synthetic", False)), in_memory=isinstance(train, InMemory), has_val=val is not None,
-        notes=getattr(train, "notes", None) or {}, has_test=test is not None, structure=structure, input_key=input_key,
-        target_key=target_key, float_image=_float_image(x), fixed=fixed, collate=collate, sample_s=_read_time(train),
-    )  # fmt: skip
-    if classes and spec.num_classes < 2:
-        raise DataError(f"data: {spec.num_classes} class(es) in the training targets; classification needs at least 2")
-    for dataset, what in ((train, "training"), (val, "validation"), (test, "test")):
-        if dataset is not None:
-            _check_finite(dataset, what)
-            if classes:
-                _check_classes(dataset, what, spec.num_classes, target_key)
+        name=name,
+        input_shape=tuple(x.shape),
+        input_dtype=x.dtype,
+        target_shape=tuple(y.shape),
+        classes=classes,
+        num_classes=num_classes,
+        synthetic=bool(getattr(train, "synthetic", False)),
+        in_memory=isinstance(train, InMemory),
+        has_val=val is not None,
+        notes=getattr(train, "notes", None) or {},
+        has_test=test is not None,
+        structure=structure,
+        input_key=input_key,
+        target_key=target_key,
+        float_image=_float_image(x),
+        fixed=fixed,
+        collate=collate,
+        sample_s=_read_time(train),
+    )
+    _check_values(spec, (train, val, test))
     if spec.image and not spec.float_image:
         spec.mean, spec.std = _image_stats(train, input_key)
         if len(spec.mean) != x.shape[0]:

@@ -25,6 +25,7 @@ class _BatchUnpickler(pickle.Unpickler):
     numpy uint8 arrays) and nothing else: a pickle naming any other global (os.system, ...)
     is refused before it can run."""
 
+    # _codecs.encode: how protocol 2 writes bytes
     ALLOWED = {
         ("numpy.core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "_reconstruct"),
@@ -33,19 +34,23 @@ class _BatchUnpickler(pickle.Unpickler):
         ("numpy.core.numeric", "_frombuffer"),
         ("numpy._core.numeric", "_frombuffer"),
         ("_codecs", "encode"),
-    }  # fmt: skip  (_codecs.encode: how protocol 2 writes bytes)
+    }
 
     def find_class(self, module: str, name: str):
         if (module, name) in self.ALLOWED:
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refused to load {module}.{name}: CIFAR-10 batches hold only arrays, lists and numbers")
+        raise pickle.UnpicklingError(
+            f"refused to load {module}.{name}: CIFAR-10 batches hold only arrays, lists and numbers"
+        )
 
 
 def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open(path, "rb") as f:
             batch = _BatchUnpickler(f, encoding="latin1").load()
-        return np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32), np.asarray(batch["labels"], dtype=np.int64)
+        return np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32), np.asarray(
+            batch["labels"], dtype=np.int64
+        )
     except Exception as e:
         raise DataError(f"data.root: {path} is not a CIFAR-10 python batch ({type(e).__name__}: {e})") from None
 
@@ -58,11 +63,14 @@ def load_cifar10(*, root: str) -> tuple[InMemory, InMemory]:
     if folder is None:
         raise DataError(
             f"data.root={str(root)!r}: no CIFAR-10 python batches there (looked for {', '.join(FILES)} in {root} and "
-            f"{root / 'cifar-10-batches-py'}). Download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html, "
+            f"{root / 'cifar-10-batches-py'}). Download cifar-10-python.tar.gz from "
+            "https://www.cs.toronto.edu/~kriz/cifar.html, "
             f"extract it, and pass data.root=<the extracted folder>; saturate downloads nothing."
         )
     parts = [_read(folder / name) for name in FILES[:5]]
-    train = InMemory(torch.from_numpy(np.concatenate([x for x, _ in parts])), torch.from_numpy(np.concatenate([y for _, y in parts])))
+    train = InMemory(
+        torch.from_numpy(np.concatenate([x for x, _ in parts])), torch.from_numpy(np.concatenate([y for _, y in parts]))
+    )
     x, y = _read(folder / "test_batch")
     train.num_classes = 10
     return train, InMemory(torch.from_numpy(x), torch.from_numpy(y))

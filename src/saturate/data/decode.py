@@ -76,7 +76,9 @@ def decode_into(data: bytes, out: torch.Tensor) -> None:
         try:
             height, width, _, _ = simplejpeg.decode_jpeg_header(data, min_height=size, min_width=size, min_factor=2)
             if (height, width) == (size, size) and hwc.is_contiguous():
-                simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=size, min_width=size, min_factor=2, buffer=hwc.numpy())
+                simplejpeg.decode_jpeg(
+                    data, colorspace=colorspace, min_height=size, min_width=size, min_factor=2, buffer=hwc.numpy()
+                )
                 return
             array = simplejpeg.decode_jpeg(data, colorspace=colorspace, min_height=size, min_width=size, min_factor=2)
         except ValueError:  # what libjpeg-turbo refuses (CMYK to grey, corrupt data): PIL decides
@@ -86,15 +88,18 @@ def decode_into(data: bytes, out: torch.Tensor) -> None:
     height, width = array.shape[:2]
     image = torch.from_numpy(array).view(height, width, channels).permute(2, 0, 1)
     if (height, width) != (size, size):  # torch's uint8 kernel; writes (C, H, W) contiguous
-        image = F.interpolate(image.unsqueeze(0), size=(size, size), mode="bilinear", antialias=True, align_corners=False).squeeze(0)
+        image = F.interpolate(
+            image.unsqueeze(0), size=(size, size), mode="bilinear", antialias=True, align_corners=False
+        ).squeeze(0)
     out.copy_(image)
 
 
 UNREADABLE = (OSError, ValueError, Image.DecompressionBombError)  # what decoding a broken file raises
 
 
-def decode_batch(encoded: list[bytes], size: int, channels: int,
-                 failure: Callable[[int, Exception], Exception] | None = None) -> torch.Tensor:  # fmt: skip
+def decode_batch(
+    encoded: list[bytes], size: int, channels: int, failure: Callable[[int, Exception], Exception] | None = None
+) -> torch.Tensor:
     """Encoded images -> one uint8 batch (N, channels, size, size) in the layout of
     batch_tensor. `failure(j, error)` gives the exception to raise when image j does not
     decode (default: the decoder's own)."""

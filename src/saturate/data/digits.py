@@ -16,5 +16,7 @@ def load_digits(*, val_fraction: float, split_seed: int) -> tuple[InMemory, InMe
     x, y = sk_digits(return_X_y=True)
     images = torch.from_numpy(np.rint(x * (255 / 16)).astype(np.uint8).reshape(-1, 1, 8, 8))
     labels = torch.from_numpy(y.astype(np.int64))
-    train_idx, val_idx = train_test_split(np.arange(len(y)), test_size=val_fraction, stratify=y, random_state=split_seed)
+    train_idx, val_idx = train_test_split(
+        np.arange(len(y)), test_size=val_fraction, stratify=y, random_state=split_seed
+    )
     return InMemory(images[train_idx], labels[train_idx]), InMemory(images[val_idx], labels[val_idx])

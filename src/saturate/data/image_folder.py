@@ -1,3 +1,15 @@
+"""`data=image_folder`: class sub-folders of image files, decoded in the loader's workers.
+
+Files are listed, not opened, at start-up (saturate.data.image_index; cached, so the next
+run lists only directories that changed). An unreadable, truncated or non-image file is
+skipped when it is first decoded (its slot takes the next readable image), named in a
+warning and counted (metrics `data/skipped_files`), and left out from the next start on.
+With data.check=true every file is checked at start-up instead (its first and last bytes, a
+full decode where they do not look whole; once per file, cached), so broken files are named
+before training; with data.strict=true too, and the first broken one is an error naming it
+(a file that breaks later is an error when it is read).
+"""
+
 from __future__ import annotations
 
 import logging
@@ -9,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from saturate import names
 from saturate.data.base import STATS_SAMPLES, InMemory, channel_stats, fraction, seed
 from saturate.data.decode import batch_tensor, read, read_many, will_read
 from saturate.data.image_index import FolderIndex, IndexCache, default_cache, index_folder
@@ -28,8 +41,15 @@ class ImageFiles(Dataset):
 
     returns_batches = True  # __getitems__ returns the collated batch (saturate.data.loader)
 
-    def __init__(self, folder: Path, index: FolderIndex, chosen: np.ndarray, size: int, channels: int, skipped: Skipped):
-        self.folder, self.names, self.chosen = str(folder), index.names, chosen  # sample i is file chosen[i] of the index
+    def __init__(
+        self, folder: Path, index: FolderIndex, chosen: np.ndarray, size: int, channels: int, skipped: Skipped
+    ):
+        # sample i is file chosen[i] of the index
+        self.folder, self.names, self.chosen = (
+            str(folder),
+            index.names,
+            chosen,
+        )
         self.labels = torch.as_tensor(index.labels[chosen])
         self.size, self.channels, self.skipped, self.notes = size, channels, skipped, skipped.notes
 
@@ -63,7 +83,13 @@ class ImageFiles(Dataset):
         first = next((data for data in encoded if isinstance(data, bytes)), b"")
         batch = batch_tensor(len(indices), self.size, self.channels, first)
         used = fill(
-            batch, list(indices), encoded, skipped=self.skipped, file_of=lambda i: int(self.chosen[i]), fetch=self._read, length=len(self)
+            batch,
+            list(indices),
+            encoded,
+            skipped=self.skipped,
+            file_of=lambda i: int(self.chosen[i]),
+            fetch=self._read,
+            length=len(self),
         )
         return batch, self.labels[torch.as_tensor(used, dtype=torch.int64)]
 
@@ -118,7 +144,9 @@ def _check_args(root, image_size, channels, val_fraction, split_seed, strict, ch
         if not isinstance(value, bool):
             raise ConfigError([Problem(f"data.{key}", value, "true or false")])
     if not str(root).strip():
-        raise ConfigError([Problem("data.root", root, "a folder of class sub-folders (empty: it would scan the working directory)")])
+        raise ConfigError(
+            [Problem("data.root", root, "a folder of class sub-folders (empty: it would scan the working directory)")]
+        )
 
 
 def _classes(given: str, root: Path, base: Path) -> list[str]:
@@ -130,24 +158,26 @@ def _classes(given: str, root: Path, base: Path) -> list[str]:
     except OSError as e:
         raise DataError(f"data.root={shown(given)!r}: cannot read {shown(base)} ({e.strerror})") from None
     if len(classes) < 2:
-        raise DataError(f"data.root={shown(given)!r}: found {len(classes)} class sub-folder(s) in {shown(base)}; need at least 2")
+        raise DataError(
+            f"data.root={shown(given)!r}: found {len(classes)} class sub-folder(s) in {shown(base)}; need at least 2"
+        )
     return classes
 
 
-def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction: float, split_seed: int, strict: bool,
-                      check: bool = False, index_cache: str | None = None) -> tuple[ImageFiles, ImageFiles]:  # fmt: skip
+def load_image_folder(
+    *,
+    root: str,
+    image_size: int,
+    channels: int,
+    val_fraction: float,
+    split_seed: int,
+    strict: bool,
+    check: bool = False,
+    index_cache: str | None = None,
+) -> tuple[ImageFiles, ImageFiles]:
     """Class sub-folders under `data.root` (root/<class>/*.png|jpg|...). If root has train/
     and val/ sub-folders, those are the split; otherwise a stratified `val_fraction` split
     of every file listed (so the split does not move when a broken file is found).
-
-    Files are listed, not opened, at start-up (saturate.data.image_index; cached, so the
-    next run lists only directories that changed). An unreadable, truncated or non-image
-    file is skipped when it is first decoded (its slot takes the next readable image), named
-    in a warning and counted (metrics `data/skipped_files`), and left out from the next
-    start on. With data.check=true every file is checked at start-up instead (its first and
-    last bytes, a full decode where they do not look whole; once per file, cached), so broken
-    files are named before training; with data.strict=true too, and the first broken one is
-    an error naming it (a file that breaks later is an error when it is read).
     `index_cache`: where the index, what is known of its files and the colour statistics are
     kept (null: ~/.cache/saturate/image_index, "": nowhere)."""
     _check_args(root, image_size, channels, val_fraction, split_seed, strict, check)
@@ -155,25 +185,24 @@ def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction
     split = (root / "train").is_dir() and (root / "val").is_dir()
     base = root / "train" if split else root
     classes = _classes(given, root, base)
-    cache_dir = default_cache() if index_cache is None else (Path(index_cache).expanduser() if str(index_cache).strip() else None)
+    cache_dir = _cache_dir(index_cache)
     cache = IndexCache(cache_dir, base, channels)
     index = index_folder(base, classes, cache, strict=strict, channels=channels, check=check)
-    notes = {"data/skipped_files": len(index.bad)}
+    notes = {names.SKIPPED_FILES: len(index.bad)}
     skipped = Skipped(base, index.names, cache.skip_log, notes, strict=strict, known=set(index.bad))
     if split:
-        val_cache = IndexCache(cache_dir, root / "val", channels)
-        val_index = index_folder(root / "val", classes, val_cache, strict=strict, channels=channels, check=check)
-        notes["data/skipped_files"] += len(val_index.bad)
-        train_chosen, val_chosen, val_base = index.readable(), val_index.readable(), root / "val"
-        val_skipped = Skipped(val_base, val_index.names, val_cache.skip_log, notes, strict=strict, known=set(val_index.bad))
-        if val_index.dirty:
-            val_cache.store(val_index)
+        val_base = root / "val"
+        val_index, val_skipped = _val_folder(
+            val_base, classes, cache_dir, notes, strict=strict, channels=channels, check=check
+        )
+        train_chosen, val_chosen = index.readable(), val_index.readable()
     else:
         train_at, val_at = _split(index.labels, len(classes), val_fraction, split_seed)
         train_chosen, val_chosen = train_at[index.good[train_at]], val_at[index.good[val_at]]
         val_base, val_index, val_skipped = base, index, skipped
     if not len(train_chosen) or not len(val_chosen):
-        raise DataError(f"data.root={given!r}: no readable images for {'training' if not len(train_chosen) else 'validation'}")
+        empty = "training" if not len(train_chosen) else "validation"
+        raise DataError(f"data.root={given!r}: no readable images for {empty}")
 
     train = ImageFiles(base, index, train_chosen, image_size, channels, skipped)
     val = ImageFiles(val_base, val_index, val_chosen, image_size, channels, val_skipped)
@@ -182,6 +211,30 @@ def load_image_folder(*, root: str, image_size: int, channels: int, val_fraction
     if index.dirty:
         cache.store(index)
     train.poll()  # broken files among those the statistics read
-    log.info("image_folder: %d classes, %d train / %d val images, %d skipped so far", len(classes), len(train), len(val),
-             notes["data/skipped_files"])  # fmt: skip
+    skipped = notes[names.SKIPPED_FILES]
+    log.info(
+        "image_folder: %d classes, %d train / %d val images, %d skipped so far",
+        len(classes),
+        len(train),
+        len(val),
+        skipped,
+    )
     return train, val
+
+
+def _cache_dir(index_cache: str | None) -> Path | None:
+    """Where the index is kept: null for the default, "" for nowhere."""
+    if index_cache is None:
+        return default_cache()
+    return Path(index_cache).expanduser() if str(index_cache).strip() else None
+
+
+def _val_folder(val_base: Path, classes, cache_dir, notes: dict, *, strict: bool, channels: int, check: bool):
+    """The index of a val/ folder beside train/, and its record of skipped files."""
+    val_cache = IndexCache(cache_dir, val_base, channels)
+    val_index = index_folder(val_base, classes, val_cache, strict=strict, channels=channels, check=check)
+    notes[names.SKIPPED_FILES] += len(val_index.bad)
+    val_skipped = Skipped(val_base, val_index.names, val_cache.skip_log, notes, strict=strict, known=set(val_index.bad))
+    if val_index.dirty:
+        val_cache.store(val_index)
+    return val_index, val_skipped

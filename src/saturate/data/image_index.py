@@ -129,7 +129,9 @@ def list_classes(folder: Path, classes: list[str]) -> tuple[FolderIndex, list[st
         before = len(names)
         _walk(str(folder), name, names, directories)
         if len(names) == before:
-            raise DataError(f"data.root: the class folder {shown(folder / name)} holds no files; remove it or add its images")
+            raise DataError(
+                f"data.root: the class folder {shown(folder / name)} holds no files; remove it or add its images"
+            )
         labels += [label] * (len(names) - before)
     return FolderIndex(PathTable.of(names), np.asarray(labels, dtype=np.int64), directories=directories), names
 
@@ -154,7 +156,8 @@ def _looks_whole(path: str) -> bool:
     if head[:3] == b"\xff\xd8\xff":  # decoded by libjpeg-turbo at any size (scaled down in the DCT domain)
         return tail[-2:] == b"\xff\xd9"
     width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
-    fits = Image.MAX_IMAGE_PIXELS is None or width * height <= 2 * Image.MAX_IMAGE_PIXELS  # where PIL raises DecompressionBombError
+    # where PIL raises DecompressionBombError
+    fits = Image.MAX_IMAGE_PIXELS is None or width * height <= 2 * Image.MAX_IMAGE_PIXELS
     return head[:8] == PNG_SIGNATURE and head[12:16] == b"IHDR" and fits and tail == PNG_END
 
 
@@ -180,9 +183,11 @@ class IndexCache:
         self.path = directory / f"{key}.npz" if directory is not None else None
         if directory is not None:
             self.skip_log = SkipLog(str(directory / f"{key}.skipped.jsonl"), merge=True)
-        else:  # the run's own log, in the temporary directory: one per process, or per torchrun launch (its ranks share it)
+        else:  # the run's own log, in the temporary directory: per process, or per torchrun launch (its ranks share it)
             run = os.getppid() if "LOCAL_RANK" in os.environ else os.getpid()
-            self.skip_log = SkipLog(os.path.join(tempfile.gettempdir(), f"saturate-{key}-{run}.skipped.jsonl"), merge=False)
+            self.skip_log = SkipLog(
+                os.path.join(tempfile.gettempdir(), f"saturate-{key}-{run}.skipped.jsonl"), merge=False
+            )
 
     def load(self) -> FolderIndex | None:
         """The cached index, or None when there is none or it does not hold together (a
@@ -194,9 +199,15 @@ class IndexCache:
                 if int(saved["version"]) != VERSION:
                     return None
                 meta = json.loads(saved["meta"].tobytes())
-                index = FolderIndex(PathTable(saved["buffer"], saved["offsets"]), saved["labels"], good=saved["good"].copy(),
-                                    checked=saved["checked"].copy(), bad=meta["bad"], directories=meta["directories"],
-                                    stats=meta["stats"])  # fmt: skip
+                index = FolderIndex(
+                    PathTable(saved["buffer"], saved["offsets"]),
+                    saved["labels"],
+                    good=saved["good"].copy(),
+                    checked=saved["checked"].copy(),
+                    bad=meta["bad"],
+                    directories=meta["directories"],
+                    stats=meta["stats"],
+                )
             problem = _inconsistent(index)
         except Exception as e:  # noqa: BLE001 (damaged, truncated or foreign: rebuilt, never fatal)
             problem = f"{type(e).__name__}: {e}"
@@ -220,11 +231,15 @@ class IndexCache:
                 "good": index.good,
                 "checked": index.checked,
             }
-            np.savez(tmp, version=np.array(VERSION), meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+            np.savez(
+                tmp, version=np.array(VERSION), meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays
+            )
             os.replace(tmp, self.path)
             index.dirty = False
         except OSError as e:
-            log.warning("image index cache %s cannot be written (%s); the next run checks the folder again", self.path, e)
+            log.warning(
+                "image index cache %s cannot be written (%s); the next run checks the folder again", self.path, e
+            )
 
 
 def _inconsistent(index: FolderIndex) -> str | None:
@@ -232,18 +247,35 @@ def _inconsistent(index: FolderIndex) -> str | None:
     of one length per file and of their dtypes, offsets that cut the names' buffer, labels
     in range, and the metadata's types. A cache that fails is rebuilt."""
     n, offsets = len(index.labels), index.names.offsets
-    arrays = {"labels": (index.labels, np.int64, n), "good": (index.good, np.bool_, n), "checked": (index.checked, np.bool_, n),
-              "offsets": (offsets, np.int64, n + 1), "buffer": (index.names.buffer, np.uint8, None)}  # fmt: skip
+    arrays = {
+        "labels": (index.labels, np.int64, n),
+        "good": (index.good, np.bool_, n),
+        "checked": (index.checked, np.bool_, n),
+        "offsets": (offsets, np.int64, n + 1),
+        "buffer": (index.names.buffer, np.uint8, None),
+    }
     for name, (array, dtype, length) in arrays.items():
-        if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != 1 or (length is not None and len(array) != length):
-            return f"{name}: expected a 1-d {np.dtype(dtype).name} array" + (f" of {length} values" if length is not None else "")
+        if (
+            not isinstance(array, np.ndarray)
+            or array.dtype != dtype
+            or array.ndim != 1
+            or (length is not None and len(array) != length)
+        ):
+            return f"{name}: expected a 1-d {np.dtype(dtype).name} array" + (
+                f" of {length} values" if length is not None else ""
+            )
     if offsets[0] != 0 or offsets[-1] != len(index.names.buffer) or (np.diff(offsets) < 0).any():
         return "offsets: they do not cut the names' buffer"
     if n and (index.labels.min() < 0):
         return "labels: a negative class index"
-    if not (isinstance(index.bad, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in index.bad.items())):
+    if not (
+        isinstance(index.bad, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in index.bad.items())
+    ):
         return "meta.bad: expected {name: reason}"
-    if not (isinstance(index.directories, dict) and all(isinstance(k, str) and type(v) is int for k, v in index.directories.items())):
+    if not (
+        isinstance(index.directories, dict)
+        and all(isinstance(k, str) and type(v) is int for k, v in index.directories.items())
+    ):
         return "meta.directories: expected {directory: modification time}"
     if not (isinstance(index.stats, dict) and all(_mean_std(v) for v in index.stats.values())):
         return "meta.stats: expected {size: [mean, std]} of finite numbers, std > 0"
@@ -254,7 +286,9 @@ def _mean_std(value) -> bool:
     """[mean, std]: two lists of finite numbers, the std's positive."""
     if not (isinstance(value, list) and len(value) == 2 and all(isinstance(c, list) and c for c in value)):
         return False
-    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for c in value for x in c)
+    numbers = all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for c in value for x in c
+    )
     return numbers and all(x > 0 for x in value[1])
 
 
@@ -277,7 +311,9 @@ def _check(folder: Path, name: str, mode: str) -> str | None:
     return None if _looks_whole(path) else unreadable(path, mode)
 
 
-def index_folder(folder: Path, classes: list[str], cache: IndexCache, *, strict: bool, channels: int, check: bool = False) -> FolderIndex:
+def index_folder(
+    folder: Path, classes: list[str], cache: IndexCache, *, strict: bool, channels: int, check: bool = False
+) -> FolderIndex:
     """The folder's index: from the cache when no directory changed, else listed (files the
     cache knows keep what is known of them), with what the skip log recorded since. With
     `check` or `strict`, every file not yet checked is checked now (`strict`: the first broken
@@ -285,8 +321,11 @@ def index_folder(folder: Path, classes: list[str], cache: IndexCache, *, strict:
     broken are named in a warning. The caller stores the index when it is `dirty`."""
     cached = cache.load()
     if cached is not None and len(cached.labels) and cached.labels.max() >= len(classes):
-        log.warning("image index cache %s is damaged (labels: a class index >= %d classes); checking the folder again", shown(cache.path),
-                    len(classes))  # fmt: skip
+        log.warning(
+            "image index cache %s is damaged (labels: a class index >= %d classes); checking the folder again",
+            shown(cache.path),
+            len(classes),
+        )
         cached = None
     if cached is not None and _unchanged(folder, classes, cached):
         index = cached
@@ -322,7 +361,9 @@ def index_folder(folder: Path, classes: list[str], cache: IndexCache, *, strict:
             index.mark_bad(int(i), reason)
             if strict:
                 cache.store(index)  # what was checked so far is kept
-                raise DataError(f"data.strict=true: {shown(os.path.join(folder, name))} is not a readable image ({reason})")
+                raise DataError(
+                    f"data.strict=true: {shown(os.path.join(folder, name))} is not a readable image ({reason})"
+                )
     for name, reason in sorted(index.bad.items()):
         log.warning("skipping %s: not a readable image (%s)", shown(os.path.join(folder, name)), shown(reason))
     return index

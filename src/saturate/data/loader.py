@@ -31,7 +31,9 @@ from saturate.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
 
-HostBatch = object  # what the collate makes: (inputs, targets), a dict, nested; uint8 or float images (B, C, H, W) among them
+HostBatch = (
+    object  # what the collate makes: (inputs, targets), a dict, nested; uint8 or float images (B, C, H, W) among them
+)
 
 
 def cpus_per_process() -> int:
@@ -87,13 +89,28 @@ class DevicePipeline:
     (uint8, or floats in [0, 1]) and decides when to record them.
     """
 
-    def __init__(self, device: torch.device, mean, std, *, non_blocking: bool, channels_last: bool, augment=None, preview=None,
-                 entry=0, normalise: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        device: torch.device,
+        mean,
+        std,
+        *,
+        non_blocking: bool,
+        channels_last: bool,
+        augment=None,
+        preview=None,
+        entry=0,
+        normalise: bool = True,
+    ):
         self.device, self.non_blocking, self.augment, self.preview = device, non_blocking, augment, preview
         self.entry, self.normalise = entry, normalise
         if normalise:
             std = torch.tensor(std, device=device).view(1, -1, 1, 1)
-            self.scale, self.shift = 1 / std, -torch.tensor(mean, device=device).view(1, -1, 1, 1) / std  # (x - mean) / std
+            # (x - mean) / std
+            self.scale, self.shift = (
+                1 / std,
+                -torch.tensor(mean, device=device).view(1, -1, 1, 1) / std,
+            )
             self.scale_u8 = self.scale / 255  # the same, straight from uint8 when nothing runs in between
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.epoch = self.batch = 0
@@ -156,7 +173,9 @@ class ResumableSampler(DistributedSampler):
     (epoch, index) so that a per-sample augmentation in a worker knows the epoch. A data set
     with `sample_groups` (its shards' sizes) is shuffled group-wise (grouped_permutation)."""
 
-    def __init__(self, dataset: Dataset, *, batch_size: int, shuffle: bool, seed: int, rank: int, world_size: int, keyed: bool):
+    def __init__(
+        self, dataset: Dataset, *, batch_size: int, shuffle: bool, seed: int, rank: int, world_size: int, keyed: bool
+    ):
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
         self.batch_size, self.start, self.keyed = batch_size, 0, keyed
         self.groups = getattr(dataset, "sample_groups", None)
@@ -199,11 +218,15 @@ class EvalShard(torch.utils.data.Sampler):
         return self.num_samples
 
 
-def epoch_sampler(dataset: Dataset, cfg: LoaderConfig, *, train: bool, seed: int, rank: int, world_size: int, keyed: bool = False):
+def epoch_sampler(
+    dataset: Dataset, cfg: LoaderConfig, *, train: bool, seed: int, rank: int, world_size: int, keyed: bool = False
+):
     """Training: shuffled by (seed, epoch), sharded by rank, resumable. Evaluation: this
     rank's share in order, unpadded."""
     if train:
-        return ResumableSampler(dataset, batch_size=cfg.batch_size, shuffle=True, seed=seed, rank=rank, world_size=world_size, keyed=keyed)
+        return ResumableSampler(
+            dataset, batch_size=cfg.batch_size, shuffle=True, seed=seed, rank=rank, world_size=world_size, keyed=keyed
+        )
     return EvalShard(len(dataset), rank, world_size)
 
 
@@ -232,7 +255,9 @@ class StreamLoader:
     ):
         self.to_device = to_device
         keyed = isinstance(dataset, SampleAugment)  # its items are asked for by (epoch, index)
-        self.sampler = epoch_sampler(dataset, cfg, train=train, seed=seed, rank=rank, world_size=world_size, keyed=keyed)
+        self.sampler = epoch_sampler(
+            dataset, cfg, train=train, seed=seed, rank=rank, world_size=world_size, keyed=keyed
+        )
         self.drop_last = cfg.drop_last and train
         self.generator = torch.Generator()  # seeds the workers; reseeded every epoch
         self.seed = seed
@@ -249,7 +274,9 @@ class StreamLoader:
             collate_fn=already_collated if getattr(dataset, "returns_batches", False) else (collate or stack),
             timeout=cfg.timeout_s if num_workers > 0 else 0,
         )
-        self.batches_per_epoch = batches_per_epoch(self.sampler.num_samples, cfg.batch_size, self.drop_last, limit_batches)
+        self.batches_per_epoch = batches_per_epoch(
+            self.sampler.num_samples, cfg.batch_size, self.drop_last, limit_batches
+        )
         self.batch_size, self.num_workers, self.dataset = cfg.batch_size, num_workers, dataset
         self.timeout_s = cfg.timeout_s
         self.poll = getattr(dataset, "poll", None)  # e.g. names the files the workers skipped (saturate.data.base)
@@ -373,7 +400,9 @@ def loader_failure(error: Exception, timeout_s: float, workers: int) -> DataErro
     elif "DataLoader" not in text or not ("timed out" in text or "worker" in text):
         return None
     what = f"no batch within loader.timeout_s={timeout_s:g} s" if "timed out" in text else "a worker process died"
-    return DataError(f"loader: {what} ({text}); the run stopped. Look at the dataset's __getitem__, or lower loader.num_workers")
+    return DataError(
+        f"loader: {what} ({text}); the run stopped. Look at the dataset's __getitem__, or lower loader.num_workers"
+    )
 
 
 def memory_budget(device: torch.device) -> int:
@@ -405,7 +434,11 @@ def room_for_resident(cfg: LoaderConfig, spec: DataSpec, samples: int, device: t
     chooses a batch that leaves room for it. Nothing is taken when the data would stay in
     host memory (over resident_memory_fraction) or the device is not CUDA."""
     need = resident_bytes(spec, samples) if cfg.resident and device.type == "cuda" else 0
-    held = torch.empty(need, dtype=torch.uint8, device=device) if 0 < need <= cfg.resident_memory_fraction * memory_budget(device) else None
+    held = (
+        torch.empty(need, dtype=torch.uint8, device=device)
+        if 0 < need <= cfg.resident_memory_fraction * memory_budget(device)
+        else None
+    )
     try:
         yield
     finally:
@@ -422,24 +455,41 @@ class ResidentLoader:
     it stays in host memory and each gathered batch is staged through pinned memory for an
     asynchronous copy (a warning says so)."""
 
-    def __init__(self, data: InMemory, cfg: LoaderConfig, to_device: DevicePipeline | PlainPipeline, *, train: bool, seed: int,
-                 limit_batches: int = -1, rank: int = 0, world_size: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        data: InMemory,
+        cfg: LoaderConfig,
+        to_device: DevicePipeline | PlainPipeline,
+        *,
+        train: bool,
+        seed: int,
+        limit_batches: int = -1,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         device = to_device.device
         nbytes = data.nbytes
         budget = int(cfg.resident_memory_fraction * memory_budget(device))
         home = device
         if nbytes > budget:
             home = torch.device("cpu")
-            log.warning("loader.resident: the data (%.0f MB) exceeds loader.resident_memory_fraction=%g of free %s memory "
-                        "(%.0f MB); keeping it in host memory and staging batches through pinned memory",
-                        nbytes / 2**20, cfg.resident_memory_fraction, device.type, budget / 2**20)  # fmt: skip
+            log.warning(
+                "loader.resident: the data (%.0f MB) exceeds loader.resident_memory_fraction=%g of free %s memory "
+                "(%.0f MB); keeping it in host memory and staging batches through pinned memory",
+                nbytes / 2**20,
+                cfg.resident_memory_fraction,
+                device.type,
+                budget / 2**20,
+            )
         self.tensors, self.dataset = tree_map(lambda t: t.to(home), data.tree), data
         self.home, self.to_device = home, to_device
         self.stage = home != device  # host-resident for a CUDA device: pin each gathered batch
         self.train = train
         self.sampler = epoch_sampler(data, cfg, train=train, seed=seed, rank=rank, world_size=world_size)
         self.batch_size, self.num_workers = cfg.batch_size, 0
-        self.batches_per_epoch = batches_per_epoch(self.sampler.num_samples, cfg.batch_size, cfg.drop_last and train, limit_batches)
+        self.batches_per_epoch = batches_per_epoch(
+            self.sampler.num_samples, cfg.batch_size, cfg.drop_last and train, limit_batches
+        )
 
     def __len__(self) -> int:
         return self.batches_per_epoch
@@ -460,7 +510,8 @@ class ResidentLoader:
     def epoch(self, epoch: int, start: int = 0) -> Iterator[HostBatch]:
         self.to_device.begin_epoch(epoch, start)
         order = self.order(epoch)
-        if self.home.type == "cuda":  # pinned and queued behind the last step: the host does not wait for the GPU to drain
+        # pinned and queued behind the last step: the host does not wait for the GPU to drain
+        if self.home.type == "cuda":
             order = order.pin_memory().to(self.home, non_blocking=True)
         for b in range(start, self.batches_per_epoch):
             index = order[b * self.batch_size : (b + 1) * self.batch_size]
@@ -472,13 +523,23 @@ def _gather(t: torch.Tensor, index: torch.Tensor, pin: bool) -> torch.Tensor:
     return out.pin_memory() if pin else out
 
 
-def build_pipeline(cfg: LoaderConfig, spec: DataSpec, device: torch.device, trainer: TrainerConfig, augment=None,
-                   preview=None) -> DevicePipeline | PlainPipeline:  # fmt: skip
+def build_pipeline(
+    cfg: LoaderConfig, spec: DataSpec, device: torch.device, trainer: TrainerConfig, augment=None, preview=None
+) -> DevicePipeline | PlainPipeline:
     """Images: normalised (uint8) and augmented on the device; anything else: unchanged."""
     if not spec.image:
         return PlainPipeline(device, non_blocking=cfg.non_blocking)
-    return DevicePipeline(device, spec.mean, spec.std, non_blocking=cfg.non_blocking, channels_last=trainer.channels_last,
-                          augment=augment, preview=preview, entry=spec.image_entry, normalise=not spec.float_image)  # fmt: skip
+    return DevicePipeline(
+        device,
+        spec.mean,
+        spec.std,
+        non_blocking=cfg.non_blocking,
+        channels_last=trainer.channels_last,
+        augment=augment,
+        preview=preview,
+        entry=spec.image_entry,
+        normalise=not spec.float_image,
+    )
 
 
 def device_augment(aug: AugmentationConfig, seed: int, transforms=None) -> BatchAugment | None:
@@ -498,7 +559,10 @@ def auto_workers_for(spec: DataSpec, per_sample_augment: bool) -> tuple[int, str
     fast = spec.in_memory or (spec.sample_s is not None and spec.sample_s < IN_MEMORY_S)
     if fast and not per_sample_augment:
         read = f"{1e6 * spec.sample_s:.0f} us" if spec.sample_s is not None else "no time"
-        return 0, f"num_workers=auto: a sample takes {read} to read, the data is in memory; workers would only add copies"
+        return (
+            0,
+            f"num_workers=auto: a sample takes {read} to read, the data is in memory; workers would only add copies",
+        )
     return auto_workers(per_sample_work=True), ""
 
 
@@ -517,19 +581,25 @@ class Loaders:
             getattr(batches, "close", lambda: None)()
 
 
-def build_loaders(cfg: LoaderConfig, aug: AugmentationConfig, data, spec: DataSpec, *, device: torch.device, trainer: TrainerConfig,
-                  show_images=None, rank: int = 0, world_size: int = 1, transforms=None) -> Loaders:  # fmt: skip
+def build_loaders(
+    cfg: LoaderConfig,
+    aug: AugmentationConfig,
+    data,
+    spec: DataSpec,
+    *,
+    device: torch.device,
+    trainer: TrainerConfig,
+    show_images=None,
+    rank: int = 0,
+    world_size: int = 1,
+    transforms=None,
+) -> Loaders:
     """Training, validation and test batches (those the data has). Augmentation is placed
     here, once: per sample in the training dataset (cpu), or on the device in the training
     pipeline (gpu). `show_images(tag, images, step)` records what the augmentation does
     (TensorBoard). `data`: saturate.data.Data (its splits and collate)."""
     train_set = data.train
-    if cfg.batch_size * world_size > len(train_set):
-        ranks = f" across {world_size} ranks" if world_size > 1 else ""
-        raise UserError(f"loader.batch_size={cfg.batch_size}: larger than the training set ({len(train_set)} samples{ranks})")
-    if cfg.resident and not spec.fixed:
-        raise UserError("loader.resident=true: the samples differ in shape (variable length, batched by the data's collate); a "
-                        "resident data set holds samples of one shape: use loader=default")  # fmt: skip
+    _check_loadable(cfg, spec, len(train_set), world_size)
     schedule = (transforms or Schedule.from_config(aug)) if aug.placement != "none" else None
     if aug.placement == "cpu":
         train_set = SampleAugment(train_set, schedule, seed=trainer.seed, entry=spec.image_entry)
@@ -541,23 +611,45 @@ def build_loaders(cfg: LoaderConfig, aug: AugmentationConfig, data, spec: DataSp
     pin = device.type == "cuda" if cfg.pin_memory == "auto" else cfg.pin_memory
 
     pipeline = functools.partial(build_pipeline, cfg, spec, device, trainer)
-    preview = Preview(show_images, schedule, aug.preview_images) if aug.preview_images and spec.image and show_images else None
-    train_pipeline = pipeline(augment=device_augment(aug, trainer.seed + 1_000_003 * rank, transforms), preview=preview)  # ranks differ
+    preview = (
+        Preview(show_images, schedule, aug.preview_images)
+        if aug.preview_images and spec.image and show_images
+        else None
+    )
+    # ranks differ
+    train_pipeline = pipeline(augment=device_augment(aug, trainer.seed + 1_000_003 * rank, transforms), preview=preview)
     ranks = dict(seed=trainer.seed, rank=rank, world_size=world_size)
-    evaluation = dict(train=False, limit_batches=trainer.limit_val_batches, **ranks)
     if cfg.resident:
-        train = ResidentLoader(materialize(train_set), cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **ranks)
-        val, test = (None if s is None else ResidentLoader(materialize(s), cfg, pipeline(), **evaluation) for s in (data.val, data.test))
+        make = lambda dataset, pipe, **kw: ResidentLoader(materialize(dataset), cfg, pipe, **kw, **ranks)  # noqa: E731
     else:
         common = dict(num_workers=workers, pin_memory=pin, collate=data.collate)
-        train = StreamLoader(train_set, cfg, train_pipeline, train=True, limit_batches=trainer.limit_train_batches, **common, **ranks)
-        val, test = (None if s is None else StreamLoader(s, cfg, pipeline(), **common, **evaluation) for s in (data.val, data.test))
+        make = lambda dataset, pipe, **kw: StreamLoader(dataset, cfg, pipe, **kw, **common, **ranks)  # noqa: E731
+    train = make(train_set, train_pipeline, train=True, limit_batches=trainer.limit_train_batches)
+    evaluation = dict(train=False, limit_batches=trainer.limit_val_batches)
+    val, test = (None if s is None else make(s, pipeline(), **evaluation) for s in (data.val, data.test))
     if test is not None:  # the test set is evaluated whole, once
         test.batches_per_epoch = batches_per_epoch(test.sampler.num_samples, cfg.batch_size, False, -1)
-    stages = " -> ".join(f"{p.name} from epoch {e}" for e, p in schedule.stages) if isinstance(schedule, Schedule) else ""
     kind = f"resident on {train.home}" if cfg.resident else f"{workers} workers, pin_memory={pin}"
     if note and not cfg.resident:
         kind += f" ({note})"
-    log.info("loader: batch %d, %s; augmentation: %s %s", cfg.batch_size, kind, aug.placement,
-             stages or ("your transforms" if transforms is not None else ""))  # fmt: skip
+    log.info("loader: batch %d, %s; augmentation: %s %s", cfg.batch_size, kind, aug.placement, _stages(schedule))
     return Loaders(train, val, test, note)
+
+
+def _check_loadable(cfg: LoaderConfig, spec: DataSpec, samples: int, world_size: int) -> None:
+    """A training batch that fits in the training set; resident data of one shape."""
+    if cfg.batch_size * world_size > samples:
+        ranks = f" across {world_size} ranks" if world_size > 1 else ""
+        raise UserError(f"loader.batch_size={cfg.batch_size}: larger than the training set ({samples} samples{ranks})")
+    if cfg.resident and not spec.fixed:
+        raise UserError(
+            "loader.resident=true: the samples differ in shape (variable length, batched by the data's collate); a "
+            "resident data set holds samples of one shape: use loader=default"
+        )
+
+
+def _stages(schedule) -> str:
+    """The augmentation's stages in words, for the log."""
+    if isinstance(schedule, Schedule):
+        return " -> ".join(f"{p.name} from epoch {e}" for e, p in schedule.stages)
+    return "your transforms" if schedule is not None else ""

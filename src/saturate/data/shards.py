@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from saturate import names
 from saturate.data.decode import batch_tensor
 from saturate.data.image_index import default_cache
 from saturate.data.skipped import SkipLog, Skipped, fill
@@ -93,8 +94,12 @@ def read_index(key: str, given: str, channels: int) -> ShardIndex:
         if not isinstance(url, str) or not url.strip():
             raise bad(f"shardlist[{i}].url", url, "the path of a shard file, relative to the index")
         if SCHEME.match(url):
-            raise bad(f"shardlist[{i}].url", url, "a local file path relative to the index: saturate opens local files only, never a URL, "
-                                                  "a scheme or a command")  # fmt: skip
+            raise bad(
+                f"shardlist[{i}].url",
+                url,
+                "a local file path relative to the index: saturate opens local files only, never a URL, "
+                "a scheme or a command",
+            )
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise bad(f"shardlist[{i}].nsamples", count, "an integer >= 1 (the samples in the shard)")
         file = path.parent / url  # relative to the index, as wids resolves them; an absolute path stays itself
@@ -143,7 +148,9 @@ def skip_log(index: ShardIndex) -> SkipLog:
     """The index's skip log, kept with saturate's cache and keyed by the index file and its
     version (path, size, modification time): shards written again start a new one."""
     stat = index.path.stat()
-    key = hashlib.sha256(f"{index.path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode("utf-8", "surrogateescape"))
+    key = hashlib.sha256(
+        f"{index.path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode("utf-8", "surrogateescape")
+    )
     return SkipLog(str(default_cache().parent / "shards" / f"{key.hexdigest()[:24]}.skipped.jsonl"), merge=True)
 
 
@@ -162,10 +169,11 @@ class ShardImages(Dataset):
         if index.mean is not None:
             self.mean, self.std = index.mean, index.std
         log_ = skip_log(index)
-        known = {name: i for _, name, _ in log_.new() if (i := self._position(name)) is not None}  # left out from the start
+        # left out from the start
+        known = {name: i for _, name, _ in log_.new() if (i := self._position(name)) is not None}
         self.skipped = Skipped(index.path.parent, self.names, log_, notes, strict=False, known=set(known))
         self.skipped.files.update(known.values())
-        notes["data/skipped_files"] = notes.get("data/skipped_files", 0) + len(known)
+        notes[names.SKIPPED_FILES] = notes.get(names.SKIPPED_FILES, 0) + len(known)
         self._open: OrderedDict[int, object] = OrderedDict()
         self._pid: int | None = None
 
@@ -199,8 +207,10 @@ class ShardImages(Dataset):
         reader = IndexedTarSamples(path=file)
         if len(reader) != count:
             reader.close()
-            raise DataError(f"data.{self.key}={shown(self.index.path)}: shardlist[{shard}].nsamples={count}, but {shown(file)} holds "
-                            f"{len(reader)} samples; write the index again (scripts/make_shards.py)")  # fmt: skip
+            raise DataError(
+                f"data.{self.key}={shown(self.index.path)}: shardlist[{shard}].nsamples={count}, but {shown(file)} "
+                f"holds {len(reader)} samples; write the index again (scripts/make_shards.py)"
+            )
         self._open[shard] = reader
         while len(self._open) > OPEN_SHARDS:
             self._open.popitem(last=False)[1].close()
@@ -220,13 +230,17 @@ class ShardImages(Dataset):
         image = next((sample[k] for k in IMAGE_KEYS if k in sample), None)
         label = sample.get(".cls")
         if image is None or label is None:
-            raise DataError(f"{where} has keys {sorted(k for k in sample if not k.startswith('__'))}; expected an image and 'cls'")
+            raise DataError(
+                f"{where} has keys {sorted(k for k in sample if not k.startswith('__'))}; expected an image and 'cls'"
+            )
         try:
             y = int(label.read().decode().strip())
         except (ValueError, UnicodeDecodeError) as e:
             raise DataError(f"{where}: its class is not an integer ({e})") from None
         if not 0 <= y < len(self.classes):
-            raise DataError(f"{where}: class {y}, outside the index's {len(self.classes)} classes (0 to {len(self.classes) - 1})")
+            raise DataError(
+                f"{where}: class {y}, outside the index's {len(self.classes)} classes (0 to {len(self.classes) - 1})"
+            )
         try:
             return image.read(), y
         except OSError as e:
@@ -246,14 +260,24 @@ class ShardImages(Dataset):
             data, labels[i] = self._sample(i)
             return data
 
-        used = fill(batch, list(indices), [data for data, _ in samples], skipped=self.skipped, file_of=int, fetch=fetch, length=len(self))
+        used = fill(
+            batch,
+            list(indices),
+            [data for data, _ in samples],
+            skipped=self.skipped,
+            file_of=int,
+            fetch=fetch,
+            length=len(self),
+        )
         return batch, torch.tensor([labels[i] for i in used], dtype=torch.int64)
 
     def __getstate__(self) -> dict:  # workers open their own readers
         return {**self.__dict__, "_open": OrderedDict(), "_pid": None}
 
 
-def load_shards(*, train: str, val: str | None, image_size: int, channels: int) -> tuple[ShardImages, ShardImages | None]:
+def load_shards(
+    *, train: str, val: str | None, image_size: int, channels: int
+) -> tuple[ShardImages, ShardImages | None]:
     """The training (and validation) shards named by their wids index files."""
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
         raise ConfigError([Problem("data.image_size", image_size, "an integer >= 1")])
@@ -263,9 +287,11 @@ def load_shards(*, train: str, val: str | None, image_size: int, channels: int) 
         import wids  # noqa: F401
     except ImportError:
         raise DataError('data=shards needs wids (WebDataset\'s indexed reader): pip install -e ".[shards]"') from None
-    notes: dict = {"data/skipped_files": 0}
+    notes: dict = {names.SKIPPED_FILES: 0}
     train_set = ShardImages("train", read_index("train", train, channels), image_size, channels, notes)
     val_set = ShardImages("val", read_index("val", val, channels), image_size, channels, notes) if val else None
     if val_set is not None and val_set.classes != train_set.classes:
-        raise DataError(f"data.val: its classes {val_set.classes[:5]}... differ from data.train's {train_set.classes[:5]}...")
+        raise DataError(
+            f"data.val: its classes {val_set.classes[:5]}... differ from data.train's {train_set.classes[:5]}..."
+        )
     return train_set, val_set

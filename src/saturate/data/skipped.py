@@ -20,6 +20,7 @@ import logging
 import os
 from pathlib import Path
 
+from saturate import names
 from saturate.errors import DataError, shown
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,12 @@ def _entry(line: bytes) -> tuple[int, str, str] | None:
     if not (isinstance(value, list) and len(value) == 3):
         return None
     index, name, reason = value
-    if isinstance(index, bool) or not isinstance(index, int) or not isinstance(name, str) or not isinstance(reason, str):
+    if (
+        isinstance(index, bool)
+        or not isinstance(index, int)
+        or not isinstance(name, str)
+        or not isinstance(reason, str)
+    ):
         return None
     return index, name, reason
 
@@ -85,7 +91,9 @@ class Skipped:
     workers started later. `names[i]` says where sample `i` is, relative to `where`; `notes`
     is the data set's, shared by its parts (a folder's train/ and val/)."""
 
-    def __init__(self, where: Path | str, names, skip_log: SkipLog, notes: dict, *, strict: bool, known: set[str] = frozenset()):
+    def __init__(
+        self, where: Path | str, names, skip_log: SkipLog, notes: dict, *, strict: bool, known: set[str] = frozenset()
+    ):
         self.where, self.names, self.log, self.notes, self.strict = str(where), names, skip_log, notes, strict
         self.files: set[int] = set()  # samples found unreadable in this run
         self.named: set[str] = set(known)  # named already (at start-up)
@@ -98,12 +106,16 @@ class Skipped:
         an error (it passed the check at start-up: it changed since)."""
         reason = why(error)
         if self.strict:
-            raise DataError(f"cannot read {shown(self.path(index))} ({reason}); it was whole at start-up (data.strict=true): "
-                            "remove or replace it")  # fmt: skip
+            raise DataError(
+                f"cannot read {shown(self.path(index))} ({reason}); it was whole at start-up (data.strict=true): "
+                "remove or replace it"
+            )
         self.files.add(index)
         if not self.log.append(index, self.names[index], reason):
-            raise DataError(f"cannot read {shown(self.path(index))} ({reason}), and cannot record it as skipped ({shown(self.log.path)} "
-                            "is not writable): remove or replace it")  # fmt: skip
+            raise DataError(
+                f"cannot read {shown(self.path(index))} ({reason}), and cannot record it as skipped "
+                f"({shown(self.log.path)} is not writable): remove or replace it"
+            )
 
     def poll(self) -> None:
         """Name and count what the log holds that this process has not seen (one stat when nothing is new)."""
@@ -114,7 +126,7 @@ class Skipped:
             if 0 <= index < len(self.names) and self.names[index] == name:
                 self.files.add(index)
             log.warning("skipping %s: not a readable image (%s)", shown(os.path.join(self.where, name)), shown(reason))
-            self.notes["data/skipped_files"] = self.notes.get("data/skipped_files", 0) + 1
+            self.notes[names.SKIPPED_FILES] = self.notes.get(names.SKIPPED_FILES, 0) + 1
 
 
 def why(error: Exception) -> str:

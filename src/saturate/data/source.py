@@ -50,14 +50,18 @@ class Data:
         elif isinstance(result, dict):
             unknown = sorted(set(map(str, result)) - set(KEYS))
             if unknown or "train" not in result:
-                raise DataError(f"{where}: returned a mapping with keys {sorted(map(str, result))}; expected 'train' and any of "
-                                f"{', '.join(KEYS[1:])}")  # fmt: skip
+                raise DataError(
+                    f"{where}: returned a mapping with keys {sorted(map(str, result))}; expected 'train' and any of "
+                    f"{', '.join(KEYS[1:])}"
+                )
             data = cls(**result)
         elif hasattr(result, "train"):
             data = cls(**{k: getattr(result, k, None) for k in KEYS})
         else:
-            raise DataError(f"{where}: returned a {type(result).__name__}; expected (train_dataset, val_dataset) or a mapping with "
-                            f"{', '.join(KEYS)}")  # fmt: skip
+            raise DataError(
+                f"{where}: returned a {type(result).__name__}; expected (train_dataset, val_dataset) or a mapping with "
+                f"{', '.join(KEYS)}"
+            )
         if data.collate is None:
             data.collate = getattr(data.train, "collate_fn", None)
         for key in ("collate", "target_inverse"):
@@ -81,8 +85,10 @@ class UserCollate:
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001 (the user's function: its error, named, in one line)
-            raise DataError(f"data: the collate function {self.name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]} "
-                            f"(batching {len(samples)} samples)") from e  # fmt: skip
+            raise DataError(
+                f"data: the collate function {self.name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]} "
+                f"(batching {len(samples)} samples)"
+            ) from e
 
 
 def build_datasets(node: Any) -> Data:
@@ -109,7 +115,9 @@ def pad_collate(samples: list[dict]) -> dict[str, torch.Tensor]:
     from saturate.data.base import as_tensor
 
     if not samples or not all(isinstance(s, dict) for s in samples):
-        raise DataError("pad_collate: expected samples that are dicts (e.g. {'input': (T, F) tensor, 'target': (S,) tensor})")
+        raise DataError(
+            "pad_collate: expected samples that are dicts (e.g. {'input': (T, F) tensor, 'target': (S,) tensor})"
+        )
     batch: dict[str, torch.Tensor] = {}
     for key in samples[0]:
         values = [as_tensor(s[key]) for s in samples]

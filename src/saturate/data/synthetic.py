@@ -6,16 +6,25 @@ from saturate.data.base import InMemory, at_least, fits_in_memory
 from saturate.data.base import seed as check_seed
 
 
-def make_synthetic(*, num_train: int, num_val: int, channels: int, height: int, width: int, num_classes: int,
-                   seed: int) -> tuple[InMemory, InMemory]:  # fmt: skip
+def make_synthetic(
+    *, num_train: int, num_val: int, channels: int, height: int, width: int, num_classes: int, seed: int
+) -> tuple[InMemory, InMemory]:
     """SYNTHETIC data for throughput work: uniform noise images, each class shifted by its
     own fixed pattern so that a model can learn something. Labelled synthetic everywhere."""
-    for key, value in (("num_train", num_train), ("num_val", num_val), ("channels", channels), ("height", height), ("width", width)):
+    for key, value in (
+        ("num_train", num_train),
+        ("num_val", num_val),
+        ("channels", channels),
+        ("height", height),
+        ("width", width),
+    ):
         at_least(key, value, 1)
     at_least("num_classes", num_classes, 2)
     check_seed("seed", seed)
     # the images as uint8, and the int64 noise each split is drawn as
-    fits_in_memory(f"data.num_train={num_train}, data.num_val={num_val}", 9 * (num_train + num_val) * channels * height * width)
+    fits_in_memory(
+        f"data.num_train={num_train}, data.num_val={num_val}", 9 * (num_train + num_val) * channels * height * width
+    )
     g = torch.Generator().manual_seed(seed)
     shape = (channels, height, width)
     patterns = torch.randint(-40, 41, (num_classes, *shape), generator=g)

@@ -26,7 +26,9 @@ class CSVLogger:
         self.writer.writerows([r["step"], r["name"], r["value"]] for r in kept)
 
     def on_log(self, run, metrics: dict[str, float], step: int) -> None:
-        self.writer.writerows([step, name, repr(float(value))] for name, value in metrics.items() if isinstance(value, (int, float)))
+        self.writer.writerows(
+            [step, name, repr(float(value))] for name, value in metrics.items() if isinstance(value, (int, float))
+        )
         self.file.flush()
 
     def on_run_end(self, run, metrics: dict[str, Any]) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from saturate import names
+
 
 class TensorBoardLogger:
     """A run resumed at step N first drops the events an earlier attempt wrote after N
@@ -22,7 +24,7 @@ class TensorBoardLogger:
     # in metrics.json, not plotted: the step is every chart's x axis and the wall time its
     # "Relative" axis; the main process's CPU in % of one core (over 100 with threads) is
     # cpu/run_util's share of the machine, restated
-    HIDDEN = frozenset({"progress/step", "time/wall_s", "cpu/process_util"})
+    HIDDEN = frozenset({names.STEP, names.WALL_S, names.PROCESS_UTIL})
 
     def __init__(self, subdir: str = "tb"):
         self.subdir, self.writer = subdir, None
@@ -30,7 +32,9 @@ class TensorBoardLogger:
     def on_run_start(self, run) -> None:
         from torch.utils.tensorboard import SummaryWriter  # imported here: slow, and rank 0 only
 
-        self.writer = SummaryWriter(str(run.run_dir / self.subdir), purge_step=run.start_step + 1 if run.start_step else None)
+        self.writer = SummaryWriter(
+            str(run.run_dir / self.subdir), purge_step=run.start_step + 1 if run.start_step else None
+        )
 
     def on_log(self, run, metrics: dict[str, float], step: int) -> None:
         for tag, value in metrics.items():

@@ -21,12 +21,27 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from saturate import names
 from saturate.loop.faults import Preempted
+from saturate.loop.protocols import (
+    Batches,
+    Checkpoints,
+    Clock,
+    Evaluation,
+    Monitor,
+    Observers,
+    Ranks,
+    RunView,
+    StopRequest,
+    Timer,
+    Tracker,
+)
 from saturate.loop.step import TrainStep
 from saturate.parts.device import OutOfMemory, free_device_memory, is_oom
 
@@ -62,18 +77,18 @@ class Training:
     model: nn.Module  # what the step calls: DDP-wrapped and/or compiled
     step: TrainStep
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    batches: object  # a loader: epoch(e, start) and to_device(batch) (saturate.data.loader)
+    batches: Batches
 
 
 @dataclass
 class Watch:
     """What watches the run, at log steps only."""
 
-    tracker: object  # saturate.observe.tracking.Tracker: loggers (through the observers), progress bar, latest metrics
-    timer: object  # saturate.observe.timing.StepTimer
-    monitor: object  # saturate.observe.monitor.ResourceMonitor
-    memory: object  # () -> peak memory in MB
-    clock: object  # saturate.observe.timing.RunClock: seconds in evaluation, checkpoints, logging
+    tracker: Tracker  # loggers (through the observers), progress bar, latest metrics
+    timer: Timer
+    monitor: Monitor
+    memory: Callable[[], float]  # peak memory in MB
+    clock: Clock  # seconds in evaluation, checkpoints, logging
 
 
 @dataclass
@@ -82,18 +97,48 @@ class Control:
 
     max_epochs: int
     max_steps: int
-    stop: object  # saturate.loop.faults.StopSignal
-    dist: object  # saturate.scale.distributed.Dist
+    stop: StopRequest
+    dist: Ranks
     start_time: float
     resume_hint: str = "trainer.resume=auto"
 
 
+@dataclass
+class Summary:
+    """What the loop reports once it ends: the latest value of every metric it logged, the
+    counters, the steady state's figures (averaged over the ranks, samples/s summed), the
+    resources it used and where its time went, and the best monitored value checkpointed."""
+
+    last: dict[str, float]
+    counts: dict[str, float]
+    steady: dict[str, float]
+    steady_steps: int  # steps in the steady state
+    gpu: dict[str, float] | None  # None: no GPU sampled
+    cpu: dict[str, float]
+    loop: dict[str, float]  # time/*_s: the loop, evaluation, checkpoints, logging
+    best: float | None
+    best_at: tuple[int, int] | None  # (epoch, step)
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.last, **self.counts, **self.steady, **(self.gpu or {}), **self.cpu, **self.loop}
+
+
 class Engine:
-    def __init__(self, training: Training, evaluator, checkpointer, watch: Watch, observers, run, control: Control):
+    def __init__(
+        self,
+        training: Training,
+        evaluator: Evaluation,
+        checkpointer: Checkpoints,
+        watch: Watch,
+        observers: Observers,
+        run: RunView,
+        control: Control,
+    ):
         self.training, self.evaluator, self.checkpointer, self.watch = training, evaluator, checkpointer, watch
         self.observers, self.run, self.control = observers, run, control
         self.guard, self.dist, self.tracker, self.timer = training.step.guard, control.dist, watch.tracker, watch.timer
-        self.loss_sum = torch.zeros((), device=next(training.model.parameters()).device)  # summed on the device, read at log steps
+        # summed on the device, read at log steps
+        self.loss_sum = torch.zeros((), device=next(training.model.parameters()).device)
         self.loss_count = 0
         self._counts: dict[str, float] = {}  # the flat counters' last logged values
         self.batch = None  # the last device batch (a reference: what a failed guard looks at)
@@ -109,15 +154,35 @@ class Engine:
         """Whether a callback asked the run to stop, on any rank (one small collective)."""
         return self.dist.any(self.run.stop_reason is not None)
 
-    def fit(self, state: TrainState) -> dict[str, float]:
-        """Train from `state` to max_epochs (or max_steps, or a callback's stop); return the last metrics."""
+    def fit(self, state: TrainState) -> Summary:
+        """Train from `state` to max_epochs (or max_steps, or a callback's stop); return what
+        the run did."""
         steps_per_epoch = len(self.training.batches)
-        if self.finished(state):
-            return dict(self.tracker.latest)
-        with self.clock.timing("loop"):
-            return self._fit(state, steps_per_epoch)
+        if not self.finished(state):
+            with self.clock.timing("loop"):
+                self._fit(state, steps_per_epoch)
+        return self.summary()
 
-    def _fit(self, state: TrainState, steps_per_epoch: int) -> dict[str, float]:
+    def summary(self) -> Summary:
+        """The loop's figures (once every rank is done: the steady state is averaged)."""
+        for batches in (self.training.batches, self.evaluator.batches):  # what every rank skipped, now all are done
+            if getattr(batches, "poll", None) is not None:
+                batches.poll()
+        window = self.timer.run_window()
+        monitor = self.watch.monitor
+        return Summary(
+            last=dict(self.tracker.latest),
+            counts=self.counts(),
+            steady=self.dist.mean(window.metrics(), sum_keys=(names.SAMPLES_PER_S,)),
+            steady_steps=window.steps,
+            gpu=monitor.gpu_summary(),
+            cpu=monitor.cpu_summary(),
+            loop=self.clock.metrics(),
+            best=self.checkpointer.best,
+            best_at=self.checkpointer.best_at,
+        )
+
+    def _fit(self, state: TrainState, steps_per_epoch: int) -> None:
         while True:
             self.training.model.train()
             epoch_start, evaluated = time.perf_counter(), {}
@@ -127,7 +192,6 @@ class Engine:
                 self.train_epoch(fetched, state, steps_per_epoch)
             if state.batch_in_epoch >= steps_per_epoch:
                 state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-            self.run.epoch = state.epoch
             last = self.finished(state) or self.stopping()
             self.log_train(state, steps_per_epoch)  # closes the timing window before evaluation
             if self.evaluator.due(state.epoch, last):
@@ -141,7 +205,7 @@ class Engine:
                 if self.run.stop_reason is not None or self.stopping():
                     self.run.request_stop("another rank's callback asked the run to stop")  # keeps rank 0's own reason
                     log.info("stopped at step %d: %s", state.step, self.run.stop_reason)
-                return dict(self.tracker.latest)
+                return
 
     def evaluate(self, state: TrainState, steps_per_epoch: int) -> dict[str, float]:
         with self.phase("evaluation"):
@@ -166,7 +230,6 @@ class Engine:
                     scheduler.step()
                 state.step += 1
                 state.batch_in_epoch += 1
-                run.step = state.step
                 if self.per_step:  # device work (an average of the weights): timed with the step
                     self.observers.call("on_after_optimizer_step", run)
                     self.observers.call("on_train_batch_end", run, loss)
@@ -192,8 +255,10 @@ class Engine:
             if not is_oom(e):
                 raise
             free_device_memory()
-            raise OutOfMemory(f"out of memory at step {step} copying the batch to the device and preparing it (augmentation, "
-                              "normalisation), before the model ran: lower loader.batch_size") from None  # fmt: skip
+            raise OutOfMemory(
+                f"out of memory at step {step} copying the batch to the device and preparing it (augmentation, "
+                "normalisation), before the model ran: lower loader.batch_size"
+            ) from None
 
     def log_train(self, state: TrainState, steps_per_epoch: int) -> None:
         """The one place the loop waits for the device: at log steps and epoch ends. Across
@@ -206,14 +271,14 @@ class Engine:
         self.guard.read()
         count = int(self.loss_count)  # steps applied (a device count when steps decide on the device)
         train_loss = self.loss_sum.item() / count if count else float("nan")
-        shared = self.dist.mean({"train/loss": train_loss, **window.metrics()}, sum_keys=("perf/samples_per_s",))
+        shared = self.dist.mean({names.TRAIN_LOSS: train_loss, **window.metrics()}, sum_keys=(names.SAMPLES_PER_S,))
         metrics = {
             **shared,
-            "train/lr": self.training.scheduler.get_last_lr()[0],
-            "progress/epoch": state.epoch + state.batch_in_epoch / steps_per_epoch,
-            "progress/step": state.step,
-            "memory/peak_mb": self.watch.memory(),
-            "time/wall_s": time.perf_counter() - self.control.start_time,
+            names.TRAIN_LR: self.training.scheduler.get_last_lr()[0],
+            names.EPOCH: state.epoch + state.batch_in_epoch / steps_per_epoch,
+            names.STEP: state.step,
+            names.PEAK_MB: self.watch.memory(),
+            names.WALL_S: time.perf_counter() - self.control.start_time,
             **self.watch.monitor.window(),  # gpu/*, cpu/*: averages of the samples in this window
             **self.changed_counts(),
         }
@@ -229,31 +294,42 @@ class Engine:
         if not self.dist.is_main:
             return
         latest = self.tracker.latest
-        figures = [f"{k} {v:.4f}" for k, v in (("train/loss", latest.get("train/loss")), *evaluated.items()) if v is not None]
-        speed = latest.get("perf/samples_per_s")
-        log.info("epoch %d/%d, step %d: %s%s, %.1f s", state.epoch, self.control.max_epochs, state.step, ", ".join(figures),
-                 f", {speed:,.0f} samples/s" if speed else "", seconds)  # fmt: skip
+        figures = [
+            f"{k} {v:.4f}"
+            for k, v in ((names.TRAIN_LOSS, latest.get(names.TRAIN_LOSS)), *evaluated.items())
+            if v is not None
+        ]
+        speed = latest.get(names.SAMPLES_PER_S)
+        log.info(
+            "epoch %d/%d, step %d: %s%s, %.1f s",
+            state.epoch,
+            self.control.max_epochs,
+            state.step,
+            ", ".join(figures),
+            f", {speed:,.0f} samples/s" if speed else "",
+            seconds,
+        )
 
     def changed_counts(self) -> dict[str, float]:
         """Counters that are flat in a healthy run (non-finite steps, micro-batches per
         batch, the fp16 loss scale): logged once they leave their healthy value and then
         whenever they change, so a healthy run's TensorBoard has no straight-line cards."""
-        healthy = {"train/nonfinite_steps": 0, "train/micro_batches": 1}
+        healthy = {names.NONFINITE_STEPS: 0, names.MICRO_BATCHES: 1}
         changed = {k: v for k, v in self.counts().items() if self._counts.get(k, healthy.get(k)) != v}
         self._counts.update(changed)
         return changed
 
     def counts(self) -> dict[str, float]:
         """The counters' values now (metrics.json holds them all, healthy or not)."""
-        counts = {"train/nonfinite_steps": self.guard.count, "train/micro_batches": self.training.step.micro_batches}
+        counts = {names.NONFINITE_STEPS: self.guard.count, names.MICRO_BATCHES: self.training.step.micro_batches}
         scaler = self.training.step.precision.scaler
         if scaler.is_enabled():  # fp16: the loss scale, halved at each overflowing (skipped) step, as fairseq logs it
-            counts["train/loss_scale"] = scaler.get_scale()
+            counts[names.LOSS_SCALE] = scaler.get_scale()
         return counts
 
     def save(self, state: TrainState, metrics: dict[str, float]) -> float:
         with self.phase("checkpoint"):
-            seconds = self.checkpointer.save(state, metrics)
+            seconds = self.checkpointer.save(state, metrics, self.run)
         if self.dist.is_main:
             self.observers.call("on_checkpoint", self.run, str(self.checkpointer.last_path))
         return seconds
@@ -303,12 +379,22 @@ class Engine:
             if self.guard.skip:  # every bad step was skipped: the weights are the last good state
                 self.save(state, {})
             self.dist.barrier()  # no rank leaves before rank 0 has saved
-            raise self.guard.error(state.step, self.checkpointer.last_good(), self.control.resume_hint, data=self.nonfinite_data())
+            raise self.guard.error(
+                state.step, self.checkpointer.last_good(), self.control.resume_hint, data=self.nonfinite_data()
+            )
         seconds = self.save(state, {})
         self.dist.barrier()  # torchrun kills the others as soon as one rank exits
         signum = self.control.stop.requested or signal.SIGTERM  # a rank that heard nothing follows the others
         name = signal.Signals(signum).name
         if self.dist.is_main:
-            log.warning("%s at step %d (epoch %d, batch %d): saved %s in %.2fs; resume with: %s", name, state.step, state.epoch,
-                        state.batch_in_epoch, self.checkpointer.last_path, seconds, self.control.resume_hint)  # fmt: skip
+            log.warning(
+                "%s at step %d (epoch %d, batch %d): saved %s in %.2fs; resume with: %s",
+                name,
+                state.step,
+                state.epoch,
+                state.batch_in_epoch,
+                self.checkpointer.last_path,
+                seconds,
+                self.control.resume_hint,
+            )
         raise Preempted(signum)

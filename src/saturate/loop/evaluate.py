@@ -39,7 +39,16 @@ def joined(arrays: list):
 
 
 class Evaluator:
-    def __init__(self, batches, precision: Precision, task, *, interval: int, split: str = "val", class_names: list[str] | None = None):
+    def __init__(
+        self,
+        batches,
+        precision: Precision,
+        task,
+        *,
+        interval: int,
+        split: str = "val",
+        class_names: list[str] | None = None,
+    ):
         self.batches, self.precision, self.task, self.interval, self.split = batches, precision, task, interval, split
         self.class_names = class_names
         self.matrices: dict[str, torch.Tensor] = {}  # the last evaluation's matrix results (confusion), on the CPU
@@ -82,7 +91,10 @@ class Evaluator:
         import numpy as np
 
         shard = self.batches.sampler.indices  # this rank's samples, in the order evaluated
-        mine = {"index": torch.as_tensor(list(shard))[: len(next(iter(self.predictions.values()), []))], **self.predictions}
+        mine = {
+            "index": torch.as_tensor(list(shard))[: len(next(iter(self.predictions.values()), []))],
+            **self.predictions,
+        }
         parts = dist.gather_objects({k: np.asarray(v) for k, v in mine.items()})
         if not dist.is_main:
             return
@@ -102,7 +114,9 @@ class Evaluator:
             if value.ndim == 0:
                 out[key] = float(value)
             elif value.ndim == 1:
-                names = self.class_names if self.class_names and len(self.class_names) == len(value) else range(len(value))
+                names = (
+                    self.class_names if self.class_names and len(self.class_names) == len(value) else range(len(value))
+                )
                 out.update({f"{key}/{label}": float(v) for label, v in zip(names, value.tolist(), strict=True)})
             else:
                 self.matrices[key] = value.detach().float().cpu()

@@ -39,7 +39,7 @@ class StopSignal:
     def __init__(self):
         self.requested: int | None = None
         self._previous: dict[int, object] = {}
-        self.listeners: list = []  # called with the signal's number, from the handler (a hung callback is put on the clock)
+        self.listeners: list = []  # called from the handler with the signal (puts a hung callback on the clock)
 
     def _handle(self, signum, frame) -> None:
         self.requested = signum
@@ -77,7 +77,9 @@ class NonFiniteGuard:
     non-finite steps are counted on the device and found at the next log step, which fails
     the run (the weights are no longer trustworthy; the last saved checkpoint is)."""
 
-    def __init__(self, *, skip: bool, check_grads: bool, max_consecutive: int, device: torch.device, agree=lambda ok: ok):
+    def __init__(
+        self, *, skip: bool, check_grads: bool, max_consecutive: int, device: torch.device, agree=lambda ok: ok
+    ):
         self.skip, self.check_grads, self.max_consecutive = skip, check_grads, max_consecutive
         self.agree = agree  # across ranks: every rank skips when any rank must
         self.on_device = False  # set by the step when its optimizer skips on the device
@@ -104,7 +106,10 @@ class NonFiniteGuard:
         self.consecutive += 1
         self.first_bad_step = self.first_bad_step or step
         log.warning(
-            "step %d: non-finite loss (%s) or gradient norm; optimizer step skipped (%d in a row)", step, loss.item(), self.consecutive
+            "step %d: non-finite loss (%s) or gradient norm; optimizer step skipped (%d in a row)",
+            step,
+            loss.item(),
+            self.consecutive,
         )
         return False
 
@@ -123,13 +128,20 @@ class NonFiniteGuard:
         """At log steps: take in what was counted on the device (skip=False, or decided on
         the device)."""
         if self.on_device:
-            figures = torch.stack([self.unread, self.longest, self.longest_from, self.streak, self.streak_from]).tolist()
+            figures = torch.stack(
+                [self.unread, self.longest, self.longest_from, self.streak, self.streak_from]
+            ).tolist()
             unread, longest, longest_from, streak, streak_from = figures
             self.consecutive, self.first_bad_step = longest, longest_from
             if unread:
                 self.count += unread
-                log.warning("%d non-finite step(s) skipped since the last log step (a non-finite loss or gradient norm); the "
-                            "longest run: %d in a row from step %d", unread, longest, longest_from)  # fmt: skip
+                log.warning(
+                    "%d non-finite step(s) skipped since the last log step (a non-finite loss or gradient norm); the "
+                    "longest run: %d in a row from step %d",
+                    unread,
+                    longest,
+                    longest_from,
+                )
             self.unread.zero_()
             self.longest.fill_(streak)  # a streak still running goes on counting
             self.longest_from.fill_(streak_from)
@@ -155,8 +167,10 @@ class NonFiniteGuard:
             what = f"non-finite steps before step {step} (trainer.skip_nonfinite=false: they were applied)"
             saved = f"the last checkpoint saved before them is {checkpoint}"
         if data is not None:
-            return TrainingDiverged(f"training stopped at step {step}: {what}; {saved}. The last batch holds NaN or inf {data}: the data "
-                                    "makes the loss non-finite, whatever the learning rate; find and fix those samples")  # fmt: skip
+            return TrainingDiverged(
+                f"training stopped at step {step}: {what}; {saved}. The last batch holds NaN or inf {data}: the data "
+                "makes the loss non-finite, whatever the learning rate; find and fix those samples"
+            )
         return TrainingDiverged(
             f"training stopped at step {step}: {what}; {saved}. Try a lower optim.optimizer.lr or trainer.grad_clip=1.0"
             + (f", resuming with: {resume_hint} optim.optimizer.lr=<lower>" if resume_hint else "")

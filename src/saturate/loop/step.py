@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from saturate.parts.device import OutOfMemory, free_device_memory, is_oom
 from saturate.scale.distributed import no_sync
@@ -40,9 +40,11 @@ _DDP_OOM = (
 
 
 _AFTER_BACKWARD = (
-    "out of memory at step {step} after the backward pass (unscaling, the gradient norm or the optimizer step, which may have "
-    "updated some weights): this memory is the parameters, gradients and optimizer state, which smaller micro-batches do not "
-    "shrink; use a smaller model, an optimizer with less state, or free device memory, and resume from the last checkpoint"
+    "out of memory at step {step} after the backward pass (unscaling, the gradient norm or the optimizer step, "
+    "which may have updated some weights): this memory is the parameters, gradients and optimizer state, which smaller "
+    "micro-batches do not "
+    "shrink; use a smaller model, an optimizer with less state, or free device memory, and resume from the last "
+    "checkpoint"
 )
 
 
@@ -55,7 +57,9 @@ def batch_size(batch) -> int:
 def split(batch, count: int) -> list:
     """`batch` cut into `count` pieces along the first dimension of every tensor."""
     leaves, spec = tree_flatten(batch)
-    parts = [leaf.tensor_split(count) if isinstance(leaf, torch.Tensor) and leaf.ndim else [leaf] * count for leaf in leaves]
+    parts = [
+        leaf.tensor_split(count) if isinstance(leaf, torch.Tensor) and leaf.ndim else [leaf] * count for leaf in leaves
+    ]
     return [tree_unflatten([p[i] for p in parts], spec) for i in range(count)]
 
 
@@ -74,17 +78,31 @@ def _alone(ok: bool) -> bool:
 
 
 class TrainStep:
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision, guard, *,
-                 loss: Callable[[nn.Module, object], torch.Tensor], grad_clip: float, micro_batches: int = 1, recover_oom: bool = True,
-                 dist=None):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        precision,
+        guard,
+        *,
+        loss: Callable[[nn.Module, object], torch.Tensor],
+        grad_clip: float,
+        micro_batches: int = 1,
+        recover_oom: bool = True,
+        dist=None,
+    ):
         self.model, self.optimizer, self.precision, self.guard, self.loss = model, optimizer, precision, guard, loss
         self.distributed = dist is not None and dist.world_size > 1
         self.agree = dist.agree if self.distributed else _alone  # True only if every rank's answer is True
         self.dist = dist
         # torch's fused optimizers skip a step on the device when told `found_inf` (GradScaler's
         # protocol): the guard's decision then needs no host read (fp16 keeps the scaler's own)
-        guard.on_device = self.on_device = (guard.skip and guard.check_grads and not precision.scaler.is_enabled()
-                                            and bool(getattr(optimizer, "_step_supports_amp_scaling", False)))  # fmt: skip
+        guard.on_device = self.on_device = (
+            guard.skip
+            and guard.check_grads
+            and not precision.scaler.is_enabled()
+            and bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        )
         self.params = [p for p in model.parameters() if p.requires_grad]
         # A skipped step must leave the buffers as they were too: the forward pass has
         # already moved BatchNorm's running statistics (NaN in, NaN kept). They are copied
@@ -131,7 +149,8 @@ class TrainStep:
         already exchanging gradients) stops that rank, the others at the process group's
         timeout. Out-of-memory in the earlier micro-batches is recovered as in one process."""
         total, size = None, batch_size(batch)
-        pieces = split(batch, min(self.micro_batches, size)) if self.micro_batches > 1 else [batch]  # never an empty piece
+        # never an empty piece
+        pieces = split(batch, min(self.micro_batches, size)) if self.micro_batches > 1 else [batch]
         for i, piece in enumerate(pieces):
             synchronising = i == len(pieces) - 1 and self.distributed
             with contextlib.nullcontext() if i == len(pieces) - 1 else no_sync(self.model):
@@ -226,21 +245,19 @@ class TrainStep:
         free_device_memory()
         piece = math.ceil(batch / self.micro_batches)
         if piece <= 1:
-            raise OutOfMemory(f"out of memory at step {step} even with micro-batches of 1 sample; use a smaller model or input, "
-                              "or free device memory (device.memory_fraction, other processes)")  # fmt: skip
+            raise OutOfMemory(
+                f"out of memory at step {step} even with micro-batches of 1 sample; use a smaller model or input, "
+                "or free device memory (device.memory_fraction, other processes)"
+            )
         self.micro_batches = min(2 * self.micro_batches, batch)  # at most one sample per piece: none left empty
         self.oom_recoveries += 1
         smaller = math.ceil(batch / self.micro_batches)
-        log.warning("step %d: out of memory with micro-batches of %d samples; continuing with %d micro-batches of %d "
-                    "(the optimizer batch stays %d)", step, piece, self.micro_batches, smaller, batch)  # fmt: skip
-
-
-def to_device(batch, device: torch.device, non_blocking: bool):
-    """Every tensor of a batch on `device` (float64 as float32: the model's dtype)."""
-
-    def move(leaf):
-        if not isinstance(leaf, torch.Tensor):
-            return leaf
-        return leaf.to(device, dtype=torch.float32 if leaf.dtype == torch.float64 else None, non_blocking=non_blocking)
-
-    return tree_map(move, batch)
+        log.warning(
+            "step %d: out of memory with micro-batches of %d samples; continuing with %d micro-batches of %d "
+            "(the optimizer batch stays %d)",
+            step,
+            piece,
+            self.micro_batches,
+            smaller,
+            batch,
+        )

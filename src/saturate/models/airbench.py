@@ -23,11 +23,21 @@ class AirBench(nn.Module):
     a wide 2x2 stem, three conv groups that halve the resolution, a global max-pool and a
     bias-free linear head whose logits are scaled down. Few, large, fusable kernels."""
 
-    def __init__(self, in_channels: int, num_classes: int, widths: tuple[int, int, int] = (64, 256, 256), stem: int = 24,
-                 logit_scale: float = 1 / 9):  # fmt: skip
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        widths: tuple[int, int, int] = (64, 256, 256),
+        stem: int = 24,
+        logit_scale: float = 1 / 9,
+    ):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, stem, 2, padding=1, bias=False), nn.BatchNorm2d(stem), nn.GELU())
-        self.groups = nn.Sequential(ConvGroup(stem, widths[0]), ConvGroup(widths[0], widths[1]), ConvGroup(widths[1], widths[2]))
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, stem, 2, padding=1, bias=False), nn.BatchNorm2d(stem), nn.GELU()
+        )
+        self.groups = nn.Sequential(
+            ConvGroup(stem, widths[0]), ConvGroup(widths[0], widths[1]), ConvGroup(widths[1], widths[2])
+        )
         self.pool = nn.Sequential(nn.AdaptiveMaxPool2d(1), nn.Flatten())
         self.head = nn.Linear(widths[2], num_classes, bias=False)
         self.logit_scale = logit_scale

@@ -34,10 +34,16 @@ class ResNet18(nn.Module):
         if stem not in ("cifar", "imagenet"):
             raise UserError(f"model.stem={stem!r}: expected one of cifar, imagenet")
         if stem == "imagenet":
-            self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-                                      nn.MaxPool2d(3, 2, 1))  # fmt: skip
+            self.stem = nn.Sequential(
+                nn.Conv2d(in_channels, width, 7, 2, 3, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(3, 2, 1),
+            )
         else:
-            self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True))
+            self.stem = nn.Sequential(
+                nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)
+            )
         stages, c_in = [], width
         for i, blocks in enumerate((2, 2, 2, 2)):
             c_out = width * 2**i

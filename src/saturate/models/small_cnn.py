@@ -15,7 +15,9 @@ def norm_layer(kind: str, channels: int) -> nn.Module:
 
 
 def conv_block(c_in: int, c_out: int, norm: str) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=norm == "none"), norm_layer(norm, c_out), nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, 3, padding=1, bias=norm == "none"), norm_layer(norm, c_out), nn.ReLU(inplace=True)
+    )
 
 
 class SmallCNN(nn.Module):

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from saturate import names
+
 log = logging.getLogger(__name__)
 
 # Dense peak TFLOP/s (no sparsity) by GPU name fragment and dtype: NVIDIA data sheets. The first
@@ -55,24 +57,26 @@ class StepCost:
     launches: int  # aten operators dispatched by the forward and backward
     batch: int  # the batch it was counted on
 
-    def figures(self, step_s: float, device_name: str | None, dtype: str, scaled: tuple | None, compute_s: float) -> dict:
+    def figures(
+        self, step_s: float, device_name: str | None, dtype: str, scaled: tuple | None, compute_s: float
+    ) -> dict:
         """The cost against the measured step: achieved FLOP/s, MFU with its peak (CUDA),
         launches per step, work per launch, and on the CPU the share of the step's compute
         that does not grow with the batch (`scaled`: saturate.observe.costs.scaling's timings)."""
-        out = {"cost/flops_per_step": self.flops, "cost/launches_per_step": float(self.launches)}
+        out = {names.FLOPS_PER_STEP: self.flops, names.LAUNCHES_PER_STEP: float(self.launches)}
         if self.launches:
-            out["cost/flops_per_launch"] = self.flops / self.launches
+            out[names.FLOPS_PER_LAUNCH] = self.flops / self.launches
         if step_s > 0:
-            out["cost/achieved_tflops"] = self.flops / step_s / 1e12
+            out[names.ACHIEVED_TFLOPS] = self.flops / step_s / 1e12
         peak = peak_tflops(device_name, dtype) if device_name else None
         if peak is not None and step_s > 0:
-            out["cost/peak_tflops"] = peak
-            out["cost/mfu"] = self.flops / step_s / 1e12 / peak
+            out[names.PEAK_TFLOPS] = peak
+            out[names.MFU] = self.flops / step_s / 1e12 / peak
         if scaled is not None and compute_s > 0:
             one, many, n = scaled
             per_sample = max(0.0, (many - one) / (n - 1))  # what one more sample adds: arithmetic
-            out["cost/per_sample_ms"] = 1000 * per_sample
-            out["cost/fixed_frac"] = min(1.0, max(0.0, 1 - per_sample * self.batch / compute_s))
+            out[names.PER_SAMPLE_MS] = 1000 * per_sample
+            out[names.FIXED_FRAC] = min(1.0, max(0.0, 1 - per_sample * self.batch / compute_s))
         return out
 
 

@@ -26,10 +26,15 @@ def _attempt(name: str, fn, required: bool = False) -> Check:
     try:
         detail = fn()
         return Check(
-            name, True, f"{detail} ({time.perf_counter() - start:.1f}s)" if detail else f"ok ({time.perf_counter() - start:.1f}s)", required
+            name,
+            True,
+            f"{detail} ({time.perf_counter() - start:.1f}s)" if detail else f"ok ({time.perf_counter() - start:.1f}s)",
+            required,
         )
     except Exception as e:
-        return Check(name, False, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}", required)
+        return Check(
+            name, False, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}", required
+        )
 
 
 def choose_device(asked: str) -> torch.device:
@@ -45,21 +50,37 @@ def amp_dtype(device: torch.device) -> torch.dtype:
 
 
 def run_checks(device: torch.device, *, compile_check: bool = True) -> Iterator[Check]:
-    yield Check("versions", True, f"torch {torch.__version__}, CUDA {torch.version.cuda or '-'}, "
-                f"cuDNN {torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else '-'}")  # fmt: skip
+    yield Check(
+        "versions",
+        True,
+        f"torch {torch.__version__}, CUDA {torch.version.cuda or '-'}, "
+        f"cuDNN {torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else '-'}",
+    )
     yield Check("cpu", True, f"{cpu_name()}, {torch.get_num_threads()} torch threads")
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
-            yield Check(f"cuda:{i}", True, f"{p.name}, {p.total_memory / 2**30:.1f} GiB, compute capability {p.major}.{p.minor}")
+            yield Check(
+                f"cuda:{i}", True, f"{p.name}, {p.total_memory / 2**30:.1f} GiB, compute capability {p.major}.{p.minor}"
+            )
     else:
         yield Check("cuda", False, "no CUDA device visible")
     driver = nvidia_driver()
-    yield Check("nvml", driver is not None, f"driver {driver}" if driver else "NVML unavailable (no NVIDIA driver): no GPU monitoring")
+    yield Check(
+        "nvml",
+        driver is not None,
+        f"driver {driver}" if driver else "NVML unavailable (no NVIDIA driver): no GPU monitoring",
+    )
     cuda = device.type == "cuda"
     bf16 = native_bf16(device)  # torch.cuda.is_bf16_supported() alone counts a pre-Ampere GPU's emulation
-    yield Check("bf16", bf16, "supported" if bf16 else "no native bf16 kernels here (emulated at best): bf16 would be slow"
-                + ("; precision=auto picks fp16" if cuda and not bf16 else ""))  # fmt: skip
+    yield Check(
+        "bf16",
+        bf16,
+        "supported"
+        if bf16
+        else "no native bf16 kernels here (emulated at best): bf16 would be slow"
+        + ("; precision=auto picks fp16" if cuda and not bf16 else ""),
+    )
     tf32 = cuda and torch.cuda.get_device_capability(device)[0] >= 8
     yield Check("tf32", tf32, "supported (Ampere or newer)" if tf32 else "not available (needs an Ampere or newer GPU)")
     if compile_check:
@@ -67,7 +88,11 @@ def run_checks(device: torch.device, *, compile_check: bool = True) -> Iterator[
     yield _attempt("mixed precision", lambda: _autocast(device))
     import torch.distributed as dist
 
-    yield Check("nccl", dist.is_nccl_available(), "available" if dist.is_nccl_available() else "not available (multi-GPU DDP needs it)")
+    yield Check(
+        "nccl",
+        dist.is_nccl_available(),
+        "available" if dist.is_nccl_available() else "not available (multi-GPU DDP needs it)",
+    )
     yield Check("gloo", dist.is_gloo_available(), "available" if dist.is_gloo_available() else "not available")
     yield _attempt("dataloader workers", _workers)
     yield _attempt(f"training step on {device}", lambda: _train_step(device), required=True)
@@ -82,7 +107,9 @@ def _compile(device: torch.device) -> str:
 
 def _autocast(device: torch.device) -> str:
     dtype = amp_dtype(device)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.LazyLinear(10)).to(device)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.LazyLinear(10)
+    ).to(device)
     with torch.autocast(device.type, dtype=dtype):
         loss = model(torch.randn(4, 3, 16, 16, device=device)).float().square().mean()
     loss.backward()
@@ -117,7 +144,11 @@ def suggestions(device: torch.device, checks: list[Check]) -> list[str]:
         out = ["precision=amp" if ok.get("bf16") or ok.get("mixed precision") else "precision=fp32"]
         if ok.get("torch.compile"):
             out.append("trainer.compile=true")
-        out += ["trainer.channels_last=true", "loader=fast (or loader=resident when the data fits on the GPU)", "augmentation=gpu"]
+        out += [
+            "trainer.channels_last=true",
+            "loader=fast (or loader=resident when the data fits on the GPU)",
+            "augmentation=gpu",
+        ]
         if ok.get("tf32"):
             out.append("device.tf32=true (the default)")
         return out

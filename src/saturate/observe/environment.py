@@ -44,16 +44,23 @@ def git_commit() -> str | None:
     None when it is not a git checkout (an installed wheel)."""
     here = Path(__file__).resolve().parent
     try:
-        commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
+        commit = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        )
         dirty = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
         )
     except (OSError, subprocess.SubprocessError):
         return None
     return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def fingerprint(device: torch.device, *, precision: str, compile: bool, channels_last: bool, world_size: int = 1) -> dict:
+def fingerprint(
+    device: torch.device, *, precision: str, compile: bool, channels_last: bool, world_size: int = 1
+) -> dict:
     cuda = device.type == "cuda"
     return {
         "device": torch.cuda.get_device_name(device) if cuda else f"cpu: {cpu_name()}",

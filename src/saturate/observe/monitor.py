@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import psutil
 import torch
 
+from saturate import names
+
 log = logging.getLogger(__name__)
 
 STABLE_MEAN, STABLE_STD, STARVED_MEAN = 85.0, 10.0, 50.0  # % utilisation; see `analyse`
@@ -56,8 +58,10 @@ class Analysis:
 
     @staticmethod
     def thresholds() -> str:
-        return (f"stable: mean >= {STABLE_MEAN:.0f}% and std <= {STABLE_STD:.0f}; starved: mean < {STARVED_MEAN:.0f}%; "
-                "fluctuating: anything else")  # fmt: skip
+        return (
+            f"stable: mean >= {STABLE_MEAN:.0f}% and std <= {STABLE_STD:.0f}; starved: mean < {STARVED_MEAN:.0f}%; "
+            "fluctuating: anything else"
+        )
 
 
 def analyse(util: list[float]) -> Analysis:
@@ -101,7 +105,11 @@ def visible_nvml_handles(pynvml, uuids: list[str] | None = None) -> list[tuple[i
     for cuda_index, item in enumerate(v.strip() for v in visible.split(",") if v.strip()):
         if item.startswith("-"):  # CUDA stops at the first invalid entry
             break
-        get = pynvml.nvmlDeviceGetHandleByUUID if item.startswith(("GPU-", "MIG-")) else lambda i: pynvml.nvmlDeviceGetHandleByIndex(int(i))
+        get = (
+            pynvml.nvmlDeviceGetHandleByUUID
+            if item.startswith(("GPU-", "MIG-"))
+            else lambda i: pynvml.nvmlDeviceGetHandleByIndex(int(i))
+        )
         handles.append((cuda_index, get(item)))
     return handles
 
@@ -167,7 +175,12 @@ class Gpm:
             if previous is None:
                 return {}
             request = nv.c_nvmlGpmMetricsGet_t()
-            request.version, request.numMetrics, request.sample1, request.sample2 = nv.NVML_GPM_METRICS_GET_VERSION, 2, previous, current
+            request.version, request.numMetrics, request.sample1, request.sample2 = (
+                nv.NVML_GPM_METRICS_GET_VERSION,
+                2,
+                previous,
+                current,
+            )
             request.metrics[0].metricId = nv.NVML_GPM_METRIC_SM_UTIL
             request.metrics[1].metricId = nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL
             got = nv.nvmlGpmMetricsGet(request)
@@ -203,7 +216,11 @@ class ResourceMonitor:
             try:
                 self.handles = visible_nvml_handles(self.pynvml, cuda_uuids())
             except Exception as e:  # a UUID NVML does not know, a driver error: sample the CPU only
-                log.warning("monitor: NVML cannot list the visible GPUs (%s: %s); GPU utilisation is not sampled", type(e).__name__, e)
+                log.warning(
+                    "monitor: NVML cannot list the visible GPUs (%s: %s); GPU utilisation is not sampled",
+                    type(e).__name__,
+                    e,
+                )
             if not self.handles:
                 log.info("monitor: NVML found no visible NVIDIA GPU; GPU utilisation is not sampled, CPU use is")
         self.own = device.index if device.type == "cuda" and device.index is not None else 0
@@ -234,13 +251,13 @@ class ResourceMonitor:
         main, workers = self._tree_util()
         tree = main + workers
         values = {
-            "cpu/util": host,  # all the host's cores, every process
-            "cpu/process_util": tree,  # this run's processes (main and workers), % of one core
-            "cpu/workers_util": workers,  # the loader's worker processes, % of one core
-            "cpu/run_util": min(100.0, tree / self.cores),  # this run's share of the host's cores, %
-            "cpu/other_util": max(0.0, host - tree / self.cores),  # other processes' share, %
-            "cpu/rss_mb": self.process.memory_info().rss / 2**20,
-            "cpu/workers_rss_mb": sum(_rss(w) for w in self.children.values()) / 2**20,
+            names.CPU_UTIL: host,  # all the host's cores, every process
+            names.PROCESS_UTIL: tree,  # this run's processes (main and workers), % of one core
+            names.WORKERS_UTIL: workers,  # the loader's worker processes, % of one core
+            names.RUN_UTIL: min(100.0, tree / self.cores),  # this run's share of the host's cores, %
+            names.OTHER_UTIL: max(0.0, host - tree / self.cores),  # other processes' share, %
+            names.RSS_MB: self.process.memory_info().rss / 2**20,
+            names.WORKERS_RSS_MB: sum(_rss(w) for w in self.children.values()) / 2**20,
         }
         for index, handle in self.handles:
             prefix = "gpu" if index == self.own else f"gpu{index}"
@@ -302,14 +319,14 @@ class ResourceMonitor:
 
     def cpu_mean(self) -> float | None:
         """The host's mean CPU use over the steady state, %, or None if nothing was sampled."""
-        util = [s["cpu/util"] for s in self.steady() if "cpu/util" in s]
+        util = [s[names.CPU_UTIL] for s in self.steady() if names.CPU_UTIL in s]
         return statistics.fmean(util) if util else None
 
     def cpu_summary(self) -> dict[str, float]:
         """The run's own CPU share and other processes' (host %), and the host's, over the steady state."""
         steady = self.steady()
         out = {}
-        for key in ("cpu/util", "cpu/run_util", "cpu/other_util", "cpu/workers_util"):
+        for key in (names.CPU_UTIL, names.RUN_UTIL, names.OTHER_UTIL, names.WORKERS_UTIL):
             values = [s[key] for s in steady if key in s]
             if values:
                 out[f"{key}_mean"] = statistics.fmean(values)
@@ -319,12 +336,17 @@ class ResourceMonitor:
         """The run's GPU figures over the steady state for the report (utilisation, and SM
         and tensor activity where NVML offers them), or None if none was sampled."""
         steady = self.steady()
-        util = [s["gpu/util"] for s in steady if "gpu/util" in s]
+        util = [s[names.GPU_UTIL] for s in steady if names.GPU_UTIL in s]
         if not util:
             return None
         a = analyse(util)
-        out = {"gpu/util_mean": a.mean, "gpu/util_std": a.std, "gpu/util_min": a.minimum, "gpu/util_under_50_frac": a.under_50}
-        for key in ("gpu/sm_active", "gpu/tensor_active", "gpu/mem_used_mb"):
+        out = {
+            names.GPU_UTIL_MEAN: a.mean,
+            names.GPU_UTIL_STD: a.std,
+            names.GPU_UTIL_MIN: a.minimum,
+            names.GPU_UTIL_UNDER_50: a.under_50,
+        }
+        for key in (names.SM_ACTIVE, names.TENSOR_ACTIVE, names.GPU_MEM_USED_MB):
             values = [s[key] for s in steady if key in s]
             if values:
                 out[f"{key}_mean"] = statistics.fmean(values)

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from saturate import names
+
 INPUT_BOUND = 0.20
 COMPUTE_BOUND = 0.05
 MIN_STEPS = 10  # fewer steady-state steps than this are no basis for a verdict (experiment=debug takes 3)
@@ -61,13 +63,18 @@ class RunFacts:
     memory_headroom: bool  # peak memory under half of the device's
     emulated_precision: bool  # bf16/fp16 on a CPU without native kernels for them
     image: bool = True  # uint8 image inputs: the image-only options (augmentation placement, channels_last) apply
-    cpu_util: float | None = None  # the run's own processes' CPU use, % of the CPUs it may use (steady state), when sampled
+    cpu_util: float | None = (
+        None  # the run's own processes' CPU use, % of the CPUs it may use (steady state), when sampled
+    )
     host_cpu: float | None = None  # the host's CPU use, % of all its cores
     other_cpu: float | None = None  # other processes' share of the host, % of all its cores
     cores: int = 0  # the host's cores
     workers_cpu: float | None = None  # the loader's workers' CPU use, % of one core
-    loop_shares: dict = field(default_factory=dict)  # evaluation, checkpoint, logging: shares of the training loop's time
-    launch_frac: float | None = None  # CUDA: share of steps waiting on launches; CPU: share of compute not growing with the batch
+    # evaluation, checkpoint, logging: shares of the training loop's time
+    loop_shares: dict = field(default_factory=dict)
+    launch_frac: float | None = (
+        None  # CUDA: share of steps waiting on launches; CPU: share of compute not growing with the batch
+    )
     launches: int | None = None  # operator launches per step
 
 
@@ -84,12 +91,16 @@ def _input_fixes(f: RunFacts) -> list[tuple[str, str]]:
         fixes.append(
             (
                 "augmentation=gpu",
-                "per-sample augmentation in the workers is the usual bottleneck; batched on the device it is one kernel per op",
+                "per-sample augmentation in the workers is the usual bottleneck; batched on the device it is one "
+                "kernel per op",
             )
         )
     if not f.resident and f.in_memory and f.placement != "cpu":
         fixes.append(
-            ("loader=resident", "the data set fits in memory: keep it on the device and slice batches there, no workers, no copies")
+            (
+                "loader=resident",
+                "the data set fits in memory: keep it on the device and slice batches there, no workers, no copies",
+            )
         )
     if not f.resident and f.num_workers < max(1, f.cpus - 1) and (f.placement == "cpu" or not f.in_memory):
         fixes.append((f"loader.num_workers={max(1, f.cpus - 1)}", f"{f.num_workers} workers for {f.cpus} CPUs"))
@@ -111,25 +122,42 @@ def _saturated(f: RunFacts) -> bool:
     its workers take a real part of that (at least WORKERS_BUSY % of one core: idle workers
     beside a training that uses every core are not what slows it)."""
     busy_workers = f.workers_cpu is None or f.workers_cpu >= WORKERS_BUSY
-    return f.cpu_util is not None and f.cpu_util >= CPU_SATURATED and f.num_workers > 0 and not f.resident and busy_workers
+    return (
+        f.cpu_util is not None and f.cpu_util >= CPU_SATURATED and f.num_workers > 0 and not f.resident and busy_workers
+    )
 
 
 def _saturated_fixes(f: RunFacts) -> list[tuple[str, str]]:
     fixes = []
     if f.placement == "cpu":
-        fixes.append(("augmentation=gpu", f"per-sample augmentation in {f.num_workers} processes is what keeps the cores busy; batched "
-                                          "on the device it is one kernel per op"))  # fmt: skip
+        fixes.append(
+            (
+                "augmentation=gpu",
+                f"per-sample augmentation in {f.num_workers} processes is what keeps the cores busy; batched "
+                "on the device it is one kernel per op",
+            )
+        )
     if f.in_memory and f.placement != "cpu":
         fixes.append(("loader=resident", "the data is in memory: no worker processes at all"))
     fewer = max(0, min(f.num_workers - 1, f.cpus - 2))
-    fixes.append((f"loader.num_workers={fewer}", f"fewer workers leave cores to the training ({f.num_workers} on {f.cpus} CPUs now)"))
+    fixes.append(
+        (
+            f"loader.num_workers={fewer}",
+            f"fewer workers leave cores to the training ({f.num_workers} on {f.cpus} CPUs now)",
+        )
+    )
     return fixes
 
 
 def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
     fixes = []
     if f.emulated_precision:
-        fixes.append(("precision=fp32", f"this CPU has no native {f.precision} kernels: {f.precision} is emulated, slower than fp32"))
+        fixes.append(
+            (
+                "precision=fp32",
+                f"this CPU has no native {f.precision} kernels: {f.precision} is emulated, slower than fp32",
+            )
+        )
     if f.device == "cuda" and f.precision == "fp32":
         fixes.append(("precision=amp", "bf16/fp16 tensor cores do several times the fp32 work per second"))
     if f.device != "cuda":
@@ -137,8 +165,18 @@ def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
         # 2-core CPU they measured no gain; the arithmetic itself is the limit here. NHWC is
         # what oneDNN's convolutions prefer: measured 1.10x (resnet18) and 1.16x (small_cnn) there
         if f.image and not f.channels_last:
-            fixes.append(("trainer.channels_last=true", "oneDNN's CPU convolutions run faster in NHWC (1.1-1.2x measured on a 2-core CPU)"))
-        fixes.append(("device=cuda", "the step is the model's arithmetic on this CPU; compile and larger batches pay off on a GPU"))
+            fixes.append(
+                (
+                    "trainer.channels_last=true",
+                    "oneDNN's CPU convolutions run faster in NHWC (1.1-1.2x measured on a 2-core CPU)",
+                )
+            )
+        fixes.append(
+            (
+                "device=cuda",
+                "the step is the model's arithmetic on this CPU; compile and larger batches pay off on a GPU",
+            )
+        )
         return fixes
     if not f.compile:
         fixes.append(("trainer.compile=true", "fused kernels: fewer launches and memory round trips"))
@@ -146,7 +184,10 @@ def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
         fixes.append(("trainer.channels_last=true", "convolutions run faster in NHWC on tensor cores"))
     if f.memory_headroom:
         fixes.append(
-            (f"loader.batch_size={2 * f.batch_size}", "peak memory is under half of the GPU's: larger steps amortise per-step overhead")
+            (
+                f"loader.batch_size={2 * f.batch_size}",
+                "peak memory is under half of the GPU's: larger steps amortise per-step overhead",
+            )
         )
     return fixes
 
@@ -159,24 +200,43 @@ def _loop_verdict(f: RunFacts) -> Verdict | None:
         return None
     share, name = max(heavy)
     fixes = {
-        "evaluation": [("trainer.eval_interval=5", "evaluate every 5th epoch (the last is always evaluated)"),
-                       ("trainer.limit_val_batches=50", "evaluate on part of the validation set between the full ones")],
-        "checkpoint": [("trainer.checkpoint_interval=5", "save every 5th epoch (the last is always saved)"),
-                       ("checkpoint.every_n_steps=0", "no checkpoints inside epochs")],
-        "logging": [("trainer.log_interval=50", "each log step waits for the device and writes every logger"),
-                    ("logger=[tensorboard]", "fewer loggers (a slow one of yours is called at every log step)")],
-    }[name]  # fmt: skip
-    what = {"evaluation": "evaluating", "checkpoint": "saving checkpoints", "logging": "logging (waiting for the device, writing loggers)"}
-    return Verdict(f"{name}-heavy", f"{what[name]} took {share:.0%} of the training loop's time (>= {rules[name]:.0%})", fixes)
+        "evaluation": [
+            ("trainer.eval_interval=5", "evaluate every 5th epoch (the last is always evaluated)"),
+            ("trainer.limit_val_batches=50", "evaluate on part of the validation set between the full ones"),
+        ],
+        "checkpoint": [
+            ("trainer.checkpoint_interval=5", "save every 5th epoch (the last is always saved)"),
+            ("checkpoint.every_n_steps=0", "no checkpoints inside epochs"),
+        ],
+        "logging": [
+            ("trainer.log_interval=50", "each log step waits for the device and writes every logger"),
+            ("logger=[tensorboard]", "fewer loggers (a slow one of yours is called at every log step)"),
+        ],
+    }[name]
+    what = {
+        "evaluation": "evaluating",
+        "checkpoint": "saving checkpoints",
+        "logging": "logging (waiting for the device, writing loggers)",
+    }
+    return Verdict(
+        f"{name}-heavy", f"{what[name]} took {share:.0%} of the training loop's time (>= {rules[name]:.0%})", fixes
+    )
 
 
 def _launch_fixes(f: RunFacts) -> list[tuple[str, str]]:
     if f.device != "cuda":
-        return [(f"loader.batch_size={2 * f.batch_size}", "each operator does more work per dispatch; the dispatch cost stays"),
-                ("trainer.compile=true", "fused operators: fewer dispatches per step (compiling takes a while on a CPU)")]  # fmt: skip
+        return [
+            (
+                f"loader.batch_size={2 * f.batch_size}",
+                "each operator does more work per dispatch; the dispatch cost stays",
+            ),
+            ("trainer.compile=true", "fused operators: fewer dispatches per step (compiling takes a while on a CPU)"),
+        ]
     fixes = []
     if not f.compile:
-        fixes.append(("trainer.compile=true", "fused kernels: fewer launches per step (mode='reduce-overhead' adds CUDA graphs)"))
+        fixes.append(
+            ("trainer.compile=true", "fused kernels: fewer launches per step (mode='reduce-overhead' adds CUDA graphs)")
+        )
     fixes.append((f"loader.batch_size={2 * f.batch_size}", "more work per launch; the launch cost per step stays"))
     if not f.resident and f.in_memory:
         fixes.append(("loader=resident", "no per-step copies or host work between launches"))
@@ -196,27 +256,40 @@ def diagnose(perf: dict[str, float], facts: RunFacts, steps: int | None = None) 
     """The verdict from the measured figures (see the module's docstring), and what to try;
     no verdict from fewer than MIN_STEPS steady-state steps (start-up costs would decide it)."""
     if steps is not None and steps < MIN_STEPS:
-        return Verdict("not judged", f"{steps} steady-state steps are too few to judge (at least {MIN_STEPS}): run longer for a verdict")
+        return Verdict(
+            "not judged",
+            f"{steps} steady-state steps are too few to judge (at least {MIN_STEPS}): run longer for a verdict",
+        )
     loop = _loop_verdict(facts)
     if loop is not None:
         return loop
-    wait = perf["perf/data_wait_frac"]
+    wait = perf[names.DATA_WAIT_FRAC]
     if _saturated(facts) and (facts.device != "cuda" or wait >= INPUT_BOUND):
-        return Verdict("CPU-saturated", f"this run's processes kept {facts.cpu_util:.0f}% of its {facts.cpus} CPU(s) busy with "
-                       f"{facts.num_workers} worker process(es): the workers and the training compete for the cores, so the step's "
-                       f"compute time includes waiting for one (waiting for data took {wait:.1%} of step time)",
-                       _saturated_fixes(facts))  # fmt: skip
+        return Verdict(
+            "CPU-saturated",
+            f"this run's processes kept {facts.cpu_util:.0f}% of its {facts.cpus} CPU(s) busy with "
+            f"{facts.num_workers} worker process(es): the workers and the training compete for the cores, so the "
+            "step's "
+            f"compute time includes waiting for one (waiting for data took {wait:.1%} of step time)",
+            _saturated_fixes(facts),
+        )
     figure = f"waiting for data took {wait:.1%} of step time"
     if wait >= INPUT_BOUND:
         return Verdict("input-bound", f"{figure} (>= {INPUT_BOUND:.0%})", _input_fixes(facts))
-    copy = perf.get("perf/copy_ms", 0.0) / max(perf["perf/step_ms"], 1e-9)
+    copy = perf.get(names.COPY_MS, 0.0) / max(perf[names.STEP_MS], 1e-9)
     if facts.device == "cuda" and copy >= COPY_BOUND:
-        return Verdict("copy-bound", f"copying the batch to the device and preparing it took {copy:.0%} of step time "
-                       f"(>= {COPY_BOUND:.0%})", _copy_fixes(facts))  # fmt: skip
+        return Verdict(
+            "copy-bound",
+            f"copying the batch to the device and preparing it took {copy:.0%} of step time (>= {COPY_BOUND:.0%})",
+            _copy_fixes(facts),
+        )
     if facts.launch_frac is not None and facts.launch_frac >= LAUNCH_BOUND and not _host_busy(facts):
-        said = (f"the GPU waited on kernel launches in {facts.launch_frac:.0%} of the steps" if facts.device == "cuda" else
-                f"{facts.launch_frac:.0%} of the step's compute does not grow with the batch ({facts.launches} operator "
-                "launches): the step is dispatch and Python, not arithmetic")  # fmt: skip
+        said = (
+            f"the GPU waited on kernel launches in {facts.launch_frac:.0%} of the steps"
+            if facts.device == "cuda"
+            else f"{facts.launch_frac:.0%} of the step's compute does not grow with the batch ({facts.launches} "
+            "operator launches): the step is dispatch and Python, not arithmetic"
+        )
         return Verdict("launch-bound", f"{said} (>= {LAUNCH_BOUND:.0%}; {figure})", _launch_fixes(facts))
     if wait <= COMPUTE_BOUND:
         return Verdict("compute-bound", f"{figure} (<= {COMPUTE_BOUND:.0%})", _compute_fixes(facts))
@@ -224,21 +297,29 @@ def diagnose(perf: dict[str, float], facts: RunFacts, steps: int | None = None) 
     return Verdict("balanced", f"{figure} (between {COMPUTE_BOUND:.0%} and {INPUT_BOUND:.0%})", both)
 
 
-def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[str, float] | None = None,
-           facts: RunFacts | None = None, stopped: str | None = None, notes: list[str] = ()) -> str:  # fmt: skip
+def render(
+    perf: dict[str, float],
+    verdict: Verdict,
+    *,
+    steps: int,
+    gpu: dict[str, float] | None = None,
+    facts: RunFacts | None = None,
+    stopped: str | None = None,
+    notes: list[str] = (),
+) -> str:
     """The report as Markdown (console, report.md and TensorBoard text). `perf`: the run's
     final metrics (perf/*, cost/*, time/*, test/*)."""
-    step = perf["perf/step_ms"]
+    step = perf[names.STEP_MS]
     parts = [
-        ("data wait", perf["perf/data_wait_ms"]),
-        ("copy and device-side preparation", perf["perf/copy_ms"]),
-        ("compute", perf["perf/compute_ms"]),
+        ("data wait", perf[names.DATA_WAIT_MS]),
+        ("copy and device-side preparation", perf[names.COPY_MS]),
+        ("compute", perf[names.COMPUTE_MS]),
     ]
     split = " + ".join(f"{name} {ms:.2f} ms ({ms / step:.0%})" for name, ms in parts)
     lines = [
         "## Bottleneck report",
         "",
-        f"- throughput: **{perf['perf/samples_per_s']:,.0f} samples/s** (steady state over {steps} steps)",
+        f"- throughput: **{perf[names.SAMPLES_PER_S]:,.0f} samples/s** (steady state over {steps} steps)",
         f"- step time: {step:.2f} ms = {split}",
     ]
     lines += _gpu_lines(perf, gpu)
@@ -256,10 +337,18 @@ def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[st
         lines.append("- test set (best.pt): " + ", ".join(f"{k} {v:.4f}" for k, v in tested.items()))
     lines += ["", f"**Verdict: {verdict.kind}**: {verdict.reason}.", ""]
     if verdict.suggestions:
-        lines += ["Try next (add to your command line):", ""]  # a blank line: Markdown renderers (TensorBoard's) need it for a list
+        # a blank line: Markdown renderers (TensorBoard's) need it for a list
+        lines += [
+            "Try next (add to your command line):",
+            "",
+        ]
         lines += [f"- `{override}`: {why}" for override, why in verdict.suggestions]
-        lines += ["", "Measure them side by side on this run: `python train.py tune=true` with this run's overrides (the loader's "
-                  "and the model's own limits, and each change, in short trials)."]  # fmt: skip
+        lines += [
+            "",
+            "Measure them side by side on this run: `python train.py tune=true` with this run's overrides (the "
+            "loader's "
+            "and the model's own limits, and each change, in short trials).",
+        ]
     else:
         lines.append("Nothing obvious left to try from here.")
     return "\n".join(lines) + "\n"
@@ -268,37 +357,50 @@ def render(perf: dict[str, float], verdict: Verdict, *, steps: int, gpu: dict[st
 def _gpu_lines(perf: dict, gpu: dict | None) -> list[str]:
     if not gpu:
         return ["- GPU utilisation: not sampled (no NVIDIA GPU or no NVML)"]
-    lines = [f"- GPU utilisation (steady state, NVML; 100% for a single small kernel): mean {gpu['gpu/util_mean']:.0f}%, "
-             f"std {gpu['gpu/util_std']:.0f}, min {gpu['gpu/util_min']:.0f}%, {gpu['gpu/util_under_50_frac']:.0%} of samples "
-             "under 50%"]  # fmt: skip
-    if "gpu/sm_active_mean" in gpu:
-        lines.append(f"- SM activity {gpu['gpu/sm_active_mean']:.0f}%, tensor-core activity {gpu.get('gpu/tensor_active_mean', 0):.0f}% "
-                     "(NVML GPM; DCGM's guide: 80% or more is needed, under 50% is ineffective)")  # fmt: skip
-    if "perf/gpu_idle_frac" in perf:
-        lines.append(f"- GPU idle between steps: {perf['perf/gpu_idle_frac']:.0%} of step time (waiting for data "
-                     f"{perf['perf/gpu_idle_data_frac']:.0%}, the host's own work {perf['perf/gpu_idle_host_frac']:.0%}); the GPU "
-                     f"waited on kernel launches in {perf['perf/launch_bound_frac']:.0%} of steps (host enqueue "
-                     f"{perf['perf/enqueue_ms']:.2f} ms per step)")  # fmt: skip
+    mean, std, low = gpu[names.GPU_UTIL_MEAN], gpu[names.GPU_UTIL_STD], gpu[names.GPU_UTIL_MIN]
+    lines = [
+        f"- GPU utilisation (steady state, NVML; 100% for a single small kernel): mean {mean:.0f}%, std {std:.0f}, "
+        f"min {low:.0f}%, {gpu[names.GPU_UTIL_UNDER_50]:.0%} of samples under 50%"
+    ]
+    if names.SM_ACTIVE_MEAN in gpu:
+        lines.append(
+            f"- SM activity {gpu[names.SM_ACTIVE_MEAN]:.0f}%, tensor-core activity "
+            f"{gpu.get(names.TENSOR_ACTIVE_MEAN, 0):.0f}% "
+            "(NVML GPM; DCGM's guide: 80% or more is needed, under 50% is ineffective)"
+        )
+    if names.GPU_IDLE_FRAC in perf:
+        lines.append(
+            f"- GPU idle between steps: {perf[names.GPU_IDLE_FRAC]:.0%} of step time (waiting for data "
+            f"{perf[names.GPU_IDLE_DATA_FRAC]:.0%}, the host's own work {perf[names.GPU_IDLE_HOST_FRAC]:.0%}); "
+            f"the GPU waited on kernel launches in {perf[names.LAUNCH_BOUND_FRAC]:.0%} of steps (host enqueue "
+            f"{perf[names.ENQUEUE_MS]:.2f} ms per step)"
+        )
     return lines
 
 
 def _cost_lines(perf: dict, host_busy: bool = False) -> list[str]:
-    if "cost/flops_per_step" not in perf:
+    if names.FLOPS_PER_STEP not in perf:
         return []
-    flops, launches = perf["cost/flops_per_step"], perf["cost/launches_per_step"]
-    achieved = perf.get("cost/achieved_tflops", 0.0) * 1e3
+    flops, launches = perf[names.FLOPS_PER_STEP], perf[names.LAUNCHES_PER_STEP]
+    achieved = perf.get(names.ACHIEVED_TFLOPS, 0.0) * 1e3
     line = f"- cost: {flops / 1e9:,.2f} GFLOP per step (forward and backward), achieved {achieved:,.1f} GFLOP/s"
-    mfu, peak = perf.get("cost/mfu"), perf.get("cost/peak_tflops")
+    mfu, peak = perf.get(names.MFU), perf.get(names.PEAK_TFLOPS)
     if mfu is not None and mfu > 1.0:
-        line += f"; MFU not shown: {mfu:.0%} of the {peak:g} TFLOP/s peak is impossible (the count or the peak is wrong)"
+        line += (
+            f"; MFU not shown: {mfu:.0%} of the {peak:g} TFLOP/s peak is impossible (the count or the peak is wrong)"
+        )
     elif mfu is not None:
         line += f"; MFU {mfu:.1%} of the {peak:g} TFLOP/s peak"
-    elif perf.get("cost/device") == "cuda":
+    elif perf.get(names.COST_DEVICE) == "cuda":
         line += "; MFU: no peak known for this GPU (saturate.observe.costs.PEAK_TFLOPS)"
-    line += f"; {launches:,.0f} operator launches per step ({perf.get('cost/flops_per_launch', 0) / 1e6:,.2f} MFLOP each)"
-    if "cost/fixed_frac" in perf:
-        line += (f"; {perf['cost/fixed_frac']:.0%} of the step's compute does not grow with the batch (dispatch, Python, the "
-                 f"optimizer's update; each sample adds {perf['cost/per_sample_ms']:.3f} ms)")  # fmt: skip
+    line += (
+        f"; {launches:,.0f} operator launches per step ({perf.get(names.FLOPS_PER_LAUNCH, 0) / 1e6:,.2f} MFLOP each)"
+    )
+    if names.FIXED_FRAC in perf:
+        line += (
+            f"; {perf[names.FIXED_FRAC]:.0%} of the step's compute does not grow with the batch (dispatch, Python, "
+            f"the optimizer's update; each sample adds {perf[names.PER_SAMPLE_MS]:.3f} ms)"
+        )
         if host_busy:
             line += " (not judged: other processes' load stretched the step's timings, not the start-up's)"
     return [line]
@@ -309,13 +411,15 @@ def _cpu_line(f: RunFacts) -> str:
     if f.host_cpu is not None:  # never shown under the run's own share (the two are read from different counters)
         line += f"; the host {max(f.host_cpu, f.cpu_util * f.cpus / max(f.cores, 1)):.0f}% of its {f.cores} cores"
     if f.other_cpu is not None and f.other_cpu >= OTHER_BUSY:
-        line += (f"; the host is busy with other processes: {f.other_cpu * f.cores / 100:.1f} of {f.cores} cores (not this run's "
-                 "doing: no advice about its workers follows from it; its step times are slower for it)")  # fmt: skip
+        line += (
+            f"; the host is busy with other processes: {f.other_cpu * f.cores / 100:.1f} of {f.cores} cores (not "
+            "this run's doing: no advice about its workers follows from it; its step times are slower for it)"
+        )
     return line
 
 
 def _loop_line(perf: dict) -> str | None:
-    loop = perf.get("time/loop_s")
+    loop = perf.get(names.LOOP_S)
     if not loop:
         return None
     parts = [(name, perf.get(f"time/{name}_s", 0.0)) for name in ("evaluation", "checkpoint", "logging")]

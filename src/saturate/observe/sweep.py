@@ -12,19 +12,27 @@ from pathlib import Path
 
 import yaml
 
+from saturate import names
+
 log = logging.getLogger(__name__)
 
 # (metrics.json key, column heading, format)
 FIGURES = [
-    ("perf/samples_per_s", "samples/s", "{:,.0f}"),
-    ("perf/data_wait_frac", "data wait", "{:.1%}"),
-    ("memory/peak_mb", "peak MB", "{:,.0f}"),
-    ("gpu/util_mean", "GPU util", "{:.0f}%"),
-    ("time/wall_s", "wall s", "{:.1f}"),
+    (names.SAMPLES_PER_S, "samples/s", "{:,.0f}"),
+    (names.DATA_WAIT_FRAC, "data wait", "{:.1%}"),
+    (names.PEAK_MB, "peak MB", "{:,.0f}"),
+    (names.GPU_UTIL_MEAN, "GPU util", "{:.0f}%"),
+    (names.WALL_S, "wall s", "{:.1f}"),
 ]
 # the task's validation metrics, in this order where a job logged them
-TASK_METRICS = [("val/acc", "{:.4f}"), ("val/top5", "{:.4f}"), ("val/mae", "{:.4f}"), ("val/rmse", "{:.4f}"), ("val/r2", "{:.4f}"),
-                ("val/loss", "{:.4f}")]  # fmt: skip
+TASK_METRICS = [
+    ("val/acc", "{:.4f}"),
+    ("val/top5", "{:.4f}"),
+    ("val/mae", "{:.4f}"),
+    ("val/rmse", "{:.4f}"),
+    ("val/r2", "{:.4f}"),
+    (names.VAL_LOSS, "{:.4f}"),
+]
 
 
 def figures(jobs: list[Job]) -> list[tuple[str, str, str]]:
@@ -33,12 +41,12 @@ def figures(jobs: list[Job]) -> list[tuple[str, str, str]]:
     name), their test-set counterparts where a job has a test split, wall time."""
     logged = {k for j in jobs for k in j.metrics}
     monitors = [j.metrics["monitor"] for j in jobs if j.metrics.get("monitor", "").startswith("val/")]
-    order = list(dict.fromkeys([*monitors, *(k for k, _ in TASK_METRICS if k != "val/loss")]))
-    task = [(k, k, dict(TASK_METRICS).get(k, "{:.4f}")) for k in order if k in logged and k != "val/loss"]
-    if not task and "val/loss" in logged:
-        task = [("val/loss", "val/loss", "{:.4f}")]
+    order = list(dict.fromkeys([*monitors, *(k for k, _ in TASK_METRICS if k != names.VAL_LOSS)]))
+    task = [(k, k, dict(TASK_METRICS).get(k, "{:.4f}")) for k in order if k in logged and k != names.VAL_LOSS]
+    if not task and names.VAL_LOSS in logged:
+        task = [(names.VAL_LOSS, names.VAL_LOSS, "{:.4f}")]
     tested = [(f"test/{k[4:]}", f"test/{k[4:]}", fmt) for k, _, fmt in task if f"test/{k[4:]}" in logged]
-    base = [f for f in FIGURES if f[0] != "gpu/util_mean" or "gpu/util_mean" in logged]
+    base = [f for f in FIGURES if f[0] != names.GPU_UTIL_MEAN or names.GPU_UTIL_MEAN in logged]
     return base[:-1] + task + tested + base[-1:]
 
 
@@ -55,12 +63,13 @@ class Job:
 
     @property
     def throughput(self) -> float:
-        return self.metrics.get("perf/samples_per_s", 0.0) if self.status == "completed" else -1.0
+        return self.metrics.get(names.SAMPLES_PER_S, 0.0) if self.status == "completed" else -1.0
 
 
 def read_jobs(sweep_dir: Path) -> list[Job]:
     jobs = []
-    numbered = {p: re.match(r"(\d+)(_|$)", p.name) for p in sweep_dir.iterdir() if p.is_dir()}  # <job>_<name> (or <job>)
+    # <job>_<name> (or <job>)
+    numbered = {p: re.match(r"(\d+)(_|$)", p.name) for p in sweep_dir.iterdir() if p.is_dir()}
     for path in sorted((p for p, m in numbered.items() if m), key=lambda p: int(numbered[p].group(1))):
         overrides_file = path / ".hydra" / "overrides.yaml"
         overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
@@ -118,7 +127,16 @@ def write_csv(path: Path, jobs: list[Job]) -> None:
         for j in sorted(jobs, key=lambda j: j.number):
             values = [j.metrics.get(k, "") for k, _, _ in columns]
             used = [j.metrics.get("batch_size", ""), j.metrics.get("num_workers", "")]
-            writer.writerow([j.number, *(j.overrides.get(k, "") for k in keys), *values, *used, j.status, j.metrics.get("error", "")])
+            writer.writerow(
+                [
+                    j.number,
+                    *(j.overrides.get(k, "") for k in keys),
+                    *values,
+                    *used,
+                    j.status,
+                    j.metrics.get("error", ""),
+                ]
+            )
 
 
 def lines(jobs: list[Job], key: str) -> dict[str, list[tuple[float, float]]]:
@@ -147,8 +165,8 @@ def plot(jobs: list[Job], out: Path) -> list[Path]:
     by_batch = len({j.metrics.get("batch_size") for j in done}) > 1
     written = []
     for key, label, name in (
-        ("perf/samples_per_s", "samples/s", "samples_per_s.png"),
-        ("perf/data_wait_frac", "data wait (share of step time)", "data_wait.png"),
+        (names.SAMPLES_PER_S, "samples/s", "samples_per_s.png"),
+        (names.DATA_WAIT_FRAC, "data wait (share of step time)", "data_wait.png"),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         if by_batch:  # one line per value of the other swept keys (workers, augmentation, precision, ...)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from saturate import names
+
 LAUNCH_RATIO = 1.1  # device compute within this factor of the host's enqueue time: the device waited on launches
 
 
@@ -41,7 +43,9 @@ class Window:
     gap_s: float = 0.0  # device idle between a step's compute and the next step's copy
     gap_data_s: float = 0.0  # the part of it the host spent waiting for the batch
     enqueue_s: float = 0.0  # host time spent enqueuing the compute phases
-    launch_steps: int = 0  # steps whose device compute took no longer than 1.1x its host enqueue: the GPU waited on launches
+    launch_steps: int = (
+        0  # steps whose device compute took no longer than 1.1x its host enqueue: the GPU waited on launches
+    )
     timed_steps: int = 0  # steps with device figures
 
     def add(self, other: Window) -> None:
@@ -51,21 +55,23 @@ class Window:
     def metrics(self) -> dict[str, float]:
         steps, wall = max(self.steps, 1), max(self.wall_s, 1e-9)
         out = {
-            "perf/samples_per_s": self.samples / wall,
-            "perf/step_ms": 1000 * wall / steps,
-            "perf/data_wait_frac": min(1.0, self.wait_s / wall),
-            "perf/data_wait_ms": 1000 * self.wait_s / steps,
-            "perf/copy_ms": 1000 * self.copy_s / steps,
-            "perf/compute_ms": 1000 * self.compute_s / steps,
+            names.SAMPLES_PER_S: self.samples / wall,
+            names.STEP_MS: 1000 * wall / steps,
+            names.DATA_WAIT_FRAC: min(1.0, self.wait_s / wall),
+            names.DATA_WAIT_MS: 1000 * self.wait_s / steps,
+            names.COPY_MS: 1000 * self.copy_s / steps,
+            names.COMPUTE_MS: 1000 * self.compute_s / steps,
         }
         if self.timed_steps:
-            out.update({
-                "perf/gpu_idle_frac": min(1.0, self.gap_s / wall),
-                "perf/gpu_idle_data_frac": min(1.0, self.gap_data_s / wall),
-                "perf/gpu_idle_host_frac": min(1.0, max(0.0, self.gap_s - self.gap_data_s) / wall),
-                "perf/launch_bound_frac": self.launch_steps / self.timed_steps,
-                "perf/enqueue_ms": 1000 * self.enqueue_s / self.timed_steps,
-            })  # fmt: skip
+            out.update(
+                {
+                    names.GPU_IDLE_FRAC: min(1.0, self.gap_s / wall),
+                    names.GPU_IDLE_DATA_FRAC: min(1.0, self.gap_data_s / wall),
+                    names.GPU_IDLE_HOST_FRAC: min(1.0, max(0.0, self.gap_s - self.gap_data_s) / wall),
+                    names.LAUNCH_BOUND_FRAC: self.launch_steps / self.timed_steps,
+                    names.ENQUEUE_MS: 1000 * self.enqueue_s / self.timed_steps,
+                }
+            )
         return out
 
 

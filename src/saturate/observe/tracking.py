@@ -14,6 +14,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from saturate import names
+
 log = logging.getLogger(__name__)
 
 
@@ -59,7 +61,7 @@ class Tracker:
         """Advance the bar to `step` and show the latest loss and throughput."""
         self.bar.update(step - self.bar.n)
         shown = {"epoch": epoch}
-        for tag, fmt in (("train/loss", "{:.4f}"), (self.shown, "{:.4f}"), ("perf/samples_per_s", "{:.0f}")):
+        for tag, fmt in ((names.TRAIN_LOSS, "{:.4f}"), (self.shown, "{:.4f}"), (names.SAMPLES_PER_S, "{:.0f}")):
             if tag in self.latest:
                 shown[tag.split("/")[1]] = fmt.format(self.latest[tag])
         self.bar.set_postfix(shown, refresh=False)
@@ -92,30 +94,108 @@ class Tracker:
         finite = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
         if self.run is not None:
             chosen = {k: finite[k] for k in compared if k in finite}
-            self.observers.call("on_hparams", self.run, {k: _plain(v) for k, v in params.items()}, chosen, sorted(varied))
-        self.log({k: v for k, v in finite.items() if k in self.latest or k.startswith("test/")}, step)  # latest: what was logged
+            self.observers.call(
+                "on_hparams", self.run, {k: _plain(v) for k, v in params.items()}, chosen, sorted(varied)
+            )
+        # latest: what was logged
+        self.log({k: v for k, v in finite.items() if k in self.latest or k.startswith("test/")}, step)
 
     def close(self) -> None:
         self.bar.close()
 
 
-def swept(run) -> dict:
-    """The command line's overrides (a multirun's swept values among them) as {key: value},
-    values as the config resolved them; group choices (`precision=amp`) as the option."""
-    from hydra.core.hydra_config import HydraConfig
+def swept(run, invocation) -> dict:
+    """The run's overrides that are settings (a multirun's swept values among them) as
+    {key: value}, values as the config resolved them; group choices (`precision=amp`) as the
+    option."""
     from omegaconf import DictConfig, OmegaConf
 
-    if not HydraConfig.initialized():
-        return {}
     resolved = OmegaConf.structured(run)
     columns = {}
-    for override in HydraConfig.get().overrides.task:
+    for override in invocation.settings():
         key, _, text = override.lstrip("+~").partition("=")
-        if key.startswith("hydra") or key in ("run_dir", "sweep"):
-            continue
         value = OmegaConf.select(resolved, key, default=text)
         columns[key] = text if isinstance(value, (dict, list, DictConfig)) or OmegaConf.is_config(value) else value
     return columns
+
+
+def identity(invocation) -> str:
+    """A run's settings as one line, what its sweep varies first: the HParams `overrides`
+    column, a run's identity at a glance (the Trial ID is its path, which starts with a date
+    and is cut there)."""
+    given = invocation.settings()
+    first = [o for o in given if o.lstrip("+~").partition("=")[0] in invocation.varied]
+    return " ".join([*first, *(o for o in given if o not in first)]) or "(none)"
+
+
+def settings(run) -> dict:
+    """Every setting of the run as `group.key`: scalars as they are, lists as their text, so
+    that each run holds a value for any key another run varies (TensorBoard's parallel
+    coordinates leave out a run that lacks one; a plain run lacked the width a sweep varied)."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    out: dict = {}
+
+    def walk(key: str, node) -> None:
+        if isinstance(node, dict):
+            for name, value in node.items():
+                walk(f"{key}.{name}", value)
+        else:
+            out[key] = json.dumps(node) if isinstance(node, (list, tuple)) or node is None else node
+
+    for group, node in OmegaConf.to_container(OmegaConf.structured(run), resolve=True).items():
+        if group not in ("run_dir", "tune", "hydra"):
+            walk(group, node)
+    return out
+
+
+def hparams_columns(run, invocation, ran: dict[str, Any]) -> dict[str, Any]:
+    """The columns of this run in TensorBoard's HParams tab: its overrides on one line, every
+    setting, and what ran where the config left a choice (`ran`: the model, data, task,
+    precision, batch size and workers the run used)."""
+    aug = run.augmentation
+    preset = "+".join(x.preset for x in aug.schedule) or aug.preset
+    preset = "none" if aug.placement == "none" else ("transforms" if aug.transforms else preset)
+    return {
+        "overrides": identity(invocation),
+        **settings(run),
+        **swept(run, invocation),
+        **ran,
+        "augmentation": aug.placement,
+        "augmentation.preset": preset,
+        "optim": run.optim.optimizer["_target_"].rsplit(".", 1)[-1],
+        "optim.lr": run.optim.optimizer.get("lr", float("nan")),
+        "trainer.compile": run.trainer.compile,
+        "trainer.channels_last": run.trainer.channels_last,
+    }
+
+
+def review_hint(run_dir, watched: list[str], metrics: dict) -> str:
+    """The TensorBoard command for this run's logdir (the `outputs` folder above it, which
+    `tensorboard --logdir outputs` shows) and a link to Time Series with the learning curves
+    pinned first (its groups are ordered by name: cpu/ before train/), unsmoothed for a run of
+    few evaluations (the default smoothing, 0.6, draws their last value far from the real one)."""
+    import json
+    import urllib.parse
+    from pathlib import Path
+
+    parts_of = Path(run_dir).parts
+    outputs = len(parts_of) - parts_of[::-1].index("outputs") if "outputs" in parts_of else None
+    logdir = Path(*parts_of[:outputs]) if outputs else Path(run_dir)
+    if logdir.is_absolute() and logdir.is_relative_to(Path.cwd()):  # as the user would type it, from where they ran
+        logdir = logdir.relative_to(Path.cwd())
+    pinned = [t for t in dict.fromkeys([names.TRAIN_LOSS, names.VAL_LOSS, *watched]) if t in metrics]
+    query = {"pinnedCards": json.dumps([{"plugin": "scalars", "tag": t} for t in pinned], separators=(",", ":"))}
+    short = metrics.get(names.EPOCH, 0) < 20
+    if short:
+        query["smoothing"] = "0"
+    return (
+        f"tensorboard --logdir {logdir}, then http://localhost:6006/?{urllib.parse.urlencode(query)}#timeseries "
+        f"(loss and metrics pinned first{', unsmoothed: a short run' if short else ''}; the Custom Scalars tab is "
+        "the overview)"
+    )
 
 
 def matrix_image(matrix, labels: list[str] | None = None, cell: int = 28):
@@ -140,5 +220,7 @@ def matrix_image(matrix, labels: list[str] | None = None, cell: int = 28):
             shade = int(255 * (1 - v))
             x0, y0 = margin + j * cell, margin + i * cell
             draw.rectangle([x0, y0, x0 + cell - 1, y0 + cell - 1], fill=(shade, shade, 255), outline="grey")
-            draw.text((x0 + 3, y0 + cell // 3), f"{v:.2f}"[1:] if v < 1 else "1.0", fill="white" if v > 0.5 else "black")
+            draw.text(
+                (x0 + 3, y0 + cell // 3), f"{v:.2f}"[1:] if v < 1 else "1.0", fill="white" if v > 0.5 else "black"
+            )
     return torch.from_numpy(np.array(image)).permute(2, 0, 1).float() / 255

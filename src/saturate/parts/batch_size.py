@@ -40,7 +40,9 @@ class Trial:
     peak_mb: float | None = None  # peak allocated device memory (CUDA only)
 
 
-def search(measure: Callable[[int], Trial], *, low: int, high: int, min_gain: float, safety: float) -> tuple[int, list[Trial]]:
+def search(
+    measure: Callable[[int], Trial], *, low: int, high: int, min_gain: float, safety: float
+) -> tuple[int, list[Trial]]:
     """The search itself, given `measure(size) -> Trial`. Returns (chosen size, trials)."""
     trials: list[Trial] = []
 
@@ -61,7 +63,9 @@ def search(measure: Callable[[int], Trial], *, low: int, high: int, min_gain: fl
             break
         size = min(2 * size, high)
     if largest_fit is None:
-        raise OutOfMemory(f"loader.batch_size=auto: even batch_search.min={low} runs out of memory; lower it or free device memory")
+        raise OutOfMemory(
+            f"loader.batch_size=auto: even batch_search.min={low} runs out of memory; lower it or free device memory"
+        )
     if smallest_oom is not None:  # bisection: where between the two does memory run out?
         while smallest_oom - largest_fit > max(1, largest_fit // 16):
             middle = (largest_fit + smallest_oom) // 2
@@ -72,7 +76,12 @@ def search(measure: Callable[[int], Trial], *, low: int, high: int, min_gain: fl
     limit = int(safety * largest_fit) if smallest_oom is not None else high
     allowed = [t for t in trials if t.fit and t.size <= limit]
     if not allowed:
-        log.warning("batch_search: %g x the largest size that fit (%d) is below batch_search.min; using %d", safety, largest_fit, low)
+        log.warning(
+            "batch_search: %g x the largest size that fit (%d) is below batch_search.min; using %d",
+            safety,
+            largest_fit,
+            low,
+        )
         return low, trials
     # Throughputs within min_gain of the best are a tie, which the smaller batch wins:
     # it generalises at least as well and leaves memory to spare.
@@ -80,8 +89,9 @@ def search(measure: Callable[[int], Trial], *, low: int, high: int, min_gain: fl
     return min(t.size for t in allowed if t.samples_per_s * (1 + min_gain) >= best), trials
 
 
-def measure_with(step: Callable, optimizer: torch.optim.Optimizer, pipeline, fetch, *, steps: int,
-                 device: torch.device) -> Callable[[int], Trial]:  # fmt: skip
+def measure_with(
+    step: Callable, optimizer: torch.optim.Optimizer, pipeline, fetch, *, steps: int, device: torch.device
+) -> Callable[[int], Trial]:
     """measure(size): one warm-up and `steps` timed training steps on a batch of `size`
     real samples (`fetch(size)` gives the host batch, pinned on CUDA as the run's are;
     preparing it is not timed). `step(batch, n)` is one training step that does not recover
@@ -124,8 +134,21 @@ def restoring(model: torch.nn.Module, run: Callable[[], tuple[int, list[Trial]]]
             model.load_state_dict(saved)
 
 
-def choose(cfg, *, key: dict, samples: int, world_size: int, make_step: Callable, optimizer, pipeline, fetch, device: torch.device,
-           model: torch.nn.Module, dist, compiled: bool) -> tuple[int, list[Trial]]:  # fmt: skip
+def choose(
+    cfg,
+    *,
+    key: dict,
+    samples: int,
+    world_size: int,
+    make_step: Callable,
+    optimizer,
+    pipeline,
+    fetch,
+    device: torch.device,
+    model: torch.nn.Module,
+    dist,
+    compiled: bool,
+) -> tuple[int, list[Trial]]:
     """loader.batch_size=auto: the cached choice for `key`, or a search over real training
     steps (`make_step()`: the run's own step, built by the same factory, that does not recover
     from out-of-memory itself). Under DDP each rank searches on its own device with the plain
@@ -137,19 +160,31 @@ def choose(cfg, *, key: dict, samples: int, world_size: int, make_step: Callable
     cache = Cache(cfg.cache, valid=valid_choice)
     hit = cache.get(key)
     if hit is not None and cfg.min <= hit["batch_size"] <= high:
-        log.info("loader.batch_size=auto: %d, reused from %s (same model, input, precision, compile, device)", hit["batch_size"], cfg.cache)
+        log.info(
+            "loader.batch_size=auto: %d, reused from %s (same model, input, precision, compile, device)",
+            hit["batch_size"],
+            cfg.cache,
+        )
         return hit["batch_size"], [Trial(**t) for t in hit["trials"]]
     start = time.perf_counter()
     measure = measure_with(make_step(), optimizer, pipeline, fetch, steps=cfg.steps, device=device)
     with alone(model, dist):  # SyncBatchNorm: each rank's trials are its own
-        chosen, trials = restoring(model, lambda: search(measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety))
+        chosen, trials = restoring(
+            model, lambda: search(measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety)
+        )
     chosen = dist.minimum(chosen)
     if compiled:  # each trial's size was a new shape: from the second on, a graph with a dynamic batch dimension
         torch._dynamo.reset()  # dropped, so the run compiles once for the size it trains with (in its warm-up window)
     if dist.is_main:
         cache.put(key, {"batch_size": chosen, "trials": [dataclasses.asdict(t) for t in trials]})
-    log.info("loader.batch_size=auto: %d after %d trials in %.1fs%s\n%s", chosen, len(trials), time.perf_counter() - start,
-             f" (cached in {cfg.cache})" if cfg.cache else "", table(trials, chosen))  # fmt: skip
+    log.info(
+        "loader.batch_size=auto: %d after %d trials in %.1fs%s\n%s",
+        chosen,
+        len(trials),
+        time.perf_counter() - start,
+        f" (cached in {cfg.cache})" if cfg.cache else "",
+        table(trials, chosen),
+    )
     return chosen, trials
 
 
@@ -158,7 +193,10 @@ def table(trials: list[Trial], chosen: int) -> str:
     for t in trials:
         rate = f"{t.samples_per_s:,.0f}" if t.samples_per_s else "-"
         peak = f"{t.peak_mb:,.0f}" if t.peak_mb is not None else "-"
-        lines.append(f"| {t.size} | {rate} | {peak} | {'fit' if t.fit else 'out of memory'}{' **chosen**' if t.size == chosen else ''} |")
+        lines.append(
+            f"| {t.size} | {rate} | {peak} | "
+            f"{'fit' if t.fit else 'out of memory'}{' **chosen**' if t.size == chosen else ''} |"
+        )
     return "\n".join(lines)
 
 
@@ -179,11 +217,17 @@ class Cache:
         try:
             entries = json.loads(self.path.read_text())
         except (OSError, ValueError, RecursionError) as e:
-            log.warning("%s: cannot read %s (%s: %s); measuring again", self.what, self.path, type(e).__name__, str(e)[:200])
+            log.warning(
+                "%s: cannot read %s (%s: %s); measuring again", self.what, self.path, type(e).__name__, str(e)[:200]
+            )
             return {}
         if not isinstance(entries, dict):
-            log.warning("%s: %s holds a %s, not saturate's cache (an object of entries); measuring again", self.what, self.path,
-                        type(entries).__name__)  # fmt: skip
+            log.warning(
+                "%s: %s holds a %s, not saturate's cache (an object of entries); measuring again",
+                self.what,
+                self.path,
+                type(entries).__name__,
+            )
             return {}
         return entries
 
@@ -216,7 +260,9 @@ class Cache:
                 os.replace(tmp, self.path)
             except OSError as e:  # a full disk: the cache is a convenience, the run goes on
                 tmp.unlink(missing_ok=True)
-                log.warning("%s: cannot write %s (%s); the next run measures again", self.what, self.path, e.strerror or e)
+                log.warning(
+                    "%s: cannot write %s (%s); the next run measures again", self.what, self.path, e.strerror or e
+                )
 
 
 def valid_choice(entry: dict) -> bool:
@@ -229,6 +275,9 @@ def valid_choice(entry: dict) -> bool:
             return False
         if type(t["size"]) is not int or type(t["fit"]) is not bool:
             return False
-        if not all(t[k] is None or (isinstance(t[k], (int, float)) and not isinstance(t[k], bool)) for k in ("samples_per_s", "peak_mb")):
+        if not all(
+            t[k] is None or (isinstance(t[k], (int, float)) and not isinstance(t[k], bool))
+            for k in ("samples_per_s", "peak_mb")
+        ):
             return False
     return True

@@ -15,12 +15,14 @@ import os
 import pickle
 import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from saturate.config.invocation import is_setting_key
 from saturate.config.schema import CheckpointConfig
 from saturate.errors import CheckpointError
 from saturate.parts.rundir import OWN_NAMES
@@ -59,7 +61,9 @@ def atomic_save(obj: Any, path: Path) -> None:
         if cause is None:
             raise
         # a full disk, a quota, a vanished mount: the user's to fix; the message names this file
-        raise CheckpointError(f"cannot write checkpoint {path}: {cause.strerror or cause}; the previous one is intact") from None
+        raise CheckpointError(
+            f"cannot write checkpoint {path}: {cause.strerror or cause}; the previous one is intact"
+        ) from None
 
 
 def rng_state() -> dict[str, Any]:
@@ -93,11 +97,18 @@ def load(path: Path) -> dict[str, Any]:
     except pickle.UnpicklingError as e:
         if "global" not in str(e).lower():  # not a refused object: a damaged or foreign file
             lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-            cause = next((lines[i + 1] for i, line in enumerate(lines[:-1]) if "Unpickler error" in line), lines[-1] if lines else "")
-            raise CheckpointError(f"trainer.resume: cannot read {path} as a checkpoint (damaged or not a checkpoint: {cause})") from None
+            cause = next(
+                (lines[i + 1] for i, line in enumerate(lines[:-1]) if "Unpickler error" in line),
+                lines[-1] if lines else "",
+            )
+            raise CheckpointError(
+                f"trainer.resume: cannot read {path} as a checkpoint (damaged or not a checkpoint: {cause})"
+            ) from None
         first = next((line.strip() for line in str(e).splitlines() if "global" in line.lower()), "")
-        raise UnsafeCheckpoint(f"trainer.resume: refusing {path}: it holds objects that only arbitrary unpickling could load, which can "
-                              f"run code; saturate loads tensors and plain values only ({first})") from None  # fmt: skip
+        raise UnsafeCheckpoint(
+            f"trainer.resume: refusing {path}: it holds objects that only arbitrary unpickling could load, which can "
+            f"run code; saturate loads tensors and plain values only ({first})"
+        ) from None
     except Exception as e:
         raise CheckpointError(f"trainer.resume: cannot read {path} as a checkpoint ({type(e).__name__}: {e})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "step" not in ckpt:
@@ -169,31 +180,49 @@ def _lr_scale(value, path) -> float:
     return float(value)
 
 
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix[:-1]: d}
-    return {k: v for key, value in d.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix[:-1]: tree}
+    return {k: v for key, value in tree.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+
+
+@dataclass
+class Resumed:
+    """Where a resumed run continues (all zero for a fresh start), and what it had."""
+
+    epoch: int = 0
+    step: int = 0
+    batch_in_epoch: int = 0
+    lr_scale: float = 1.0  # the callbacks' scaling of the configured learning rate (Run.lr_scale)
+    metrics: dict[str, float] = field(default_factory=dict)  # saved with the checkpoint
 
 
 class Checkpointer:
-    """Saves and restores a run. `model`: the trained module; `evaluated()`: the module that
-    is evaluated and saved as the run's weights (the same, or an average a callback keeps:
-    then the checkpoint holds both, `model` the weights that scored and `train_model` the
-    ones training continues from). `parts`: the optimizer, schedule, scaler and the
-    observers' states, each with state_dict()/load_state_dict()."""
+    """Saves and restores a run. `model`: the trained module; `stateful`: the optimizer,
+    schedule, scaler and observers, each with state_dict()/load_state_dict(). Each save is
+    given where the loop is (`position`: epoch, step, batch_in_epoch) and the run's state
+    (`run`: its `eval_model`, the module evaluated and saved as the run's weights, and its
+    `lr_scale`): when a callback keeps an average as eval_model, the checkpoint holds both,
+    `model` the weights that scored and `train_model` the ones training continues from."""
 
-    def __init__(self, directory: Path, cfg: CheckpointConfig, *, interval: int, model, parts: dict[str, Any], config: dict,
-                 fingerprint: dict, evaluated=None, lr_scale=None, enabled: bool = True):  # fmt: skip
-        self.directory, self.cfg, self.interval, self.parts = directory, cfg, interval, parts
-        self.model, self.evaluated = model, evaluated or (lambda: model)
-        self.lr_scale_now = lr_scale or (lambda: 1.0)  # the callbacks' scaling of the configured learning rate (Run.lr_scale)
-        self.lr_scale = 1.0  # of the checkpoint resumed from
-        self.pending: dict[str, Any] = {}  # restored once the observers have started (resume_observers)
-        self.config, self.fingerprint, self.enabled = config, fingerprint, enabled
+    def __init__(
+        self,
+        directory: Path,
+        cfg: CheckpointConfig,
+        *,
+        interval: int,
+        model,
+        stateful: dict[str, Any],
+        config: dict,
+        fingerprint: dict,
+        enabled: bool = True,
+    ):
+        self.directory, self.cfg, self.interval, self.stateful = directory, cfg, interval, stateful
+        self.model, self.config, self.fingerprint, self.enabled = model, config, fingerprint, enabled
+        self.pending: dict[str, Any] = {}  # restored once the observers have started (restore_run)
         self.best: float | None = None
         self.best_at: tuple[int, int] | None = None  # (epoch, step) of the best value
         self.saved_step: int | None = None  # of the last checkpoint written (finite weights)
-        self.resumed_metrics: dict[str, float] = {}  # the metrics saved with the checkpoint resumed from
         self.top: list[tuple[float, str]] = []  # (metric, file name) of the kept top-k files
         self.last_path = directory / "last.pt"
         if enabled:
@@ -215,39 +244,45 @@ class Checkpointer:
             return f"not saved yet (no checkpoint of this run has finite weights in {self.directory})"
         return f"{self.last_path} (step {self.saved_step})"
 
-    def state_dict(self, state: Any, metrics: dict[str, float] | None = None) -> dict[str, Any]:
-        """`state`: where the run is (its epoch, step and batch_in_epoch attributes)."""
-        evaluated = self.evaluated()
+    def state_dict(self, position: Any, metrics: dict[str, float] | None = None, run: Any = None) -> dict[str, Any]:
+        """The checkpoint of the run at `position` (its epoch, step and batch_in_epoch)."""
+        evaluated = run.eval_model if run is not None else self.model
         weights = {"model": evaluated.state_dict()}
         if evaluated is not self.model:
             weights["train_model"] = self.model.state_dict()
         return {
             "metrics": {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
             **weights,
-            **{name: part.state_dict() for name, part in self.parts.items()},
-            "epoch": state.epoch,
-            "step": state.step,
-            "batch_in_epoch": state.batch_in_epoch,  # with the epoch's seeded order: the next sample
+            **{name: part.state_dict() for name, part in self.stateful.items()},
+            "epoch": position.epoch,
+            "step": position.step,
+            "batch_in_epoch": position.batch_in_epoch,  # with the epoch's seeded order: the next sample
             "best": self.best,
             "top": self.top,
-            "lr_scale": float(self.lr_scale_now()),
+            "lr_scale": float(run.lr_scale) if run is not None else 1.0,
             "rng": rng_state(),
-            "optimizer_class": type(self.parts["optimizer"]).__name__ if "optimizer" in self.parts else None,
+            "optimizer_class": type(self.stateful["optimizer"]).__name__ if "optimizer" in self.stateful else None,
             "config": self.config,
             "fingerprint": self.fingerprint,
         }
 
-    def save(self, state: Any, metrics: dict[str, float]) -> float:
+    def save(self, state: Any, metrics: dict[str, float], run: Any = None) -> float:
         """Save last.pt (and best.pt / a top-k file when `metrics` improve on them); return
         the seconds it took."""
         if not self.enabled:
             return 0.0
         start = time.perf_counter()
-        checkpoint = self.state_dict(state, metrics)
+        checkpoint = self.state_dict(state, metrics, run)
         bad = non_finite(checkpoint["model"]) + non_finite(checkpoint.get("train_model", {}))
         if bad:  # never write a state that cannot be trained on: the previous file stays the last good one
-            log.error("step %d: not saving a checkpoint: %d tensor(s) of the model hold NaN or inf (%s); the last good state is %s",
-                      state.step, len(bad), ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else ""), self.last_good())  # fmt: skip
+            log.error(
+                "step %d: not saving a checkpoint: %d tensor(s) of the model hold NaN or inf (%s); the last good "
+                "state is %s",
+                state.step,
+                len(bad),
+                ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else ""),
+                self.last_good(),
+            )
             return 0.0
         value = metrics.get(self.cfg.monitor)
         value = value if value is not None and math.isfinite(value) else None  # a NaN is never "better"
@@ -255,7 +290,11 @@ class Checkpointer:
         if improved:
             self.best, self.best_at = value, (state.epoch, state.step)
             checkpoint["best"], checkpoint["best_at"] = value, list(self.best_at)
-        ranked = value is not None and self.cfg.top_k > 1 and (len(self.top) < self.cfg.top_k or self._better(value, self.top[-1][0]))
+        ranked = (
+            value is not None
+            and self.cfg.top_k > 1
+            and (len(self.top) < self.cfg.top_k or self._better(value, self.top[-1][0]))
+        )
         atomic_save(checkpoint, self.last_path)
         self.saved_step = state.step
         if improved:
@@ -280,63 +319,84 @@ class Checkpointer:
             (self.directory / dropped).unlink(missing_ok=True)
         del self.top[self.cfg.top_k :]
 
-    def resume(self, spec: str | None) -> dict[str, int]:
+    def resume(self, spec: str | None) -> Resumed:
         """Restore from `spec` ("auto": the newest complete checkpoint here, else a fresh
-        start; a .pt file; or a run dir) and return where to continue: {epoch, step,
-        batch_in_epoch} (all 0 for a fresh start)."""
-        fresh = {"epoch": 0, "step": 0, "batch_in_epoch": 0}
-        if not spec:
-            return fresh
-        path = Path(spec).expanduser()
-        if spec == "auto":
-            path = newest(self.directory)
-            if path is None:
-                log.info("trainer.resume=auto: no checkpoint in %s; starting fresh", self.directory)
-                return fresh
-        elif path.is_dir():
-            found = newest(path / "checkpoints") if (path / "checkpoints").is_dir() else newest(path)
-            if found is None:
-                raise CheckpointError(f"trainer.resume={spec!r}: no checkpoint in {path}")
-            path = found
+        start; a .pt file; or a run dir) and return where to continue."""
+        path = self._find(spec)
+        if path is None:
+            return Resumed()
         ckpt = load(path)
-        optimizer, scheduler = self.parts["optimizer"], self.parts["scheduler"]
+        optimizer, scheduler = self.stateful["optimizer"], self.stateful["scheduler"]
         saved_kind, kind = ckpt.get("optimizer_class"), type(optimizer).__name__
         if saved_kind is not None and saved_kind != kind:
-            raise CheckpointError(f"trainer.resume: {path} was trained with {saved_kind}, this run's optimizer is {kind}: its state "
-                                  f"(momentum, step counts) cannot carry over; resume with the same optim")  # fmt: skip
+            raise CheckpointError(
+                f"trainer.resume: {path} was trained with {saved_kind}, this run's optimizer is {kind}: its state "
+                f"(momentum, step counts) cannot carry over; resume with the same optim"
+            )
         # the optimizer and schedule as this run's config builds them, to apply on top of the saved state
-        configured = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")} for g in optimizer.param_groups]
-        self.lr_scale = _lr_scale(ckpt.get("lr_scale", 1.0), path)
-        base_lrs = [lr * self.lr_scale for lr in scheduler.base_lrs]  # the config's, as the callbacks had scaled them
+        configured = [
+            {k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")} for g in optimizer.param_groups
+        ]
+        lr_scale = _lr_scale(ckpt.get("lr_scale", 1.0), path)
+        base_lrs = [lr * lr_scale for lr in scheduler.base_lrs]  # the config's, as the callbacks had scaled them
         restore = {"model": (self.model, ckpt.get("train_model", ckpt["model"]))}
-        restore.update({name: (part, ckpt[name]) for name, part in self.parts.items() if name != "observers"})
+        restore.update({name: (part, ckpt[name]) for name, part in self.stateful.items() if name != "observers"})
         for name, (part, saved) in restore.items():
             try:
                 part.load_state_dict(saved)
             except (RuntimeError, ValueError, KeyError) as e:
                 raise CheckpointError(f"trainer.resume: {path} does not fit this run's {name}: {_gist(e)}") from None
-        self.pending = {"path": path, "eval": ckpt["model"] if "train_model" in ckpt else None, "observers": ckpt.get("observers", {})}
+        self.pending = {
+            "path": path,
+            "eval": ckpt["model"] if "train_model" in ckpt else None,
+            "observers": ckpt.get("observers", {}),
+        }
         applied = _apply_hyperparameters(optimizer, scheduler, configured, base_lrs)
         self._warn_changes(ckpt.get("config", {}), ckpt["step"], applied)
         set_rng_state(ckpt["rng"])
         self.best, self.top = ckpt.get("best"), [tuple(t) for t in ckpt.get("top", [])]
         self.best_at = tuple(ckpt["best_at"]) if ckpt.get("best_at") else None
-        self.saved_step, self.resumed_metrics = ckpt["step"], ckpt.get("metrics", {})
-        state = {key: ckpt[key] for key in fresh}
-        log.info("resumed from %s: epoch %d, step %d, batch %d of the epoch", path, state["epoch"], state["step"], state["batch_in_epoch"])
-        return state
+        self.saved_step = ckpt["step"]
+        resumed = Resumed(ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], lr_scale, ckpt.get("metrics", {}))
+        log.info(
+            "resumed from %s: epoch %d, step %d, batch %d of the epoch",
+            path,
+            resumed.epoch,
+            resumed.step,
+            resumed.batch_in_epoch,
+        )
+        return resumed
 
-    def resume_observers(self) -> None:
+    def _find(self, spec: str | None) -> Path | None:
+        """The checkpoint `spec` names (None: start fresh)."""
+        if not spec:
+            return None
+        path = Path(spec).expanduser()
+        if spec == "auto":
+            path = newest(self.directory)
+            if path is None:
+                log.info("trainer.resume=auto: no checkpoint in %s; starting fresh", self.directory)
+            return path
+        if path.is_dir():
+            found = newest(path / "checkpoints") if (path / "checkpoints").is_dir() else newest(path)
+            if found is None:
+                raise CheckpointError(f"trainer.resume={spec!r}: no checkpoint in {path}")
+            return found
+        return path
+
+    def restore_run(self, run: Any) -> None:
         """After the observers started (a weight average exists now): the evaluated weights
-        and the observers' states of the checkpoint resumed from."""
+        (into `run.eval_model`) and the observers' states of the checkpoint resumed from."""
         if not self.pending:
             return
-        evaluated, path = self.evaluated(), self.pending["path"]
+        evaluated, path = run.eval_model, self.pending["path"]
         try:
-            if evaluated is not self.model:  # an average: its own weights, or the trained ones when the checkpoint had none
-                evaluated.load_state_dict(self.pending["eval"] if self.pending["eval"] is not None else self.model.state_dict())
-            if "observers" in self.parts:
-                self.parts["observers"].load_state_dict(self.pending["observers"])
+            # an average: its own weights, or the trained ones when the checkpoint had none
+            if evaluated is not self.model:
+                saved = self.pending["eval"]
+                evaluated.load_state_dict(saved if saved is not None else self.model.state_dict())
+            if "observers" in self.stateful:
+                self.stateful["observers"].load_state_dict(self.pending["observers"])
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"trainer.resume: {path} does not fit this run's callbacks: {_gist(e)}") from None
         self.pending = {}
@@ -344,14 +404,20 @@ class Checkpointer:
     def _warn_changes(self, saved: dict, step: int, applied: list[str]) -> None:
         """Every setting that differs from the checkpoint's takes effect from `step` on (the
         run is built from this config); say which, and what became of the optimizer."""
-        ignore = ("run_dir", "trainer.resume", "trainer.progress", "trainer.log_level")
         before, now = _flat(saved), _flat(self.config)
         changed = [
             f"{k}: {before.get(k)!r} -> {now.get(k)!r}"
             for k in sorted(set(before) | set(now))
-            if before.get(k) != now.get(k) and not k.startswith(ignore)
+            if before.get(k) != now.get(k) and is_setting_key(k)
         ]
         if changed:
-            optimizer = f"; optimizer and schedule rebuilt from the new values ({', '.join(applied)})" if applied else ""
-            log.warning("resuming with changed settings, applied from step %d (the run will not equal an uninterrupted one): %s%s",
-                        step, "; ".join(changed), optimizer)  # fmt: skip
+            optimizer = (
+                f"; optimizer and schedule rebuilt from the new values ({', '.join(applied)})" if applied else ""
+            )
+            log.warning(
+                "resuming with changed settings, applied from step %d (the run will not equal an uninterrupted "
+                "one): %s%s",
+                step,
+                "; ".join(changed),
+                optimizer,
+            )

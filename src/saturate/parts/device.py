@@ -47,7 +47,13 @@ def setup_device(cfg: DeviceConfig, local_rank: int = 0) -> torch.device:
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
     if cfg.memory_fraction < 1.0:
         torch.cuda.set_per_process_memory_fraction(cfg.memory_fraction, index)
-    log.info("device: cuda:%d (%s), tf32=%s, cudnn.benchmark=%s", index, torch.cuda.get_device_name(index), cfg.tf32, cfg.cudnn_benchmark)
+    log.info(
+        "device: cuda:%d (%s), tf32=%s, cudnn.benchmark=%s",
+        index,
+        torch.cuda.get_device_name(index),
+        cfg.tf32,
+        cfg.cudnn_benchmark,
+    )
     return torch.device("cuda", index)
 
 
@@ -81,7 +87,12 @@ class OutOfMemory(UserError):
 
 
 # what cuBLAS and cuDNN raise when they cannot allocate their handles or workspaces
-ALLOCATION_FAILED = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE")
+ALLOCATION_FAILED = (
+    "out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
+)
 
 
 def is_oom(error: BaseException) -> bool:
@@ -116,9 +127,11 @@ def seeded(cfg: TrainerConfig, device: torch.device):
         torch.use_deterministic_algorithms(True, warn_only=cuda)
         torch.backends.cudnn.benchmark = False
         if cuda:
-            log.warning("trainer.deterministic=true on CUDA: ops without a deterministic CUDA kernel (adaptive pooling and "
-                        "NLLLoss backward, scatter-add, ...) run anyway, each with a torch warning; bit-exact results are "
-                        "promised on the CPU only")  # fmt: skip
+            log.warning(
+                "trainer.deterministic=true on CUDA: ops without a deterministic CUDA kernel (adaptive pooling and "
+                "NLLLoss backward, scatter-add, ...) run anyway, each with a torch warning; bit-exact results are "
+                "promised on the CPU only"
+            )
     try:
         yield
     finally:

@@ -1,16 +1,16 @@
 """The model of a run: built from its node (or given, or made by a factory), checked on real
 samples, placed on the device, maybe converted to SyncBatchNorm, wrapped in DDP and compiled.
 
-The data-derived arguments a constructor names (and its node does not set) are filled in:
-`in_channels` (the input's first dimension: C of (C, H, W)), `in_features` (its last: F of
-(T, F)), `input_shape`, `num_classes` and `num_outputs`. Any other name takes a value from
-the data by interpolation in the node (`input_size: ${data_info:in_features}`).
+The data-derived arguments a constructor names (and its node does not set) are filled in
+(saturate.config.data_info): `in_channels` (the input's first dimension: C of (C, H, W)),
+`in_features` (its last: F of (T, F)), `input_shape`, `num_classes`, `num_outputs`, ...
+Any other name takes a value from the data by interpolation in the node
+(`input_size: ${data_info:in_features}`).
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -18,15 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import get_method, instantiate
+from hydra.utils import get_method
 from torch import nn
 
+from saturate.config.data_info import arguments
+from saturate.config.instantiate import build
 from saturate.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
-
-DATA_ARGUMENTS = ("in_channels", "in_features", "num_classes", "num_outputs", "input_shape")
 
 
 @dataclass
@@ -36,46 +35,20 @@ class Models:
     raw: nn.Module  # the plain module: optimizer, checkpoints
 
 
-def build(node: dict, what: str, **arguments) -> Any:
-    """instantiate() a user's `_target_` node with `arguments` added; their mistake (a
-    UserError) keeps its message, anything else is one line naming the target."""
-    try:
-        return instantiate({**node, **arguments})
-    except InstantiationException as e:
-        cause = e.__cause__ or e
-        if isinstance(cause, UserError):
-            raise cause.with_traceback(None) from None
-        raise UserError(f"{what}: cannot build {node['_target_']}: {' '.join(str(cause).split())[:300]}") from None
-
-
-def data_arguments(target: Callable, node: dict, values: dict[str, Any], names: tuple[str, ...] = DATA_ARGUMENTS) -> dict[str, Any]:
-    """The data-derived `values` that `target`'s signature names and `node` does not set."""
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):
-        return {}
-    return {k: v for k, v in values.items() if k in params and k not in node and k in names and v is not None}
-
-
-def model_values(spec) -> dict[str, Any]:
-    """What the data gives a model's constructor (saturate.data.DataSpec)."""
-    shape = spec.input_shape or (1,)
-    return {"in_channels": shape[0], "in_features": shape[-1], "input_shape": tuple(spec.input_shape), "num_outputs": spec.num_outputs,
-            "num_classes": spec.num_classes}  # fmt: skip
-
-
-def make(node: dict | None, spec, given: nn.Module | Callable | None) -> nn.Module:
+def make(node: dict | None, values: dict[str, Any], given: nn.Module | Callable | None) -> nn.Module:
     """The model: built from its node with the data-derived arguments it names; or the one
     passed in; or built by the factory passed in (called now, after seeding, with the
     data-derived arguments it names)."""
     if isinstance(given, nn.Module):
-        log.info("model: given as an object: its initial weights were drawn before trainer.seed was applied; pass a factory "
-                 "(saturate.fit(lambda: Model(...), ...)) to have them seeded")  # fmt: skip
+        log.info(
+            "model: given as an object: its initial weights were drawn before trainer.seed was applied; pass a factory "
+            "(saturate.fit(lambda: Model(...), ...)) to have them seeded"
+        )
         return given
     if given is not None:
-        raw = given(**data_arguments(given, {}, model_values(spec)))
+        raw = given(**arguments(given, {}, values))
     else:
-        raw = build(node, "model", **data_arguments(get_method(node["_target_"]), node, model_values(spec)))
+        raw = build(node, "model", **arguments(get_method(node["_target_"]), node, values))
     if not isinstance(raw, nn.Module):
         raise UserError(f"model: {type(raw).__name__} is not a torch.nn.Module")
     return raw
@@ -96,8 +69,10 @@ def check(model: nn.Module, batch, task, precision, spec) -> None:
         with precision.autocast():
             loss, _ = task.forward(model, batch)
     except RuntimeError as e:  # torch's shape and dtype mismatches; anything else is a bug, with its traceback
-        raise UserError(f"model: {type(model).__name__} does not fit the data ({spec.describe()}) and task {task.name}: "
-                        f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}") from None  # fmt: skip
+        raise UserError(
+            f"model: {type(model).__name__} does not fit the data ({spec.describe()}) and task {task.name}: "
+            f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+        ) from None
     finally:
         model.train(was_training)
     check_loss(loss, task)
@@ -110,14 +85,20 @@ def check_loss(loss, task) -> None:
     fn = getattr(task, "loss_fn", None)
     what = f"task.loss: {getattr(fn, '__name__', type(fn).__name__)}" if fn is not None else f"task {task.name}'s loss"
     if not isinstance(loss, torch.Tensor):
-        raise UserError(f"{what} returns a {type(loss).__name__}, not a tensor; compute it from the model's outputs with torch "
-                        "operations, so that it has a gradient")  # fmt: skip
+        raise UserError(
+            f"{what} returns a {type(loss).__name__}, not a tensor; compute it from the model's outputs with torch "
+            "operations, so that it has a gradient"
+        )
     if loss.numel() != 1 or not loss.is_floating_point():
-        raise UserError(f"{what} returns a {str(loss.dtype).removeprefix('torch.')} tensor of shape {tuple(loss.shape)} for a batch of "
-                        "2; a loss is one number: reduce it (.mean() or .sum())")  # fmt: skip
+        raise UserError(
+            f"{what} returns a {str(loss.dtype).removeprefix('torch.')} tensor of shape {tuple(loss.shape)} for a "
+            "batch of 2; a loss is one number: reduce it (.mean() or .sum())"
+        )
     if not loss.requires_grad:
-        raise UserError(f"{what} returns a value with no gradient (detached, or not computed from the model's outputs); nothing "
-                        "would train")  # fmt: skip
+        raise UserError(
+            f"{what} returns a value with no gradient (detached, or not computed from the model's outputs); nothing "
+            "would train"
+        )
 
 
 def check_finite(loss, batch, task) -> None:
@@ -126,14 +107,22 @@ def check_finite(loss, batch, task) -> None:
         return
     pairs = zip(("input", "target"), batch, strict=False) if isinstance(batch, (tuple, list)) else ()
     entries = batch.items() if isinstance(batch, dict) else pairs
-    bad = [str(name) for name, v in entries if isinstance(v, torch.Tensor) and v.is_floating_point() and not torch.isfinite(v).all()]
+    bad = [
+        str(name)
+        for name, v in entries
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and not torch.isfinite(v).all()
+    ]
     if bad:
-        raise DataError(f"data: the first batch holds NaN or inf in its {', '.join(bad)}: the loss is {float(loss.detach()):g} before any "
-                        "training; remove or fill those values")  # fmt: skip
+        raise DataError(
+            f"data: the first batch holds NaN or inf in its {', '.join(bad)}: the loss is {float(loss.detach()):g} "
+            "before any training; remove or fill those values"
+        )
     fn = getattr(task, "loss_fn", None)
     what = f"task.loss: {getattr(fn, '__name__', type(fn).__name__)}" if fn is not None else f"task {task.name}'s loss"
-    raise UserError(f"{what} is {float(loss.detach()):g} on two samples of the first batch, before any training, with finite inputs and "
-                    "targets: the loss (or the model) cannot be computed on them")  # fmt: skip
+    raise UserError(
+        f"{what} is {float(loss.detach()):g} on two samples of the first batch, before any training, with finite "
+        "inputs and targets: the loss (or the model) cannot be computed on them"
+    )
 
 
 def place(raw: nn.Module, *, device: torch.device, trainer, dist) -> nn.Module:
@@ -144,7 +133,9 @@ def place(raw: nn.Module, *, device: torch.device, trainer, dist) -> nn.Module:
         if dist.world_size == 1:
             log.warning("trainer.sync_batchnorm=true in a single process: nothing to synchronise, ignored")
         elif device.type != "cuda":
-            raise UserError("trainer.sync_batchnorm=true: SyncBatchNorm works only on CUDA devices; leave it false on the CPU")
+            raise UserError(
+                "trainer.sync_batchnorm=true: SyncBatchNorm works only on CUDA devices; leave it false on the CPU"
+            )
         else:
             raw = nn.SyncBatchNorm.convert_sync_batchnorm(raw)
     return raw
@@ -155,7 +146,9 @@ def compiled(model: nn.Module, raw: nn.Module, batch, precision, task) -> nn.Mod
     run goes on in eager mode with one warning) and the compile time is reported apart."""
     saved = copy.deepcopy(raw.state_dict())  # the warm-up must not move BatchNorm statistics
     out = torch.compile(model)
-    log.info("torch.compile: compiling the model (one forward and backward; tens of seconds, minutes for large models) ...")
+    log.info(
+        "torch.compile: compiling the model (one forward and backward; tens of seconds, minutes for large models) ..."
+    )
     start = time.perf_counter()
     try:
         with precision.autocast():
@@ -163,7 +156,11 @@ def compiled(model: nn.Module, raw: nn.Module, batch, precision, task) -> nn.Mod
         loss.backward()
         log.info("torch.compile: compiled in %.1fs", time.perf_counter() - start)
     except Exception as e:
-        log.warning("torch.compile failed (%s: %s); training in eager mode", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        log.warning(
+            "torch.compile failed (%s: %s); training in eager mode",
+            type(e).__name__,
+            str(e).splitlines()[0] if str(e) else "",
+        )
         out = model
     finally:
         raw.zero_grad(set_to_none=True)
@@ -171,17 +168,24 @@ def compiled(model: nn.Module, raw: nn.Module, batch, precision, task) -> nn.Mod
     return out
 
 
-def setup_model(node: dict | None, spec, task, precision, *, device: torch.device, trainer, dist, batch, given=None) -> Models:
+def setup_model(
+    node: dict | None, values: dict, spec, task, precision, *, device: torch.device, trainer, dist, batch, given=None
+) -> Models:
     """The model, built (or given), checked on two real samples of the device `batch`, on the
     device, maybe SyncBN, DDP and compiled. Evaluated uncompiled: the compiled graph is for
     training steps of one batch shape; eval mode, no gradients and a short last batch would
     each compile it again."""
     from saturate.scale.distributed import wrap
 
-    raw = place(make(node, spec, given), device=device, trainer=trainer, dist=dist)
+    raw = place(make(node, values, given), device=device, trainer=trainer, dist=dist)
     check(raw, _first_two(batch), task, precision, spec)
     n_params = sum(p.numel() for p in raw.parameters())
-    log.info("model: %s, %.2fM parameters%s", type(raw).__name__, n_params / 1e6, ", channels_last" if trainer.channels_last else "")
+    log.info(
+        "model: %s, %.2fM parameters%s",
+        type(raw).__name__,
+        n_params / 1e6,
+        ", channels_last" if trainer.channels_last else "",
+    )
     wrapped = wrap(raw, dist, device)
     if not trainer.compile:
         return Models(wrapped, raw, raw)

@@ -71,7 +71,12 @@ def setup_optimizer(
     if cfg.lr_scaling != "none":
         lr = scaled_lr(cfg, node["lr"], global_batch)
         log.info(
-            "optim: lr %g -> %g (%s scaling, global batch %d, base %d)", node["lr"], lr, cfg.lr_scaling, global_batch, cfg.base_batch_size
+            "optim: lr %g -> %g (%s scaling, global batch %d, base %d)",
+            node["lr"],
+            lr,
+            cfg.lr_scaling,
+            global_batch,
+            cfg.base_batch_size,
         )
         node["lr"] = lr
     try:
@@ -79,8 +84,13 @@ def setup_optimizer(
     except (TypeError, ValueError) as e:  # a bad value, e.g. optim.optimizer.lr=-1
         raise UserError(f"optim.optimizer: cannot build {node['_target_']}: {e}") from None
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise UserError(f"optim.optimizer._target_={node['_target_']}: builds a {type(optimizer).__name__}, not a torch.optim.Optimizer")
+        raise UserError(
+            f"optim.optimizer._target_={node['_target_']}: builds a {type(optimizer).__name__}, not a "
+            "torch.optim.Optimizer"
+        )
     prime_state(optimizer)
     warmup = round(cfg.warmup_epochs * steps_per_epoch)
-    factor = functools.partial(lr_factor, warmup=warmup, total=total_steps, schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio)
+    factor = functools.partial(
+        lr_factor, warmup=warmup, total=total_steps, schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio
+    )
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

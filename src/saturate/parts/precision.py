@@ -24,7 +24,8 @@ class Precision:
     device_type: str
     dtype: torch.dtype | None  # autocast dtype; None: full precision
     scaler: torch.amp.GradScaler  # enabled for fp16 only
-    _watched: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)  # optimizers whose steps are hooked (not kept alive)
+    # optimizers whose steps are hooked (not kept alive)
+    _watched: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)
     _ran: bool = field(default=False, repr=False)
 
     def autocast(self) -> AbstractContextManager:
@@ -75,8 +76,8 @@ def resolve_mode(mode: str, device: torch.device) -> str:
         return "bf16" if mode == "amp" else "fp32"
     if mode == "bf16" and device.type == "cuda" and not _cuda_bf16(device):
         raise UserError(
-            f"precision.mode='bf16': {torch.cuda.get_device_name(device)} has no native bf16 (only emulated, slower than fp16); "
-            "use precision=fp16 or precision=auto"
+            f"precision.mode='bf16': {torch.cuda.get_device_name(device)} has no native bf16 (only emulated, slower "
+            "than fp16); use precision=fp16 or precision=auto"
         )
     return mode
 
@@ -89,8 +90,11 @@ def emulated(name: str, device: torch.device) -> bool:
 def setup_precision(cfg: PrecisionConfig, device: torch.device) -> Precision:
     name = resolve_mode(cfg.mode, device)
     if emulated(name, device):
-        log.warning("precision %s on a CPU without native bf16/fp16 kernels (no AVX512-BF16 or AMX): expect it to be "
-                    "much slower than fp32 here; precision=auto picks fp32 on CPUs", name)  # fmt: skip
+        log.warning(
+            "precision %s on a CPU without native bf16/fp16 kernels (no AVX512-BF16 or AMX): expect it to be "
+            "much slower than fp32 here; precision=auto picks fp32 on CPUs",
+            name,
+        )
     scaler = torch.amp.GradScaler(device.type, init_scale=cfg.init_scale, enabled=name == "fp16")
     log.info("precision: %s (asked: %s)%s", name, cfg.mode, " with GradScaler" if scaler.is_enabled() else "")
     return Precision(name, device.type, _DTYPES[name], scaler)

@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from saturate.config.registration import UNSET_RUN_DIR
 from saturate.errors import ConfigError, UserError, shown
 from saturate.scale.ranks import rank_zero
 
@@ -63,8 +64,12 @@ def _start_over(run_dir: Path, checkpoints: list[Path]) -> None:
     events = list((run_dir / "tb").glob("events.out.tfevents.*")) if (run_dir / "tb").is_dir() else []
     for path in [*checkpoints, *events, run_dir / "metrics.csv"]:
         path.unlink(missing_ok=True)
-    log.warning("trainer.restart=true: deleted the earlier run's %d checkpoint(s) and %d TensorBoard event file(s) in %s",
-                len(checkpoints), len(events), shown(run_dir))  # fmt: skip
+    log.warning(
+        "trainer.restart=true: deleted the earlier run's %d checkpoint(s) and %d TensorBoard event file(s) in %s",
+        len(checkpoints),
+        len(events),
+        shown(run_dir),
+    )
 
 
 def _check(run_dir: Path, resume: str | None, restart: bool) -> RunDirTaken | None:
@@ -76,14 +81,16 @@ def _check(run_dir: Path, resume: str | None, restart: bool) -> RunDirTaken | No
         _start_over(run_dir, checkpoints)
         return None
     return RunDirTaken(
-        f"run_dir: {shown(run_dir)} holds the checkpoints of an earlier run ({_earlier_run(run_dir)}); continue it with "
-        "trainer.resume=auto, start it over with trainer.restart=true (deletes its checkpoints and TensorBoard events), or give "
-        "this run its own hydra.run.dir"
+        f"run_dir: {shown(run_dir)} holds the checkpoints of an earlier run ({_earlier_run(run_dir)}); continue it "
+        "with trainer.resume=auto, start it over with trainer.restart=true (deletes its checkpoints and TensorBoard "
+        "events), or give this run its own hydra.run.dir"
     )
 
 
 @contextlib.contextmanager
-def hold(run_dir: Path, *, resume: str | None, restart: bool, enabled: bool, agree: Callable[[bool], bool]) -> Iterator[None]:
+def hold(
+    run_dir: Path, *, resume: str | None, restart: bool, enabled: bool, agree: Callable[[bool], bool]
+) -> Iterator[None]:
     """Hold `run_dir` for the block, or raise RunDirTaken. `enabled` on rank 0 only (the
     others share its directory); `agree` makes every rank stop when rank 0 is refused."""
     lock, refused = None, None
@@ -96,8 +103,10 @@ def hold(run_dir: Path, *, resume: str | None, restart: bool, enabled: bool, agr
             holder = lock.read().strip() or "another process"
             lock.close()
             lock = None
-            refused = RunDirTaken(f"run_dir: {shown(run_dir)} is in use by another run ({holder}); wait for it to end, or give this "
-                                  "run its own hydra.run.dir")  # fmt: skip
+            refused = RunDirTaken(
+                f"run_dir: {shown(run_dir)} is in use by another run ({holder}); wait for it to end, or give this "
+                "run its own hydra.run.dir"
+            )
         else:
             lock.truncate(0)
             lock.write(f"process {os.getpid()}\n")
@@ -125,8 +134,11 @@ def record_failure(run_dir: str, error: Exception) -> None:
         return
     earlier = _status(run_dir / "metrics.json")
     if earlier not in (None, "failed"):
-        log.warning("kept %s (status %s): this attempt failed before it trained; its error is not recorded there",
-                    run_dir / "metrics.json", earlier)  # fmt: skip
+        log.warning(
+            "kept %s (status %s): this attempt failed before it trained; its error is not recorded there",
+            run_dir / "metrics.json",
+            earlier,
+        )
         return
     if isinstance(error, ConfigError):  # every problem, on one line (sweep reports show this)
         why = "; ".join(str(p) for p in error.problems)
@@ -155,3 +167,28 @@ def write_json(path: Path, data: dict) -> None:
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise UserError(f"cannot write {shown(path)}: {e.strerror or e}") from None
+
+
+def prepare(run) -> Path:
+    """The run's directory, made and found writable before any work (a read-only or full disk
+    is found now, not at the first save); and the batch-size cache's, when a search will write it."""
+    if run.run_dir == UNSET_RUN_DIR:
+        raise UserError(
+            "run_dir: not set; outside train.py (Hydra's compose API) give run_dir=<folder>, or use saturate.fit"
+        )
+    run_dir = Path(run.run_dir)
+    _writable(run_dir, "run_dir")
+    if run.loader.batch_size == "auto" and run.batch_search.cache:
+        _writable(Path(run.batch_search.cache).parent, "batch_search.cache")
+    return run_dir
+
+
+def _writable(folder: Path, key: str) -> None:
+    """`folder` exists (made if need be) and takes a file, or a UserError naming `key`."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".saturate-write-test-{os.getpid()}"
+        probe.write_bytes(b"saturate")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"{key}: cannot write to {folder} ({e.strerror or e}); point it at a writable folder") from None

@@ -69,7 +69,8 @@ class Dist:
         self.world_size = world_size()
         if self.world_size > 1:
             init_process_group(device_index)
-            if torch.cuda.is_available() and device_index is not None:  # the group may have started unbound (shared_value)
+            # the group may have started unbound (shared_value)
+            if torch.cuda.is_available() and device_index is not None:
                 torch.cuda.set_device(rank_gpu(device_index))
         self.rank = dist.get_rank() if self.world_size > 1 else 0
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -145,8 +146,13 @@ class Dist:
 
 
 # what gloo and NCCL say when a peer process is gone (it crashed, or was stopped for failing)
-PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
-             "remote process exited")  # fmt: skip
+PEER_GONE = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "remote process exited",
+)
 
 
 def peer_failed(error: BaseException) -> str | None:
@@ -172,27 +178,31 @@ def shared_value(make):
     return box[0]
 
 
-def wrap(model: torch.nn.Module, d: Dist, device: torch.device) -> torch.nn.Module:
+def wrap(model: torch.nn.Module, ranks: Dist, device: torch.device) -> torch.nn.Module:
     """DistributedDataParallel when there are several ranks; the model itself otherwise."""
-    if d.world_size == 1:
+    if ranks.world_size == 1:
         return model
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None
+    )
 
 
 @contextlib.contextmanager
-def alone(model: torch.nn.Module, d: Dist):
+def alone(model: torch.nn.Module, ranks: Dist):
     """For the block, every SyncBatchNorm layer of `model` synchronises within a group of
     this rank only (so it computes plain BatchNorm): the batch-size search's trials differ
     between ranks (sizes, out-of-memory retries), and collectives among them would wait for
     each other forever. Every rank must enter it (making the groups is collective)."""
     layers = [m for m in model.modules() if isinstance(m, torch.nn.SyncBatchNorm)]
-    if d.world_size == 1 or not layers or not dist.is_initialized():  # the same model on every rank: all skip together
+    if (
+        ranks.world_size == 1 or not layers or not dist.is_initialized()
+    ):  # the same model on every rank: all skip together
         yield
         return
-    groups = [dist.new_group([r]) for r in range(d.world_size)]  # new_group is collective: each rank makes all
+    groups = [dist.new_group([r]) for r in range(ranks.world_size)]  # new_group is collective: each rank makes all
     before = [m.process_group for m in layers]
     for m in layers:
-        m.process_group = groups[d.rank]
+        m.process_group = groups[ranks.rank]
     try:
         yield
     finally:

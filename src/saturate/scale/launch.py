@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from saturate.config.invocation import Invocation, key_of
 from saturate.config.naming import override_value
 from saturate.errors import UserError
 from saturate.scale.ranks import STOP_SIGNALS
@@ -26,23 +27,6 @@ from saturate.scale.ranks import STOP_SIGNALS
 log = logging.getLogger(__name__)
 
 LAUNCHED = "SATURATE_LAUNCHED"  # set in the processes this module starts
-# Hydra-level overrides that say where and how this process ran, not what it runs: a
-# process started again gets its own (or a pinned run dir)
-PLACEMENT = ("hydra.run.dir=", "hydra.sweep.dir=", "hydra.sweep.subdir=", "hydra.mode=", "hydra.job.num=", "hydra.job.id=")
-
-
-def command_line() -> list[str]:
-    """The user's whole command line as Hydra received it: its Hydra-level overrides
-    (`hydra.searchpath`, `hydra.job_logging...`) and then the run's, less where this process
-    ran. What every path that starts the run again (trainer.devices' ranks, the printed
-    resume command, tune's trials) must carry: without `hydra.searchpath` a user's own
-    config dir is not found. [] outside a Hydra app."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return []
-    overrides = HydraConfig.get().overrides
-    return [o for o in overrides.hydra if not o.lstrip("+~").startswith(PLACEMENT)] + list(overrides.task)
 
 
 def processes(devices, device_type: str) -> int:
@@ -53,19 +37,21 @@ def processes(devices, device_type: str) -> int:
     if devices == "auto":
         return max(1, cuda)
     if devices > 1 and (device_type == "cuda" or cuda) and devices > cuda:  # CUDA asked for, or chosen by device=auto
-        raise UserError(f"trainer.devices={devices}: {cuda} CUDA device(s) visible; expected at most {cuda}, or device=cpu")
+        raise UserError(
+            f"trainer.devices={devices}: {cuda} CUDA device(s) visible; expected at most {cuda}, or device=cpu"
+        )
     return devices
 
 
 def launch(count: int, overrides: list[str], run_dir: str) -> dict:
     """Run this script's job in `count` processes (rank 0 writes the run dir) and return
-    rank 0's metrics.json. `overrides`: the whole command line (command_line())."""
+    rank 0's metrics.json. `overrides`: the whole command line (Invocation.command_line())."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     script = os.path.abspath(sys.argv[0])
-    kept = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir=", "run_dir="))]
+    kept = [o for o in overrides if key_of(o) not in ("hydra.run.dir", "run_dir")]
     pinned = f"hydra.run.dir={override_value(run_dir)}"
     args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={count}", script, *kept, pinned])
     os.environ[LAUNCHED] = "1"
@@ -75,32 +61,44 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
         rank, failure = e.get_first_failure()  # the first to fail: the others stopped because it did
         preempted = {128 + s for s in STOP_SIGNALS} | {-s for s in STOP_SIGNALS}
         if failure.exitcode in preempted:  # a signal to the ranks (a scheduler's): they stopped together and saved
-            log.warning("trainer.devices=%d: the ranks were stopped by %s and saved (their message above says how to resume)", count,
-                        signal.Signals(abs(failure.exitcode) % 128).name)  # fmt: skip
+            log.warning(
+                "trainer.devices=%d: the ranks were stopped by %s and saved (their message above says how to resume)",
+                count,
+                signal.Signals(abs(failure.exitcode) % 128).name,
+            )
             raise SystemExit(128 + abs(failure.exitcode) % 128) from None
         log_file = Path(run_dir) / ("train.log" if rank == 0 else f"train.rank{rank}.log")
-        raise UserError(f"trainer.devices={count}: rank {rank} failed first (exit status {failure.exitcode}); its message is above, "
-                        f"its log is {log_file}") from None  # fmt: skip
-    except SignalException as e:  # SIGTERM or SIGINT to this launcher: torch's agent passed it on to the ranks, which saved
-        log.warning("trainer.devices=%d: %s; the ranks stopped at a step boundary and saved (their message above says how to resume)",
-                    count, signal.Signals(e.sigval).name)  # fmt: skip
+        raise UserError(
+            f"trainer.devices={count}: rank {rank} failed first (exit status {failure.exitcode}); its message is "
+            f"above, its log is {log_file}"
+        ) from None
+    except (
+        SignalException
+    ) as e:  # SIGTERM or SIGINT to this launcher: torch's agent passed it on to the ranks, which saved
+        log.warning(
+            "trainer.devices=%d: %s; the ranks stopped at a step boundary and saved (their message above says how "
+            "to resume)",
+            count,
+            signal.Signals(e.sigval).name,
+        )
         raise SystemExit(128 + e.sigval) from None
     finally:
         os.environ.pop(LAUNCHED, None)
     return json.loads((Path(run_dir) / "metrics.json").read_text())
 
 
-def resume_hint(run_dir: str, world_size: int) -> str:
+def resume_hint(run_dir: str, world_size: int, invocation: Invocation) -> str:
     """The command that continues this run in its own directory: the same command line,
     with the run dir pinned and trainer.resume=auto (from Python: the same fit call)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
+    if not invocation.app:
         return f"saturate.fit(..., run_dir={str(run_dir)!r}, overrides=[..., 'trainer.resume=auto'])"
-    kept = [o for o in command_line() if not o.lstrip("+~").startswith(("hydra.run.dir=", "trainer.resume=", "run_dir="))]
-    script = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "train.py"
+    placed = ("hydra.run.dir", "trainer.resume", "run_dir")
+    kept = [o for o in invocation.command_line() if key_of(o) not in placed]
+    script = os.path.relpath(invocation.app) if invocation.app.endswith(".py") else "train.py"
     per_node = os.environ.get("LOCAL_WORLD_SIZE", world_size)
     launched = os.environ.get(LAUNCHED) == "1"  # started by trainer.devices: the same command starts them again
-    launcher = f"torchrun --nproc_per_node={per_node} {script}" if world_size > 1 and not launched else f"python {script}"
+    launcher = f"python {script}"
+    if world_size > 1 and not launched:
+        launcher = f"torchrun --nproc_per_node={per_node} {script}"
     pinned = shlex.quote(f"hydra.run.dir={override_value(str(run_dir))}")
     return " ".join([launcher, *map(shlex.quote, kept), pinned, "trainer.resume=auto"])

@@ -17,7 +17,11 @@ def slurm_to_torch_env() -> None:
     """In a SLURM job of several tasks started by submitit (hydra/launcher=slurm), export
     torchrun's variables from SLURM's with submitit's helper; CUDA_VISIBLE_DEVICES is left
     alone (LOCAL_RANK picks the GPU)."""
-    if "RANK" in os.environ or os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+    if (
+        "RANK" in os.environ
+        or os.environ.get("SUBMITIT_EXECUTOR") != "slurm"
+        or int(os.environ.get("SLURM_NTASKS", "1")) <= 1
+    ):
         return
     from submitit.helpers import TorchDistributedEnvironment
 

@@ -1,7 +1,8 @@
 """`saturate selftest`: does every path the configuration can take work on this machine, and
 how fast is the fast path here.
 
-    saturate selftest [--device auto|cuda|cpu] [--budget 480] [--out outputs/selftest] [--only a,b] [--dry] [--checks module]
+    saturate selftest [--device auto|cuda|cpu] [--budget 480] [--out outputs/selftest] [--only a,b] [--dry]
+                      [--checks module]
     python -m saturate.selftest ...   (the same)
 
 The crash checks (saturate.selftest.checks) come first, each in a process of its own under its
@@ -32,13 +33,23 @@ from saturate.selftest.runner import Row, run_all, run_one, selected
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="saturate selftest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: the GPU when one is visible")
-    p.add_argument("--budget", type=float, default=480.0, help="seconds for the measurements, after the crash checks (default 480)")
+    p = argparse.ArgumentParser(
+        prog="saturate selftest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: the GPU when one is visible"
+    )
+    p.add_argument(
+        "--budget", type=float, default=480.0, help="seconds for the measurements, after the crash checks (default 480)"
+    )
     p.add_argument("--out", default="outputs/selftest", help="where selftest.md, selftest.json and work/ go")
     p.add_argument("--only", default="", help="comma-separated checks to run (default: all); --list names them")
     p.add_argument("--list", action="store_true", help="list the checks and exit")
-    p.add_argument("--dry", action="store_true", help="measurements at toy sizes, on any device: checks their commands, measures nothing")
+    p.add_argument(
+        "--dry",
+        action="store_true",
+        help="measurements at toy sizes, on any device: checks their commands, measures nothing",
+    )
     p.add_argument("--checks", action="append", default=[], help="a module of your own checks to import (repeatable)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the runner's child: run this one check
     p.add_argument("--work", default=None, help=argparse.SUPPRESS)
@@ -48,8 +59,14 @@ def parser() -> argparse.ArgumentParser:
 def machine(device: str) -> dict:
     import torch
 
-    facts = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda, "device": device,
-             "cpu": platform.processor() or platform.machine(), "cpus": __import__("os").cpu_count()}  # fmt: skip
+    facts = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": device,
+        "cpu": platform.processor() or platform.machine(),
+        "cpus": __import__("os").cpu_count(),
+    }
     if device == "cuda":
         facts["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         facts["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
@@ -63,16 +80,29 @@ def table(rows: list[Row], facts: dict, command: str, seconds: float) -> str:
     """selftest.md: the machine, then one table for the crash checks and one for the measurements."""
     where = ", ".join(facts.get("gpus", [])) or f"CPU ({facts['cpu']}, {facts['cpus']} CPUs)"
     counts = {s: sum(r.status == s for r in rows) for s in ("PASS", "FAIL", "SKIP")}
-    out = [f"# saturate selftest: {where}", "",
-           f"`{command}` on {time.strftime('%Y-%m-%d %H:%M')}, {seconds:.0f} s; torch {facts['torch']}, CUDA {facts['cuda'] or '-'}, "
-           f"driver {facts.get('driver') or '-'}, Python {facts['python']}", "",
-           f"**{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped.**"]  # fmt: skip
+    out = [
+        f"# saturate selftest: {where}",
+        "",
+        f"`{command}` on {time.strftime('%Y-%m-%d %H:%M')}, {seconds:.0f} s; torch {facts['torch']}, CUDA "
+        f"{facts['cuda'] or '-'}, "
+        f"driver {facts.get('driver') or '-'}, Python {facts['python']}",
+        "",
+        f"**{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped.**",
+    ]
     for kind, title in (("check", "Crash checks"), ("measure", "Measurements")):
         mine = [r for r in rows if r.kind == kind]
         if mine:
-            out += ["", f"## {title}", "", "| check | result | what it found | s | what it exercises |", "|---|---|---|---:|---|"]
             out += [
-                f"| {r.name} | {r.status} | {r.detail.replace('|', '/')} | {r.seconds:.0f} | {r.what.replace('|', '/')} |" for r in mine
+                "",
+                f"## {title}",
+                "",
+                "| check | result | what it found | s | what it exercises |",
+                "|---|---|---|---:|---|",
+            ]
+            out += [
+                f"| {r.name} | {r.status} | {r.detail.replace('|', '/')} | {r.seconds:.0f} | "
+                f"{r.what.replace('|', '/')} |"
+                for r in mine
             ]
     out += ["", "Each check's output: work/logs/<check>.log; its runs: work/runs/. Figures: selftest.json."]
     return "\n".join(out) + "\n"
@@ -83,7 +113,9 @@ def resolve_device(asked: str) -> tuple[str, int]:
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if asked == "cuda" and not count:
-        raise SystemExit("saturate selftest: --device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+        raise SystemExit(
+            "saturate selftest: --device cuda: no CUDA device is visible (torch.cuda.is_available() is False)"
+        )
     return ("cuda" if count and asked != "cpu" else "cpu"), count
 
 
@@ -107,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     ctx.work.mkdir(parents=True, exist_ok=True)
     extra = ["--dry"] * args.dry + [a for m in args.checks for a in ("--checks", m)]
     facts = machine(device)
-    print(f"saturate selftest on {', '.join(facts.get('gpus', [])) or 'the CPU'}: {len(todo)} checks; output in {out}", flush=True)
+    print(
+        f"saturate selftest on {', '.join(facts.get('gpus', [])) or 'the CPU'}: {len(todo)} checks; output in {out}",
+        flush=True,
+    )
     start = time.monotonic()
     rows = run_all(todo, ctx, budget_s=args.budget, extra=extra, say=lambda line: print(line, flush=True))
     command = "saturate selftest " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -121,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
 def command() -> None:
     """The `saturate` console command: `saturate selftest [...]`."""
     if len(sys.argv) < 2 or sys.argv[1] not in ("selftest",):
-        sys.exit("usage: saturate selftest [--device auto|cuda|cpu] [--budget S] [--only a,b] [--dry] [--list]  "
-                 "(training: python train.py; see the README)")  # fmt: skip
+        sys.exit(
+            "usage: saturate selftest [--device auto|cuda|cpu] [--budget S] [--only a,b] [--dry] [--list]  "
+            "(training: python train.py; see the README)"
+        )
     sys.exit(main(sys.argv[2:]))

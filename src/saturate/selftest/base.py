@@ -38,7 +38,15 @@ class Check:
 REGISTRY: dict[str, Check] = {}
 
 
-def check(name: str, what: str, *, kind: str = "check", needs_cuda: str = "", timeout_s: float = 180.0, estimate_s: float = 30.0):
+def check(
+    name: str,
+    what: str,
+    *,
+    kind: str = "check",
+    needs_cuda: str = "",
+    timeout_s: float = 180.0,
+    estimate_s: float = 30.0,
+):
     """Register the decorated function as the check `name`."""
 
     def register(fn):
@@ -87,15 +95,28 @@ class Context:
 
     def tiny(self, steps: int = 8, batch: int = 32) -> list[str]:
         """A run of a few steps on synthetic 32x32 images (no download, seconds anywhere)."""
-        return ["data=synthetic", "data.num_train=1024", "data.num_val=256", "trainer.max_epochs=1", f"trainer.limit_train_batches={steps}",
-                "trainer.limit_val_batches=2", f"trainer.log_interval={max(1, steps // 2)}", "trainer.progress=false",
-                f"loader.batch_size={batch}", "loader.num_workers=0", f"device={self.device}", "trainer.devices=1"]  # fmt: skip
+        return [
+            "data=synthetic",
+            "data.num_train=1024",
+            "data.num_val=256",
+            "trainer.max_epochs=1",
+            f"trainer.limit_train_batches={steps}",
+            "trainer.limit_val_batches=2",
+            f"trainer.log_interval={max(1, steps // 2)}",
+            "trainer.progress=false",
+            f"loader.batch_size={batch}",
+            "loader.num_workers=0",
+            f"device={self.device}",
+            "trainer.devices=1",
+        ]
 
     def train(self, name: str, *overrides: str, expect: int | None = 0, env: dict | None = None) -> Run:
         """`python train.py OVERRIDES` into runs/NAME, as a user runs it; Failed when its exit
         status is not `expect` (None: any)."""
         run_dir = self.work / "runs" / name
-        run = self._command([sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"], run_dir, env)
+        run = self._command(
+            [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"], run_dir, env
+        )
         if expect is not None and run.returncode != expect:
             raise Failed(f"train.py exited {run.returncode} (expected {expect}): {run.error_line()}")
         return run

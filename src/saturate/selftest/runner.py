@@ -67,7 +67,18 @@ def run_isolated(check: Check, ctx: Context, extra: list[str]) -> Row:
     logs.mkdir(parents=True, exist_ok=True)
     result = logs / f"{check.name}.result.json"
     result.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "saturate.selftest", "--one", check.name, "--device", ctx.device, "--work", str(ctx.work), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "saturate.selftest",
+        "--one",
+        check.name,
+        "--device",
+        ctx.device,
+        "--work",
+        str(ctx.work),
+        *extra,
+    ]
     start = time.monotonic()
     with open(logs / f"{check.name}.log", "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -76,8 +87,14 @@ def run_isolated(check: Check, ctx: Context, extra: list[str]) -> Row:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            return Row(check.name, check.kind, check.what, "FAIL", f"no answer within {check.timeout_s:.0f} s (killed; see "
-                       f"logs/{check.name}.log)", round(time.monotonic() - start, 1))  # fmt: skip
+            return Row(
+                check.name,
+                check.kind,
+                check.what,
+                "FAIL",
+                f"no answer within {check.timeout_s:.0f} s (killed; see logs/{check.name}.log)",
+                round(time.monotonic() - start, 1),
+            )
         finally:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # anything the check left running in its group
@@ -86,8 +103,14 @@ def run_isolated(check: Check, ctx: Context, extra: list[str]) -> Row:
     if result.exists():
         return Row(**json.loads(result.read_text()))
     tail = [line for line in (logs / f"{check.name}.log").read_text(errors="replace").splitlines() if line.strip()][-1:]
-    return Row(check.name, check.kind, check.what, "FAIL", f"the check's process exited {proc.returncode} without an answer: "
-               f"{tail[0][:200] if tail else '(no output)'}", round(time.monotonic() - start, 1))  # fmt: skip
+    return Row(
+        check.name,
+        check.kind,
+        check.what,
+        "FAIL",
+        f"the check's process exited {proc.returncode} without an answer: {tail[0][:200] if tail else '(no output)'}",
+        round(time.monotonic() - start, 1),
+    )
 
 
 def run_all(checks: list[Check], ctx: Context, *, budget_s: float, extra: list[str], say=print) -> list[Row]:
@@ -108,5 +131,7 @@ def run_all(checks: list[Check], ctx: Context, *, budget_s: float, extra: list[s
 def selected(only: list[str]) -> list[Check]:
     unknown = [name for name in only if name not in REGISTRY]
     if unknown:
-        raise SystemExit(f"saturate selftest: --only {','.join(unknown)}: no such check; the checks are {', '.join(REGISTRY)}")
+        raise SystemExit(
+            f"saturate selftest: --only {','.join(unknown)}: no such check; the checks are {', '.join(REGISTRY)}"
+        )
     return [REGISTRY[name] for name in only] if only else list(REGISTRY.values())

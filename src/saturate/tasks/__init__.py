@@ -13,10 +13,8 @@ BUILT_IN = {
     "regression": "saturate.tasks.regression.Regression",
     "sequence": "saturate.tasks.sequence.Sequence",
 }
-# the data-derived arguments a task's constructor may name (filled in as a model's are)
-DATA_ARGUMENTS = ("num_classes", "num_outputs", "target_inverse", "class_names")
 
-__all__ = ["BUILT_IN", "DATA_ARGUMENTS", "Classification", "Regression", "Sequence", "Task"]
+__all__ = ["BUILT_IN", "Classification", "Regression", "Sequence", "Task"]
 
 
 def __getattr__(name: str):

@@ -51,9 +51,16 @@ class Task:
         self.extra = dict(metrics or {})
         for name, metric in self.extra.items():
             if metric is not None and not _is_metric(metric):
-                raise ConfigError([Problem(f"task.metrics.{name}", type(metric).__name__,
-                                           "a torchmetrics Metric (a `_target_` node naming one, e.g. torchmetrics.classification."
-                                           "MulticlassF1Score), or null to drop one of the task's own")])  # fmt: skip
+                raise ConfigError(
+                    [
+                        Problem(
+                            f"task.metrics.{name}",
+                            type(metric).__name__,
+                            "a torchmetrics Metric (a `_target_` node naming one, e.g. torchmetrics.classification."
+                            "MulticlassF1Score), or null to drop one of the task's own",
+                        )
+                    ]
+                )
 
     # -- batches
 
@@ -119,12 +126,19 @@ def user_loss(loss, what: str = "task.loss") -> Callable | None:
     """A user's loss: a callable `(outputs, targets) -> loss`, or None."""
     if loss is None or callable(loss):
         return loss
-    raise ConfigError([Problem(what, type(loss).__name__, "a callable loss(outputs, targets), e.g. a `_target_` node naming one")])
+    raise ConfigError(
+        [Problem(what, type(loss).__name__, "a callable loss(outputs, targets), e.g. a `_target_` node naming one")]
+    )
 
 
 def finite_number(key: str, value, low: float, high: float = math.inf, *, open_high: bool = True) -> None:
     """A built-in task's own argument check: a number in [low, high)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value and (value < high if open_high else value <= high)
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and low <= value
+        and (value < high if open_high else value <= high)
+    )
     if not ok:
         raise ConfigError([Problem(key, value, f"a number in [{low}, {high}{')' if open_high else ']'}")])
 

@@ -23,16 +23,29 @@ class Classification(Task):
     main = "acc"
     class_targets = True
 
-    def __init__(self, num_classes: int, *, label_smoothing: float = 0.0, top_k: int | str = "auto", confusion_matrix: bool = False,
-                 loss: Callable | None = None, metrics: dict | None = None, class_names: list[str] | None = None,
-                 input_key: str = "input", target_key: str = "target"):  # fmt: skip
+    def __init__(
+        self,
+        num_classes: int,
+        *,
+        label_smoothing: float = 0.0,
+        top_k: int | str = "auto",
+        confusion_matrix: bool = False,
+        loss: Callable | None = None,
+        metrics: dict | None = None,
+        class_names: list[str] | None = None,
+        input_key: str = "input",
+        target_key: str = "target",
+    ):
         super().__init__(metrics=metrics, input_key=input_key, target_key=target_key)
         if not 0 <= label_smoothing < 1:
             raise ConfigError([Problem("task.label_smoothing", label_smoothing, "a number in [0, 1)")])
         if top_k != "auto" and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k < num_classes):
-            raise ConfigError([Problem("task.top_k", top_k, f"auto, 0 (none) or an integer below the {num_classes} classes")])
+            raise ConfigError(
+                [Problem("task.top_k", top_k, f"auto, 0 (none) or an integer below the {num_classes} classes")]
+            )
         self.num_classes, self.label_smoothing, self.loss_fn = num_classes, label_smoothing, user_loss(loss)
-        self.top_k = (5 if num_classes > 10 else 0) if top_k == "auto" else top_k  # top-5 of 6 classes is near 1.0: noise
+        # top-5 of 6 classes is near 1.0: noise
+        self.top_k = (5 if num_classes > 10 else 0) if top_k == "auto" else top_k
         self.confusion_matrix, self.class_names = confusion_matrix, class_names
 
     def target(self, batch) -> torch.Tensor:
@@ -43,23 +56,29 @@ class Classification(Task):
         targets = self.target(batch)
         if not isinstance(outputs, torch.Tensor) or outputs.shape != (len(targets), self.num_classes):
             shape = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
-            raise UserError(f"model: {type(model).__name__} returns outputs of shape {shape} for a batch of {len(targets)}; task="
-                            f"classification with {self.num_classes} classes needs {(len(targets), self.num_classes)} (the model's "
-                            "num_classes/num_outputs argument)")  # fmt: skip
+            raise UserError(
+                f"model: {type(model).__name__} returns outputs of shape {shape} for a batch of {len(targets)}; task="
+                f"classification with {self.num_classes} classes needs {(len(targets), self.num_classes)} (the model's "
+                "num_classes/num_outputs argument)"
+            )
         if self.loss_fn is not None:
             return self.loss_fn(outputs, targets), outputs
         try:
             return F.cross_entropy(outputs, targets, label_smoothing=self.label_smoothing), outputs
         except IndexError as e:  # a class index past the outputs (the CPU's error; CUDA asserts on the device)
-            raise DataError(f"data: a target is not a class index in [0, {outputs.shape[-1] - 1}] ({e}); the data's classes and its "
-                            "targets disagree") from None  # fmt: skip
+            raise DataError(
+                f"data: a target is not a class index in [0, {outputs.shape[-1] - 1}] ({e}); the data's classes and "
+                "its targets disagree"
+            ) from None
 
     def own_metrics(self) -> dict:
         # validate_args=False: torchmetrics' checks read the device per batch; the targets were
         # checked at start-up (saturate.parts.model) and the outputs' shape in forward
         metrics = {"acc": MulticlassAccuracy(self.num_classes, average="micro", validate_args=False)}
         if self.top_k:
-            metrics[f"top{self.top_k}"] = MulticlassAccuracy(self.num_classes, top_k=self.top_k, average="micro", validate_args=False)
+            metrics[f"top{self.top_k}"] = MulticlassAccuracy(
+                self.num_classes, top_k=self.top_k, average="micro", validate_args=False
+            )
         if self.confusion_matrix:  # a (K, K) result: shown as an image, not logged as numbers
             from torchmetrics.classification import MulticlassConfusionMatrix
 

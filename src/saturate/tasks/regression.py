@@ -25,11 +25,26 @@ class Regression(Task):
     name = "regression"
     main = None  # val/loss
 
-    def __init__(self, num_outputs: int, *, loss: str | Callable = "mse", huber_delta: float = 1.0, metrics: dict | None = None,
-                 target_inverse: Callable | None = None, input_key: str = "input", target_key: str = "target"):  # fmt: skip
+    def __init__(
+        self,
+        num_outputs: int,
+        *,
+        loss: str | Callable = "mse",
+        huber_delta: float = 1.0,
+        metrics: dict | None = None,
+        target_inverse: Callable | None = None,
+        input_key: str = "input",
+        target_key: str = "target",
+    ):
         super().__init__(metrics=metrics, input_key=input_key, target_key=target_key)
         if isinstance(loss, str) and loss not in LOSSES:
-            raise ConfigError([Problem("task.loss", loss, f"one of {', '.join(LOSSES)}, or a `_target_` node taking (outputs, targets)")])
+            raise ConfigError(
+                [
+                    Problem(
+                        "task.loss", loss, f"one of {', '.join(LOSSES)}, or a `_target_` node taking (outputs, targets)"
+                    )
+                ]
+            )
         if not isinstance(huber_delta, (int, float)) or isinstance(huber_delta, bool) or not huber_delta > 0:
             raise ConfigError([Problem("task.huber_delta", huber_delta, "a number > 0")])
         if target_inverse is not None and not callable(target_inverse):
@@ -48,8 +63,10 @@ class Regression(Task):
         if not isinstance(outputs, torch.Tensor) or outputs.numel() != targets.numel():
             shape = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
             per = targets[0].numel() if len(targets) else 1
-            raise UserError(f"model: {type(model).__name__} returns outputs of shape {shape} for a batch of {len(targets)}; task="
-                            f"regression with targets of shape {tuple(targets.shape[1:])} needs {per} value(s) per sample")  # fmt: skip
+            raise UserError(
+                f"model: {type(model).__name__} returns outputs of shape {shape} for a batch of {len(targets)}; task="
+                f"regression with targets of shape {tuple(targets.shape[1:])} needs {per} value(s) per sample"
+            )
         if outputs.shape != targets.shape:
             outputs = outputs.reshape(targets.shape)
         if self.loss_fn is not None:
@@ -60,7 +77,11 @@ class Regression(Task):
         return (F.l1_loss if self.loss_name == "l1" else F.mse_loss)(o, targets), outputs
 
     def own_metrics(self) -> dict:
-        return {"mae": MeanAbsoluteError(), "rmse": MeanSquaredError(squared=False), "r2": R2Score(multioutput="uniform_average")}
+        return {
+            "mae": MeanAbsoluteError(),
+            "rmse": MeanSquaredError(squared=False),
+            "r2": R2Score(multioutput="uniform_average"),
+        }
 
     def metrics(self) -> dict:
         metrics = super().metrics()

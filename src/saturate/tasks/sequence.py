@@ -41,13 +41,28 @@ class Sequence(Task):
     name = "sequence"
     class_targets = False
 
-    def __init__(self, num_classes: int, *, mode: str = "ctc", metrics: dict | None = None, input_key: str = "input",
-                 target_key: str = "target", input_length_key: str = "input_length", target_length_key: str = "target_length"):  # fmt: skip
+    def __init__(
+        self,
+        num_classes: int,
+        *,
+        mode: str = "ctc",
+        metrics: dict | None = None,
+        input_key: str = "input",
+        target_key: str = "target",
+        input_length_key: str = "input_length",
+        target_length_key: str = "target_length",
+    ):
         super().__init__(metrics=metrics, input_key=input_key, target_key=target_key)
         if mode not in ("ctc", "per_step"):
             raise ConfigError([Problem("task.mode", mode, "ctc or per_step")])
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-            raise ConfigError([Problem("task.num_classes", num_classes, "an integer >= 2 (with CTC: the labels and the blank, class 0)")])
+            raise ConfigError(
+                [
+                    Problem(
+                        "task.num_classes", num_classes, "an integer >= 2 (with CTC: the labels and the blank, class 0)"
+                    )
+                ]
+            )
         self.num_classes, self.mode = num_classes, mode
         self.input_length_key, self.target_length_key = input_length_key, target_length_key
         self.main = "ter" if mode == "ctc" else "acc"
@@ -56,15 +71,21 @@ class Sequence(Task):
     def _entry(self, batch, key: str):
         if not isinstance(batch, dict) or key not in batch:
             found = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
-            raise DataError(f"task=sequence: batches need a {key!r} entry (a dict from a padding collate, e.g. "
-                            f"saturate.data.pad_collate); this one has {found}")  # fmt: skip
+            raise DataError(
+                f"task=sequence: batches need a {key!r} entry (a dict from a padding collate, e.g. "
+                f"saturate.data.pad_collate); this one has {found}"
+            )
         return batch[key]
 
     def _call(self, model, batch):
         x, lengths = self._entry(batch, self.input_key), self._entry(batch, self.input_length_key)
         if self._takes_lengths is None:
             try:
-                params = [p for p in inspect.signature(getattr(model, "forward", model)).parameters.values() if p.kind != p.VAR_KEYWORD]
+                params = [
+                    p
+                    for p in inspect.signature(getattr(model, "forward", model)).parameters.values()
+                    if p.kind != p.VAR_KEYWORD
+                ]
                 self._takes_lengths = len(params) >= 2
             except (TypeError, ValueError):
                 self._takes_lengths = False
@@ -87,7 +108,9 @@ class Sequence(Task):
 
     def own_metrics(self) -> dict:
         if self.mode == "per_step":
-            return {"acc": MulticlassAccuracy(self.num_classes, average="micro", ignore_index=IGNORE, validate_args=False)}
+            return {
+                "acc": MulticlassAccuracy(self.num_classes, average="micro", ignore_index=IGNORE, validate_args=False)
+            }
         return {"ter": CharErrorRate(), "seq_acc": MeanMetric(nan_strategy="disable")}
 
     def better(self, name: str) -> str:
@@ -120,8 +143,12 @@ class Sequence(Task):
                 metric.update(preds, labels)
             return
         logits, out_lengths = outputs  # one copy to the host per batch: decoding is on the host
-        best, out_lengths, target, lengths = to_host(logits.argmax(-1), out_lengths, self._entry(batch, self.target_key),
-                                                     self._entry(batch, self.target_length_key))  # fmt: skip
+        best, out_lengths, target, lengths = to_host(
+            logits.argmax(-1),
+            out_lengths,
+            self._entry(batch, self.target_key),
+            self._entry(batch, self.target_length_key),
+        )
         decoded = self._decoded(best, out_lengths)
         references = [row[:n] for row, n in zip(target.tolist(), lengths.tolist(), strict=True)]
         text = lambda tokens: "".join(chr(TOKEN_BASE + t) for t in tokens)  # noqa: E731
@@ -137,13 +164,20 @@ class Sequence(Task):
         with -1 past `output_length`; `target` and `target_length` as the batch gave them."""
         target = self._entry(batch, self.target_key).long()
         target_length = self._entry(batch, self.target_length_key).long()
-        given = {"target": torch.where(torch.arange(target.shape[1], device=target.device) < target_length[:, None], target, -1),
-                 "target_length": target_length}  # fmt: skip
+        given = {
+            "target": torch.where(
+                torch.arange(target.shape[1], device=target.device) < target_length[:, None], target, -1
+            ),
+            "target_length": target_length,
+        }
         if self.mode == "per_step":
             logits, lengths = outputs
             best = logits.argmax(-1)
-            return {"output": torch.where(torch.arange(best.shape[1], device=best.device) < lengths[:, None], best, -1),
-                    "output_length": lengths, **given}  # fmt: skip
+            return {
+                "output": torch.where(torch.arange(best.shape[1], device=best.device) < lengths[:, None], best, -1),
+                "output_length": lengths,
+                **given,
+            }
         decoded = self.decode(outputs)
         width = max(1, max(len(d) for d in decoded))
         padded = torch.full((len(decoded), width), -1, dtype=torch.int64)
