@@ -124,8 +124,8 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.batches < 2 * PREFETCH * max(args.workers):
         parser.error(
-            f"--batches {args.batches}: at least {2 * PREFETCH * max(args.workers)} with {max(args.workers)} "
-            "workers (twice what they hold prefetched), or the figure times batches made before the clock started"
+            f"--batches {args.batches}: at least {2 * PREFETCH * max(args.workers)} with {max(args.workers)} workers "
+            "(twice what they hold prefetched), or the figure times batches made before the clock started"
         )
     n = max(args.batch * (args.batches + warmup_batches(max(args.workers)) + 1), 2048)
     images = torch.randint(0, 256, (n, 3, args.size, args.size), dtype=torch.uint8)
@@ -173,8 +173,8 @@ def main() -> None:
         aug = medians[batched_row]
         share = 100 * aug / (step + aug)
         print(
-            f"\n{args.model} step at batch {args.batch} ({setting}): {step:.1f} ms; batched augmentation {aug:.2f} "
-            f"ms = {share:.1f}% of the step"
+            f"\n{args.model} step at batch {args.batch} ({setting}): {step:.1f} ms; batched augmentation {aug:.2f} ms "
+            f"= {share:.1f}% of the step"
         )
         figures["step"] = {"model": args.model, "setting": setting, "step_ms": step, "augmentation_share": share / 100}
     if args.json:

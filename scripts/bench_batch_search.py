@@ -42,8 +42,7 @@ def main() -> None:
     print(table(trials, report["batch_size"]))
     print(
         f"\nsearch: {search_s:.2f} s for {len(trials)} trials; one epoch at the configured batch: {epoch_s:.2f} s "
-        f"({int(epoch[names.STEP])} steps x {epoch[names.STEP_MS]:.1f} ms); search / epoch = "
-        f"{search_s / epoch_s:.2f}"
+        f"({int(epoch[names.STEP])} steps x {epoch[names.STEP_MS]:.1f} ms); search / epoch = {search_s / epoch_s:.2f}"
     )
 
 

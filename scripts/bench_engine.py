@@ -206,9 +206,8 @@ def compile_speedup(model, x, y, *, batch: int, steps: int, warmup: int) -> dict
         compiled=compiled_fn,
     )
     print(
-        f"\ntorch.compile on {type(model).__name__}: eager {1000 * eager:.2f} ms/step, compiled "
-        f"{1000 * compiled:.2f} ms/step, "
-        f"speed-up {eager / compiled:.2f}x; compile time {compile_s:.1f} s (not in the step times)"
+        f"\ntorch.compile on {type(model).__name__}: eager {1000 * eager:.2f} ms/step, compiled {1000 * compiled:.2f} "
+        f"ms/step, speed-up {eager / compiled:.2f}x; compile time {compile_s:.1f} s (not in the step times)"
     )
     return {
         "eager_ms": 1000 * eager,

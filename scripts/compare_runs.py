@@ -61,8 +61,8 @@ def main() -> None:
     first = statistics.median(m[names.SAMPLES_PER_S] for m in results[args.configs[0]])
     print(
         f"\n{platform.machine()}, {os.cpu_count()} CPUs, "
-        f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}, "
-        f"torch {torch.__version__}; common: {' '.join(args.common) or '-'}; median of {args.repeats}\n"
+        f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}, torch {torch.__version__}; "
+        f"common: {' '.join(args.common) or '-'}; median of {args.repeats}\n"
     )
     width = max(len(c) for c in args.configs)
     print(f"| {'configuration':<{width}} | " + " | ".join(h for _, h, _ in COLUMNS) + " | vs first |")

@@ -84,8 +84,8 @@ def main() -> None:
     n_val = write_split("val", val, args.out, args.per_shard, args.split_seed, extra)
     print(
         f"wrote {len(train)} training samples in {n_train} shards and {len(val)} validation samples in {n_val} shards "
-        f"({train.notes[names.SKIPPED_FILES]} broken files skipped) under {args.out}; "
-        f"train with: python train.py data=shards data.train={args.out / 'train.json'} data.val={args.out / 'val.json'}"
+        f"({train.notes[names.SKIPPED_FILES]} broken files skipped) under {args.out}; train with: python train.py "
+        f"data=shards data.train={args.out / 'train.json'} data.val={args.out / 'val.json'}"
     )
 
 

@@ -59,9 +59,8 @@ def main() -> int:
                     util[index].append(v["util"])
                 print(
                     f"{now}  gpu{index}  util {shown(v, 'util', 3, ',.0f')}%  mem "
-                    f"{shown(v, 'mem_used_mb', 8, ',.0f')} MB  power "
-                    f"{shown(v, 'power_w', 5, '.0f')} W  temp {shown(v, 'temp_c', 3, '.0f')} C  sm "
-                    f"{shown(v, 'sm_clock_mhz', 5, ',.0f')} "
+                    f"{shown(v, 'mem_used_mb', 8, ',.0f')} MB  power {shown(v, 'power_w', 5, '.0f')} W  temp "
+                    f"{shown(v, 'temp_c', 3, '.0f')} C  sm {shown(v, 'sm_clock_mhz', 5, ',.0f')} "
                     "MHz",
                     flush=True,
                 )

@@ -187,8 +187,8 @@ def main() -> int:
     runner.chmod(0o755)
     size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file()) / 2**20
     print(
-        f"{args.out}: {len(pinned)} distributions for Python {args.python_version}, {size:.0f} MB. On the GPU machine: "
-        f"bash {args.out}/run-selftest.sh"
+        f"{args.out}: {len(pinned)} distributions for Python {args.python_version}, {size:.0f} MB. On the GPU "
+        f"machine: bash {args.out}/run-selftest.sh"
     )
     return 0
 

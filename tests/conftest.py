@@ -72,6 +72,28 @@ def run_cli(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None
     )
 
 
+def stopped_after_first_save(args: list[str], run_dir: Path, cwd: Path) -> tuple[int, str]:
+    """`python train.py ARGS hydra.run.dir=RUN_DIR`, sent SIGTERM once its first last.pt exists:
+    (its exit status, its output: Hydra logs to stdout)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "last.pt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out = "".join(proc.communicate(timeout=120))
+    return proc.returncode, out
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

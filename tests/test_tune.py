@@ -301,11 +301,7 @@ def test_an_interrupted_tune_keeps_the_best_so_far(tmp_path, jpeg_folder):
         str(ROOT / "train.py"),
         *INPUT_BOUND,
         f"data.root={jpeg_folder}",
-        "tune=true",
-        "tune.trial_s=2",
-        "tune.cache=",
-        f"tune.preset={tmp_path / 't.yaml'}",
-        "hydra.run.dir=t",
+        *["tune=true", "tune.trial_s=2", "tune.cache=", f"tune.preset={tmp_path / 't.yaml'}", "hydra.run.dir=t"],
     ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     trials = tmp_path / "t" / "trials"
@@ -488,11 +484,7 @@ def test_an_interrupt_during_the_confirmation_stops_at_once_and_claims_nothing(t
         "data=digits",
         "model.width=4",
         "loader.num_workers=1",
-        "tune=true",
-        "tune.budget_s=60",
-        "tune.trial_s=0.5",
-        "tune.cache=",
-        f"tune.preset={tmp_path / 't.yaml'}",
+        *["tune=true", "tune.budget_s=60", "tune.trial_s=0.5", "tune.cache=", f"tune.preset={tmp_path / 't.yaml'}"],
         "hydra.run.dir=t",
     ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -23,11 +23,9 @@ if __name__ == "__main__":
         task="regression",
         callbacks=[EarlyStopping(patience=20)],
         overrides=[
-            "optim=adamw",
-            "optim.optimizer.lr=0.001",
-            "optim.optimizer.weight_decay=0",
-            "optim.schedule=constant",
-            "optim.warmup_epochs=0",
+            # the author's Adam at a constant 1e-3, as saturate's adamw preset without decay or warm-up
+            *["optim=adamw", "optim.optimizer.lr=0.001", "optim.optimizer.weight_decay=0"],
+            *["optim.schedule=constant", "optim.warmup_epochs=0"],
             "loader.batch_size=32",
             "trainer.max_epochs=200",
             "+task.metrics.mape._target_=torchmetrics.MeanAbsolutePercentageError",

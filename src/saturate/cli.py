@@ -50,8 +50,8 @@ def run(main: Callable[[], object]) -> None:
         if e.errno == errno.ENAMETOOLONG:
             name = shown(str(e.filename or "the run dir"))
             sys.exit(
-                f"error: cannot create {name[:120]}{'...' if len(name) > 120 else ''}: a name in it is over the "
-                "file system's limit (255 bytes); give a shorter hydra.run.dir or name="
+                f"error: cannot create {name[:120]}{'...' if len(name) > 120 else ''}: a name in it is over the file "
+                "system's limit (255 bytes); give a shorter hydra.run.dir or name="
             )
         if e.errno not in (
             errno.EACCES,

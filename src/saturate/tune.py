@@ -682,9 +682,9 @@ def write_preset(
     ours(path)
     how = "" if confirmed or not changes else " (one trial each, not confirmed)"
     header = (
-        f"# Written by saturate's tune on {datetime.now():%Y-%m-%d %H:%M}: {rate:,.0f} samples/s, {speedup:.2f}x "
-        f"the starting config{how}:\n#   python train.py tune=true {' '.join(searchpath + start)}\n"
-        f"# Reproduce it: {reproduce(path, searchpath)}\n"
+        f"# Written by saturate's tune on {datetime.now():%Y-%m-%d %H:%M}: {rate:,.0f} samples/s, {speedup:.2f}x the "
+        f"starting config{how}:\n#   python train.py tune=true {' '.join(searchpath + start)}\n# Reproduce it: "
+        f"{reproduce(path, searchpath)}\n"
     )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -755,10 +755,9 @@ def render(tuner: Tuner, *, preset: Path) -> str:
     elif tuner.changes:
         lines.append(
             f"**Fastest: {tuner.rate:,.0f} samples/s, {tuner.speedup:.2f}x the starting config in one trial each, not "
-            f"confirmed** with `{' '.join(tuner.changes)}`: the budget (or an interrupt) left no room to measure "
-            "the start "
-            "and the fastest again side by side; a single trial is at the mercy of a noisy machine. Tune again with a "
-            "larger tune.budget_s to confirm it."
+            f"confirmed** with `{' '.join(tuner.changes)}`: the budget (or an interrupt) left no room to measure the "
+            "start and the fastest again side by side; a single trial is at the mercy of a noisy machine. Tune again "
+            "with a larger tune.budget_s to confirm it."
         )
     else:
         lines.append(

@@ -34,8 +34,8 @@ from saturate.loop.faults import NonFiniteGuard
 from saturate.loop.step import TrainStep
 from saturate.observe.costs import COST_SAMPLES, scaling, step_cost
 from saturate.observe.environment import cpu_name
-from saturate.parts.batch_size import Trial, choose
-from saturate.parts.model import Models, setup_model
+from saturate.parts.batch_size import Trial, TrialSetup, choose
+from saturate.parts.model import Models, make, setup_model
 from saturate.parts.optim import prime_state, setup_optimizer
 from saturate.parts.precision import Precision, setup_precision
 from saturate.scale.distributed import Dist
@@ -80,6 +80,20 @@ class Parts:
     search_s: float = 0.0  # how long it took (0 when the cache had the answer)
     cost: Any = None  # saturate.observe.costs.StepCost: FLOPs and launches of one step (None: not counted)
     scaling: tuple | None = None  # CPU: a step's time on 1 and on COST_SAMPLES samples (saturate.observe.costs)
+
+
+@dataclass
+class Ingredients:
+    """What the builders after the task read: the config, the data and what one look at it
+    said, the task, the precision policy, the device and the ranks."""
+
+    run: RunConfig
+    data: Data
+    spec: DataSpec
+    task: Any
+    precision: Precision
+    device: torch.device
+    dist: Dist
 
 
 def data_name(run: RunConfig, invocation: Invocation, objects: UserObjects) -> str:
@@ -198,18 +212,17 @@ def make_step(
     )
 
 
-def search_batch_size(
-    run: RunConfig,
-    models: Models,
-    precision: Precision,
-    task,
-    data: Data,
-    spec: DataSpec,
-    device,
-    dist: Dist,
-    transforms,
-) -> tuple[int, list[Trial]]:
+def search_batch_size(made: Ingredients, models: Models, transforms) -> tuple[int, list[Trial]]:
     """loader.batch_size=auto: saturate.parts.batch_size.choose, keyed by what decides the size."""
+    run, data, spec, task, precision, device, dist = (
+        made.run,
+        made.data,
+        made.spec,
+        made.task,
+        made.precision,
+        made.device,
+        made.dist,
+    )
     cfg = run.batch_search
     key = {
         "model": {
@@ -234,20 +247,15 @@ def search_batch_size(
     augment = device_augment(run.augmentation, run.trainer.seed, transforms)
     pipeline = build_pipeline(run.loader, spec, device, run.trainer, augment=augment)
     order = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(run.trainer.seed))
-    return choose(
-        cfg,
-        key=key,
-        samples=len(data.train),
-        world_size=dist.world_size,
+    trial = TrialSetup(
+        make_step=lambda: make_step(run, models, optimizer, precision, task, device, dist, search=True),
         optimizer=optimizer,
         pipeline=pipeline,
-        make_step=lambda: make_step(run, models, optimizer, precision, task, device, dist, search=True),
         fetch=lambda size: host_batch(data, order[:size].tolist()),
         device=device,
-        model=models.raw,
-        dist=dist,
-        compiled=run.trainer.compile,
     )
+    samples = len(data.train)
+    return choose(cfg, key=key, samples=samples, trial=trial, model=models.raw, dist=dist, compiled=run.trainer.compile)
 
 
 def _describe(run: RunConfig, invocation: Invocation, data: Data, objects: UserObjects) -> DataSpec:
@@ -273,41 +281,45 @@ def _describe(run: RunConfig, invocation: Invocation, data: Data, objects: UserO
     return spec
 
 
-def _step_costs(run: RunConfig, batch_size: int, spec: DataSpec, data: Data, model, task, precision, device):
+def _step_costs(made: Ingredients, batch_size: int, model):
     """A step's FLOPs and launches, and its batch scaling (saturate.observe.costs), or (None, None)."""
+    run = made.run
     if not run.monitor.costs:
         return None, None
     # counted on up to COST_SAMPLES real samples, scaled to the batch (conv and matmul FLOPs are linear in it)
-    counted = build_pipeline(run.loader, spec, device, run.trainer)(
-        host_batch(data, range(min(len(data.train), COST_SAMPLES)))
-    )
-    cost = step_cost(model, counted, task, precision, batch=batch_size)
-    return cost, scaling(model, counted, task, precision, device)
+    samples = host_batch(made.data, range(min(len(made.data.train), COST_SAMPLES)))
+    counted = build_pipeline(run.loader, made.spec, made.device, run.trainer)(samples)
+    cost = step_cost(model, counted, made.task, made.precision, batch=batch_size)
+    return cost, scaling(model, counted, made.task, made.precision, made.device)
 
 
-def _search(
-    run: RunConfig, models: Models, precision, task, data: Data, spec: DataSpec, device, dist: Dist, transforms
-):
+def _search(made: Ingredients, models: Models, transforms):
     """loader.batch_size=auto: (the size chosen, the trials, seconds); else (the size, None, 0)."""
+    run = made.run
     if run.loader.batch_size != "auto":
         return run.loader.batch_size, None, 0.0
     started = time.perf_counter()
-    samples = sum(len(s) for s in (data.train, data.val) if s is not None)
+    samples = sum(len(s) for s in (made.data.train, made.data.val) if s is not None)
     # resident data is placed after the search: its room is kept
-    with room_for_resident(run.loader, spec, samples, device):
-        chosen, trials = search_batch_size(run, models, precision, task, data, spec, device, dist, transforms)
+    with room_for_resident(run.loader, made.spec, samples, made.device):
+        chosen, trials = search_batch_size(made, models, transforms)
     return chosen, trials, time.perf_counter() - started
 
 
-def _model(run: RunConfig, node, values: dict, spec: DataSpec, data: Data, task, precision, device, dist: Dist, given):
+def _model(made: Ingredients, node: dict | None, values: dict, given):
     """The model, checked on real samples (saturate.parts.model.setup_model)."""
+    run, data = made.run, made.data
     # real samples for the start-up check (2) and the compile warm-up (the size the run, or the search, starts with)
     size = 2
     if run.trainer.compile:
         size = run.loader.batch_size if run.loader.batch_size != "auto" else run.batch_search.min
-    example = build_pipeline(run.loader, spec, device, run.trainer)(host_batch(data, range(min(len(data.train), size))))
+    example = build_pipeline(run.loader, made.spec, made.device, run.trainer)(
+        host_batch(data, range(min(len(data.train), size)))
+    )
+    raw = make(node, values, given)
+    trainer, device = run.trainer, made.device
     return setup_model(
-        node, values, spec, task, precision, device=device, trainer=run.trainer, dist=dist, batch=example, given=given
+        raw, made.spec, made.task, made.precision, device=device, trainer=trainer, dist=made.dist, batch=example
     )
 
 
@@ -325,8 +337,9 @@ def build_parts(
     task = build_task(nodes.get("task"), values, objects)
     precision = setup_precision(run.precision, device)
     transforms = build_transforms(run.augmentation.transforms)
-    models = _model(run, nodes.get("model"), values, spec, data, task, precision, device, dist, objects.model)
-    batch_size, trials, search_s = _search(run, models, precision, task, data, spec, device, dist, transforms)
+    made = Ingredients(run, data, spec, task, precision, device, dist)
+    models = _model(made, nodes.get("model"), values, objects.model)
+    batch_size, trials, search_s = _search(made, models, transforms)
     loaders = build_loaders(
         dataclasses.replace(run.loader, batch_size=batch_size),
         run.augmentation,
@@ -340,7 +353,7 @@ def build_parts(
         transforms=transforms,
     )
     check_last_batch(run, batch_size, models.raw, data.train, dist)
-    cost, fixed = _step_costs(run, batch_size, spec, data, models.raw, task, precision, device)
+    cost, fixed = _step_costs(made, batch_size, models.raw)
     total_steps = len(loaders.train) * run.trainer.max_epochs
     if run.trainer.max_steps > 0:
         total_steps = min(total_steps, run.trainer.max_steps)

@@ -417,9 +417,9 @@ def _check_stacks(dataset: Dataset, what: str, first: tuple[torch.Tensor, torch.
         part, i, shape = found
         a = first[0] if part == "input" else first[1]
         raise DataError(
-            f"data: {what} samples do not stack into a batch: the {part} of sample 0 has shape {tuple(a.shape)}, "
-            f"of sample {i} {shape}; pad them to one shape in the data set, or give the data a collate function "
-            "that pads a batch (return {'train': ..., 'collate': saturate.data.pad_collate})"
+            f"data: {what} samples do not stack into a batch: the {part} of sample 0 has shape {tuple(a.shape)}, of "
+            f"sample {i} {shape}; pad them to one shape in the data set, or give the data a collate function that "
+            "pads a batch (return {'train': ..., 'collate': saturate.data.pad_collate})"
         )
 
 
@@ -464,14 +464,14 @@ def _check_like_training(other: Dataset, what: str, first: tuple, keys: tuple[st
     same_input = (vx.shape == x.shape) if fixed else (vx.shape[1:] == x.shape[1:])
     if not same_input or vx.dtype != x.dtype:
         raise DataError(
-            f"data: {what} inputs are {_dtype(vx)} {tuple(vx.shape)}, training inputs {_dtype(x)} "
-            f"{tuple(x.shape)}; they must match"
+            f"data: {what} inputs are {_dtype(vx)} {tuple(vx.shape)}, training inputs {_dtype(x)} {tuple(x.shape)}; "
+            "they must match"
         )
     same_target = (vy.shape == y.shape) if fixed else (vy.ndim == y.ndim)
     if not same_target or vy.is_floating_point() != y.is_floating_point():
         raise DataError(
-            f"data: {what} targets are {_dtype(vy)} {tuple(vy.shape)}, training targets {_dtype(y)} "
-            f"{tuple(y.shape)}; they must match (the task and the metrics compare them alike)"
+            f"data: {what} targets are {_dtype(vy)} {tuple(vy.shape)}, training targets {_dtype(y)} {tuple(y.shape)}; "
+            "they must match (the task and the metrics compare them alike)"
         )
     if not collate:
         _check_stacks(other, what, (vx, vy), keys)

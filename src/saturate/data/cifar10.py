@@ -64,8 +64,8 @@ def load_cifar10(*, root: str) -> tuple[InMemory, InMemory]:
         raise DataError(
             f"data.root={str(root)!r}: no CIFAR-10 python batches there (looked for {', '.join(FILES)} in {root} and "
             f"{root / 'cifar-10-batches-py'}). Download cifar-10-python.tar.gz from "
-            "https://www.cs.toronto.edu/~kriz/cifar.html, "
-            f"extract it, and pass data.root=<the extracted folder>; saturate downloads nothing."
+            "https://www.cs.toronto.edu/~kriz/cifar.html, extract it, and pass data.root=<the extracted folder>; "
+            "saturate downloads nothing."
         )
     parts = [_read(folder / name) for name in FILES[:5]]
     train = InMemory(

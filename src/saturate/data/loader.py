@@ -9,6 +9,7 @@ when the loader is built, never in the loop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -31,9 +32,18 @@ from saturate.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
 
-HostBatch = (
-    object  # what the collate makes: (inputs, targets), a dict, nested; uint8 or float images (B, C, H, W) among them
-)
+# what the collate makes: (inputs, targets), a dict, nested; uint8 or float images (B, C, H, W) among them
+HostBatch = object
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Which share of the samples this rank reads (`rank` of `world_size`), in the order
+    `seed` (and the epoch) draws."""
+
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
 
 
 def cpus_per_process() -> int:
@@ -218,16 +228,20 @@ class EvalShard(torch.utils.data.Sampler):
         return self.num_samples
 
 
-def epoch_sampler(
-    dataset: Dataset, cfg: LoaderConfig, *, train: bool, seed: int, rank: int, world_size: int, keyed: bool = False
-):
+def epoch_sampler(dataset: Dataset, cfg: LoaderConfig, *, train: bool, shard: Shard, keyed: bool = False):
     """Training: shuffled by (seed, epoch), sharded by rank, resumable. Evaluation: this
     rank's share in order, unpadded."""
     if train:
         return ResumableSampler(
-            dataset, batch_size=cfg.batch_size, shuffle=True, seed=seed, rank=rank, world_size=world_size, keyed=keyed
+            dataset,
+            batch_size=cfg.batch_size,
+            shuffle=True,
+            seed=shard.seed,
+            rank=shard.rank,
+            world_size=shard.world_size,
+            keyed=keyed,
         )
-    return EvalShard(len(dataset), rank, world_size)
+    return EvalShard(len(dataset), shard.rank, shard.world_size)
 
 
 def batches_per_epoch(samples: int, batch_size: int, drop_last: bool, limit: int) -> int:
@@ -236,7 +250,8 @@ def batches_per_epoch(samples: int, batch_size: int, drop_last: bool, limit: int
 
 
 class StreamLoader:
-    """A torch DataLoader over a map-style dataset, with resumable epochs."""
+    """A torch DataLoader over a map-style dataset, with resumable epochs. `cfg`: the loader's
+    node with `num_workers` and `pin_memory` decided (no "auto")."""
 
     def __init__(
         self,
@@ -245,39 +260,34 @@ class StreamLoader:
         to_device: DevicePipeline,
         *,
         train: bool,
-        seed: int,
-        num_workers: int,
-        pin_memory: bool,
+        shard: Shard = Shard(),
         limit_batches: int = -1,
-        rank: int = 0,
-        world_size: int = 1,
         collate=None,
     ):
         self.to_device = to_device
+        workers = cfg.num_workers
         keyed = isinstance(dataset, SampleAugment)  # its items are asked for by (epoch, index)
-        self.sampler = epoch_sampler(
-            dataset, cfg, train=train, seed=seed, rank=rank, world_size=world_size, keyed=keyed
-        )
+        self.sampler = epoch_sampler(dataset, cfg, train=train, shard=shard, keyed=keyed)
         self.drop_last = cfg.drop_last and train
         self.generator = torch.Generator()  # seeds the workers; reseeded every epoch
-        self.seed = seed
+        self.seed = shard.seed
         self.loader = DataLoader(
             dataset,
             batch_size=cfg.batch_size,
             sampler=self.sampler,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
+            num_workers=workers,
+            pin_memory=cfg.pin_memory,
             drop_last=self.drop_last,
-            persistent_workers=cfg.persistent_workers and num_workers > 0,
-            prefetch_factor=cfg.prefetch_factor if num_workers > 0 else None,
+            persistent_workers=cfg.persistent_workers and workers > 0,
+            prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
             generator=self.generator,
             collate_fn=already_collated if getattr(dataset, "returns_batches", False) else (collate or stack),
-            timeout=cfg.timeout_s if num_workers > 0 else 0,
+            timeout=cfg.timeout_s if workers > 0 else 0,
         )
         self.batches_per_epoch = batches_per_epoch(
             self.sampler.num_samples, cfg.batch_size, self.drop_last, limit_batches
         )
-        self.batch_size, self.num_workers, self.dataset = cfg.batch_size, num_workers, dataset
+        self.batch_size, self.num_workers, self.dataset = cfg.batch_size, workers, dataset
         self.timeout_s = cfg.timeout_s
         self.poll = getattr(dataset, "poll", None)  # e.g. names the files the workers skipped (saturate.data.base)
         self._workers_iter = None  # the epoch's worker iterator (close() ends its workers)
@@ -462,10 +472,8 @@ class ResidentLoader:
         to_device: DevicePipeline | PlainPipeline,
         *,
         train: bool,
-        seed: int,
+        shard: Shard = Shard(),
         limit_batches: int = -1,
-        rank: int = 0,
-        world_size: int = 1,
     ):
         device = to_device.device
         nbytes = data.nbytes
@@ -485,7 +493,7 @@ class ResidentLoader:
         self.home, self.to_device = home, to_device
         self.stage = home != device  # host-resident for a CUDA device: pin each gathered batch
         self.train = train
-        self.sampler = epoch_sampler(data, cfg, train=train, seed=seed, rank=rank, world_size=world_size)
+        self.sampler = epoch_sampler(data, cfg, train=train, shard=shard)
         self.batch_size, self.num_workers = cfg.batch_size, 0
         self.batches_per_epoch = batches_per_epoch(
             self.sampler.num_samples, cfg.batch_size, cfg.drop_last and train, limit_batches
@@ -609,6 +617,7 @@ def build_loaders(
     else:
         workers = cfg.num_workers
     pin = device.type == "cuda" if cfg.pin_memory == "auto" else cfg.pin_memory
+    cfg = dataclasses.replace(cfg, num_workers=workers, pin_memory=pin)  # decided: what the loaders are built with
 
     pipeline = functools.partial(build_pipeline, cfg, spec, device, trainer)
     preview = (
@@ -618,12 +627,11 @@ def build_loaders(
     )
     # ranks differ
     train_pipeline = pipeline(augment=device_augment(aug, trainer.seed + 1_000_003 * rank, transforms), preview=preview)
-    ranks = dict(seed=trainer.seed, rank=rank, world_size=world_size)
+    shard = Shard(trainer.seed, rank, world_size)
     if cfg.resident:
-        make = lambda dataset, pipe, **kw: ResidentLoader(materialize(dataset), cfg, pipe, **kw, **ranks)  # noqa: E731
+        make = lambda dataset, pipe, **kw: ResidentLoader(materialize(dataset), cfg, pipe, shard=shard, **kw)  # noqa: E731
     else:
-        common = dict(num_workers=workers, pin_memory=pin, collate=data.collate)
-        make = lambda dataset, pipe, **kw: StreamLoader(dataset, cfg, pipe, **kw, **common, **ranks)  # noqa: E731
+        make = lambda dataset, pipe, **kw: StreamLoader(dataset, cfg, pipe, shard=shard, collate=data.collate, **kw)  # noqa: E731
     train = make(train_set, train_pipeline, train=True, limit_batches=trainer.limit_train_batches)
     evaluation = dict(train=False, limit_batches=trainer.limit_val_batches)
     val, test = (None if s is None else make(s, pipeline(), **evaluation) for s in (data.val, data.test))

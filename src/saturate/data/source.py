@@ -59,8 +59,8 @@ class Data:
             data = cls(**{k: getattr(result, k, None) for k in KEYS})
         else:
             raise DataError(
-                f"{where}: returned a {type(result).__name__}; expected (train_dataset, val_dataset) or a mapping with "
-                f"{', '.join(KEYS)}"
+                f"{where}: returned a {type(result).__name__}; expected (train_dataset, val_dataset) or a mapping "
+                f"with {', '.join(KEYS)}"
             )
         if data.collate is None:
             data.collate = getattr(data.train, "collate_fn", None)

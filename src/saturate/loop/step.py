@@ -40,11 +40,10 @@ _DDP_OOM = (
 
 
 _AFTER_BACKWARD = (
-    "out of memory at step {step} after the backward pass (unscaling, the gradient norm or the optimizer step, "
-    "which may have updated some weights): this memory is the parameters, gradients and optimizer state, which smaller "
-    "micro-batches do not "
-    "shrink; use a smaller model, an optimizer with less state, or free device memory, and resume from the last "
-    "checkpoint"
+    "out of memory at step {step} after the backward pass (unscaling, the gradient norm or the optimizer step, which "
+    "may have updated some weights): this memory is the parameters, gradients and optimizer state, which smaller "
+    "micro-batches do not shrink; use a smaller model, an optimizer with less state, or free device memory, and "
+    "resume from the last checkpoint"
 )
 
 
@@ -246,8 +245,8 @@ class TrainStep:
         piece = math.ceil(batch / self.micro_batches)
         if piece <= 1:
             raise OutOfMemory(
-                f"out of memory at step {step} even with micro-batches of 1 sample; use a smaller model or input, "
-                "or free device memory (device.memory_fraction, other processes)"
+                f"out of memory at step {step} even with micro-batches of 1 sample; use a smaller model or input, or "
+                "free device memory (device.memory_fraction, other processes)"
             )
         self.micro_batches = min(2 * self.micro_batches, batch)  # at most one sample per piece: none left empty
         self.oom_recoveries += 1

@@ -365,14 +365,14 @@ def _gpu_lines(perf: dict, gpu: dict | None) -> list[str]:
     if names.SM_ACTIVE_MEAN in gpu:
         lines.append(
             f"- SM activity {gpu[names.SM_ACTIVE_MEAN]:.0f}%, tensor-core activity "
-            f"{gpu.get(names.TENSOR_ACTIVE_MEAN, 0):.0f}% "
-            "(NVML GPM; DCGM's guide: 80% or more is needed, under 50% is ineffective)"
+            f"{gpu.get(names.TENSOR_ACTIVE_MEAN, 0):.0f}% (NVML GPM; DCGM's guide: 80% or more is needed, under 50% "
+            "is ineffective)"
         )
     if names.GPU_IDLE_FRAC in perf:
         lines.append(
             f"- GPU idle between steps: {perf[names.GPU_IDLE_FRAC]:.0%} of step time (waiting for data "
-            f"{perf[names.GPU_IDLE_DATA_FRAC]:.0%}, the host's own work {perf[names.GPU_IDLE_HOST_FRAC]:.0%}); "
-            f"the GPU waited on kernel launches in {perf[names.LAUNCH_BOUND_FRAC]:.0%} of steps (host enqueue "
+            f"{perf[names.GPU_IDLE_DATA_FRAC]:.0%}, the host's own work {perf[names.GPU_IDLE_HOST_FRAC]:.0%}); the "
+            f"GPU waited on kernel launches in {perf[names.LAUNCH_BOUND_FRAC]:.0%} of steps (host enqueue "
             f"{perf[names.ENQUEUE_MS]:.2f} ms per step)"
         )
     return lines
@@ -412,8 +412,8 @@ def _cpu_line(f: RunFacts) -> str:
         line += f"; the host {max(f.host_cpu, f.cpu_util * f.cpus / max(f.cores, 1)):.0f}% of its {f.cores} cores"
     if f.other_cpu is not None and f.other_cpu >= OTHER_BUSY:
         line += (
-            f"; the host is busy with other processes: {f.other_cpu * f.cores / 100:.1f} of {f.cores} cores (not "
-            "this run's doing: no advice about its workers follows from it; its step times are slower for it)"
+            f"; the host is busy with other processes: {f.other_cpu * f.cores / 100:.1f} of {f.cores} cores (not this "
+            "run's doing: no advice about its workers follows from it; its step times are slower for it)"
         )
     return line
 

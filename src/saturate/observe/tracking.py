@@ -192,9 +192,9 @@ def review_hint(run_dir, watched: list[str], metrics: dict) -> str:
     if short:
         query["smoothing"] = "0"
     return (
-        f"tensorboard --logdir {logdir}, then http://localhost:6006/?{urllib.parse.urlencode(query)}#timeseries "
-        f"(loss and metrics pinned first{', unsmoothed: a short run' if short else ''}; the Custom Scalars tab is "
-        "the overview)"
+        f"tensorboard --logdir {logdir}, then http://localhost:6006/?{urllib.parse.urlencode(query)}#timeseries (loss "
+        f"and metrics pinned first{', unsmoothed: a short run' if short else ''}; the Custom Scalars tab is the "
+        "overview)"
     )
 
 

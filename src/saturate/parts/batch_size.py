@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
@@ -134,29 +135,27 @@ def restoring(model: torch.nn.Module, run: Callable[[], tuple[int, list[Trial]]]
             model.load_state_dict(saved)
 
 
-def choose(
-    cfg,
-    *,
-    key: dict,
-    samples: int,
-    world_size: int,
-    make_step: Callable,
-    optimizer,
-    pipeline,
-    fetch,
-    device: torch.device,
-    model: torch.nn.Module,
-    dist,
-    compiled: bool,
-) -> tuple[int, list[Trial]]:
-    """loader.batch_size=auto: the cached choice for `key`, or a search over real training
-    steps (`make_step()`: the run's own step, built by the same factory, that does not recover
-    from out-of-memory itself). Under DDP each rank searches on its own device with the plain
+@dataclass
+class TrialSetup:
+    """How a trial runs: a fresh step (`make_step()`: the run's own step, built by the same
+    factory, that does not recover from out-of-memory itself), its optimizer, the device
+    pipeline, and `fetch(size)`: a host batch of `size` real training samples."""
+
+    make_step: Callable
+    optimizer: Any
+    pipeline: Callable
+    fetch: Callable[[int], Any]
+    device: torch.device
+
+
+def choose(cfg, *, key: dict, samples: int, trial: TrialSetup, model: torch.nn.Module, dist, compiled: bool):
+    """loader.batch_size=auto: (the cached choice for `key`, or the size a search over real
+    training steps chose; the trials). Under DDP each rank searches on its own device with the plain
     model (no collectives in the trials: not DDP's, and SyncBatchNorm's only within the rank
     itself; `dist.alone`) and the smallest choice wins, so it fits everywhere."""
     from saturate.scale.distributed import alone
 
-    high = min(cfg.max, samples // world_size)
+    high = min(cfg.max, samples // dist.world_size)
     cache = Cache(cfg.cache, valid=valid_choice)
     hit = cache.get(key)
     if hit is not None and cfg.min <= hit["batch_size"] <= high:
@@ -167,7 +166,9 @@ def choose(
         )
         return hit["batch_size"], [Trial(**t) for t in hit["trials"]]
     start = time.perf_counter()
-    measure = measure_with(make_step(), optimizer, pipeline, fetch, steps=cfg.steps, device=device)
+    measure = measure_with(
+        trial.make_step(), trial.optimizer, trial.pipeline, trial.fetch, steps=cfg.steps, device=trial.device
+    )
     with alone(model, dist):  # SyncBatchNorm: each rank's trials are its own
         chosen, trials = restoring(
             model, lambda: search(measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety)

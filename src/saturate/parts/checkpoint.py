@@ -331,7 +331,7 @@ class Checkpointer:
         if saved_kind is not None and saved_kind != kind:
             raise CheckpointError(
                 f"trainer.resume: {path} was trained with {saved_kind}, this run's optimizer is {kind}: its state "
-                f"(momentum, step counts) cannot carry over; resume with the same optim"
+                "(momentum, step counts) cannot carry over; resume with the same optim"
             )
         # the optimizer and schedule as this run's config builds them, to apply on top of the saved state
         configured = [

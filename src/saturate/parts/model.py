@@ -41,8 +41,8 @@ def make(node: dict | None, values: dict[str, Any], given: nn.Module | Callable 
     data-derived arguments it names)."""
     if isinstance(given, nn.Module):
         log.info(
-            "model: given as an object: its initial weights were drawn before trainer.seed was applied; pass a factory "
-            "(saturate.fit(lambda: Model(...), ...)) to have them seeded"
+            "model: given as an object: its initial weights were drawn before trainer.seed was applied; pass a "
+            "factory (saturate.fit(lambda: Model(...), ...)) to have them seeded"
         )
         return given
     if given is not None:
@@ -168,16 +168,14 @@ def compiled(model: nn.Module, raw: nn.Module, batch, precision, task) -> nn.Mod
     return out
 
 
-def setup_model(
-    node: dict | None, values: dict, spec, task, precision, *, device: torch.device, trainer, dist, batch, given=None
-) -> Models:
-    """The model, built (or given), checked on two real samples of the device `batch`, on the
-    device, maybe SyncBN, DDP and compiled. Evaluated uncompiled: the compiled graph is for
+def setup_model(raw: nn.Module, spec, task, precision, *, device: torch.device, trainer, dist, batch) -> Models:
+    """The model (`make`'s), checked on two real samples of the device `batch`, on the device,
+    maybe SyncBN, DDP and compiled. Evaluated uncompiled: the compiled graph is for
     training steps of one batch shape; eval mode, no gradients and a short last batch would
     each compile it again."""
     from saturate.scale.distributed import wrap
 
-    raw = place(make(node, values, given), device=device, trainer=trainer, dist=dist)
+    raw = place(raw, device=device, trainer=trainer, dist=dist)
     check(raw, _first_two(batch), task, precision, spec)
     n_params = sum(p.numel() for p in raw.parameters())
     log.info(

@@ -52,7 +52,7 @@ def prime_state(optimizer: torch.optim.Optimizer) -> None:
     gradient itself with the default dampening of 0 (with dampening d, (1 - d) x grad
     instead of the gradient, as on every later step). torch's Adam and AdamW (fused or not)
     start from zeros and take back their step count when skipped: nothing to do there
-    (tests/test_faults.py checks all three)."""
+    (tests/loop/test_faults.py checks all three)."""
     if not isinstance(optimizer, torch.optim.SGD):
         return
     for group in optimizer.param_groups:

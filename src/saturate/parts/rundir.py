@@ -104,8 +104,8 @@ def hold(
             lock.close()
             lock = None
             refused = RunDirTaken(
-                f"run_dir: {shown(run_dir)} is in use by another run ({holder}); wait for it to end, or give this "
-                "run its own hydra.run.dir"
+                f"run_dir: {shown(run_dir)} is in use by another run ({holder}); wait for it to end, or give this run "
+                "its own hydra.run.dir"
             )
         else:
             lock.truncate(0)

@@ -135,9 +135,8 @@ def augmentation_cpu(ctx: Context) -> str:
 @check(
     "out-of-memory",
     "a real CUDA out-of-memory mid-training (memory capped by device.memory_fraction), recovered in micro-batches",
-    needs_cuda="a CPU's memory is not capped: a real out-of-memory needs a GPU (tests/test_batch_size.py covers the "
-    "recovery "
-    "logic with a simulated one)",
+    needs_cuda="a CPU's memory is not capped: a real out-of-memory needs a GPU (tests/parts/test_batch_size.py "
+    "covers the recovery logic with a simulated one)",
     timeout_s=300,
 )
 def out_of_memory(ctx: Context) -> str:
@@ -225,10 +224,13 @@ def profiler(ctx: Context) -> str:
     return f"{traces[0].name}, {traces[0].stat().st_size / 2**20:.1f} MB"
 
 
+NO_NVIDIA_GPU = "NVML is NVIDIA's driver library: there is no NVIDIA GPU here"
+
+
 @check(
     "nvml",
     "NVML: the fields the monitor reads, and GPM's SM and tensor activity where offered",
-    needs_cuda="NVML is NVIDIA's driver library: there is no NVIDIA GPU here",
+    needs_cuda=NO_NVIDIA_GPU,
 )
 def nvml(ctx: Context) -> str:
     from saturate.observe.monitor import Gpm, open_nvml, read_gpu, visible_nvml_handles

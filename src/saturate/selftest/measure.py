@@ -53,6 +53,20 @@ def _gpu(f: dict) -> str:
     return util + (f", SM {f['sm_active_mean']:.0f}%" if "sm_active_mean" in f else "")
 
 
+def _compared(ctx: Context, steps: int, first: tuple, second: tuple, note: str = "") -> tuple[str, dict]:
+    """Two configurations (label, run name, overrides) measured one after the other, in their
+    steady state: the second's gain over the first, in one line and as figures."""
+    (a_label, a_name, a_overrides), (b_label, b_name, b_overrides) = first, second
+    a = steady(ctx, a_name, *a_overrides, steps=steps)
+    b = steady(ctx, b_name, *b_overrides, steps=steps)
+    gain = b["samples_per_s"] / a["samples_per_s"]
+    line = (
+        f"{b_label} {gain:.2f}x {a_label} ({b['samples_per_s']:,.0f} vs {a['samples_per_s']:,.0f} samples/s, steady "
+        f"state{note}); {_gpu(b)}; verdicts {a['verdict']} / {b['verdict']}"
+    )
+    return line, {a_label: a, b_label: b, "gain": round(gain, 3)}
+
+
 @check(
     "amp-gain",
     "ResNet-18 on CIFAR-size data, resident: fp32 vs mixed precision (precision=amp), steps/s",
@@ -62,30 +76,19 @@ def _gpu(f: dict) -> str:
 )
 def amp_gain(ctx: Context):
     common = ["model=resnet18", "loader=resident", "loader.batch_size=256"]
-    fp32 = steady(ctx, "amp-fp32", *common, "precision=fp32", steps=1000)  # each over 10 s: ten NVML samples at least
-    amp = steady(ctx, "amp-amp", *common, "precision=amp", steps=1000)
-    gain = amp["samples_per_s"] / fp32["samples_per_s"]
-    return (
-        f"amp {gain:.2f}x fp32 ({amp['samples_per_s']:,.0f} vs {fp32['samples_per_s']:,.0f} samples/s); "
-        f"{_gpu(amp)}; verdicts {fp32['verdict']} / {amp['verdict']}"
-    ), {"fp32": fp32, "amp": amp, "gain": round(gain, 3)}
+    # each over 10 s: ten NVML samples at least
+    return _compared(
+        ctx, 1000, ("fp32", "amp-fp32", [*common, "precision=fp32"]), ("amp", "amp-amp", [*common, "precision=amp"])
+    )
 
 
-@check(
-    "compile-gain",
-    "experiment=fast (airbench, batch 512) with and without torch.compile, steps/s",
-    kind="measure",
-    estimate_s=90,
-    timeout_s=500,
-)
+COMPILE = "experiment=fast (airbench, batch 512) with and without torch.compile, steps/s"
+
+
+@check("compile-gain", COMPILE, kind="measure", estimate_s=90, timeout_s=500)
 def compile_gain(ctx: Context):
-    eager = steady(ctx, "fast-eager", "experiment=fast", "trainer.compile=false", steps=800)
-    compiled = steady(ctx, "fast-compiled", "experiment=fast", steps=800)
-    gain = compiled["samples_per_s"] / eager["samples_per_s"]
-    return (
-        f"compiled {gain:.2f}x eager ({compiled['samples_per_s']:,.0f} vs {eager['samples_per_s']:,.0f} samples/s, "
-        f"steady state, compile time apart); {_gpu(compiled)}; verdict {compiled['verdict']}"
-    ), {"eager": eager, "compiled": compiled, "gain": round(gain, 3)}
+    eager = ("eager", "fast-eager", ["experiment=fast", "trainer.compile=false"])
+    return _compared(ctx, 800, eager, ("compiled", "fast-compiled", ["experiment=fast"]), note=", compile time apart")
 
 
 @check(
@@ -147,8 +150,8 @@ def augmentation_224(ctx: Context):
     step = f.get("step", {})
     return (
         f"batched {batched['vs_best_per_sample']:.1f}x the best per-sample placement; augmentation "
-        f"{100 * step.get('augmentation_share', 0):.1f}% of a {step.get('model')} step "
-        f"({step.get('step_ms', 0):.0f} ms)"
+        f"{100 * step.get('augmentation_share', 0):.1f}% of a {step.get('model')} step ({step.get('step_ms', 0):.0f} "
+        "ms)"
     ), f
 
 
@@ -208,6 +211,6 @@ def tune_vs_hand(ctx: Context):
     hand = steady(ctx, "hand-picked", "experiment=fast", *model, steps=500)
     ratio = tuned["samples_per_s"] / hand["samples_per_s"]
     return (
-        f"tuned {ratio:.2f}x the hand-picked settings ({tuned['samples_per_s']:,.0f} vs "
-        f"{hand['samples_per_s']:,.0f} samples/s); verdicts {tuned['verdict']} / {hand['verdict']}"
+        f"tuned {ratio:.2f}x the hand-picked settings ({tuned['samples_per_s']:,.0f} vs {hand['samples_per_s']:,.0f} "
+        f"samples/s); verdicts {tuned['verdict']} / {hand['verdict']}"
     ), {"tuned": tuned, "hand": hand, "ratio": round(ratio, 3)}

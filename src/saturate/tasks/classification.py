@@ -57,9 +57,9 @@ class Classification(Task):
         if not isinstance(outputs, torch.Tensor) or outputs.shape != (len(targets), self.num_classes):
             shape = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
             raise UserError(
-                f"model: {type(model).__name__} returns outputs of shape {shape} for a batch of {len(targets)}; task="
-                f"classification with {self.num_classes} classes needs {(len(targets), self.num_classes)} (the model's "
-                "num_classes/num_outputs argument)"
+                f"model: {type(model).__name__} returns outputs of shape {shape} for a batch of {len(targets)}; "
+                f"task=classification with {self.num_classes} classes needs {(len(targets), self.num_classes)} (the "
+                "model's num_classes/num_outputs argument)"
             )
         if self.loss_fn is not None:
             return self.loss_fn(outputs, targets), outputs

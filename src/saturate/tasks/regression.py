@@ -64,8 +64,8 @@ class Regression(Task):
             shape = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
             per = targets[0].numel() if len(targets) else 1
             raise UserError(
-                f"model: {type(model).__name__} returns outputs of shape {shape} for a batch of {len(targets)}; task="
-                f"regression with targets of shape {tuple(targets.shape[1:])} needs {per} value(s) per sample"
+                f"model: {type(model).__name__} returns outputs of shape {shape} for a batch of {len(targets)}; "
+                f"task=regression with targets of shape {tuple(targets.shape[1:])} needs {per} value(s) per sample"
             )
         if outputs.shape != targets.shape:
             outputs = outputs.reshape(targets.shape)

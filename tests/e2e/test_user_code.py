@@ -18,8 +18,8 @@ from torch.utils.data import Dataset
 
 import saturate
 from saturate.errors import ConfigError, DataError, UserError
-from tests.conftest import TINY, compose_config, read_metrics, run_cli
-from tests.test_train import events
+from tests.compose.test_run import events
+from tests.conftest import ROOT, TINY, compose_config, read_metrics, run_cli
 
 PACKAGE = {
     "sensorpkg/__init__.py": "",
@@ -149,7 +149,7 @@ def test_loader_resident_materialises_any_dataset(user_package, tmp_path):
 
 def test_a_model_taking_only_num_classes(tmp_path):
     """A timm-style factory: only `num_classes`; saturate passes nothing else."""
-    root = Path(__file__).resolve().parents[1] / "examples" / "my_images" / "conf"
+    root = ROOT / "examples" / "my_images" / "conf"
     cfg = compose_config([*TINY, f"hydra.searchpath=[file://{root}]", "experiment=my_images", f"run_dir={tmp_path}"])
     metrics = saturate.train(cfg)
     assert metrics["progress/step"] == 3 and read_metrics(tmp_path)["status"] == "completed"
@@ -300,8 +300,8 @@ def test_a_custom_logger_gets_what_tensorboard_gets_and_callbacks_see_the_run(us
 
 def test_loggers_and_callbacks_from_the_config(user_package, tmp_path):
     (user_package / "sensorpkg" / "hooks.py").write_text(
-        "import json\nclass Ends:\n    def __init__(self, path):\n        self.path = path\n"
-        "    def on_run_end(self, run, metrics):\n        open(self.path, 'w').write(json.dumps(metrics['status']))\n"
+        "import json\nclass Ends:\n    def __init__(self, path):\n        self.path = path\n    def on_run_end(self, "
+        "run, metrics):\n        open(self.path, 'w').write(json.dumps(metrics['status']))\n"
     )
     out = tmp_path / "ended.json"
     cfg = user_cfg(

@@ -83,7 +83,7 @@ def host_reads(monkeypatch):
 
 
 def example(name: str) -> list[str]:
-    """An example's experiment from its own config dir (tests/test_examples.py runs them)."""
+    """An example's experiment from its own config dir (tests/e2e/test_examples.py runs them)."""
     return [
         f"hydra.searchpath=[file://{ROOT / 'examples' / name / 'conf'}]",
         f"experiment={name}",

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.compose.test_run import events
 from tests.conftest import ROOT, TINY, read_metrics, run_cli
-from tests.test_distributed import torchrun
-from tests.test_train import events
+from tests.scale.test_distributed import torchrun
 
 EXAMPLES = [  # (folder, experiment, task, a metric it logs, a test metric it logs or None)
     ("timeseries", "co2", "regression", "val/rmse", None),
@@ -145,16 +145,10 @@ def test_gray128_fit_and_cli_run_the_same_with_the_users_kornia_transforms(tmp_p
 @pytest.mark.slow
 def test_a_user_dataset_under_ddp(tmp_path):
     """Two gloo processes on the sequence example: one run dir, identical parameters."""
-    conf = ROOT / "examples" / "sequences" / "conf"
-    result = torchrun(
-        f"hydra.searchpath=[file://{conf}]",
-        "experiment=digit_rows",
-        "trainer.max_epochs=4",
-        "trainer.progress=false",
-        f"hydra.run.dir={tmp_path / 'run'}",
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT)},
-    )
+    example = [f"hydra.searchpath=[file://{ROOT / 'examples' / 'sequences' / 'conf'}]", "experiment=digit_rows"]
+    args = [*example, "trainer.max_epochs=4", "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}"]
+    result = torchrun(*args, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = read_metrics(tmp_path / "run")
     assert metrics["distributed/params_identical"] == 1.0 and metrics["world_size"] == 2 and metrics["val/acc"] > 0.5
+

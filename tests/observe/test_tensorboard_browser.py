@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.test_sweep import QUICK, tensorboard
+from tests.observe.test_sweep import QUICK, tensorboard
 
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -18,8 +18,8 @@ import torch
 
 import saturate
 from saturate.observe.monitor import analyse
+from tests.compose.test_run import events
 from tests.conftest import ROOT, read_metrics
-from tests.test_train import events
 
 FAKE_NVML = '''
 """A scripted stand-in for pynvml: two GPUs whose utilisation follows FAKE_NVML_UTIL."""
@@ -112,17 +112,19 @@ def test_monitor_script_without_a_gpu_says_so_and_exits_non_zero():
     assert "monitor_gpu: no NVIDIA GPU to watch" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_monitor_script_lines_analysis_and_csv(fake_nvml, tmp_path):
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{fake_nvml}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        "FAKE_NVML_UTIL": "90,95,91,96",
-    }
+def monitor_script(fake_nvml, out, seconds: float, **fake) -> subprocess.CompletedProcess:
+    """scripts/monitor_gpu.py over the fake NVML (`fake`: its FAKE_NVML_* settings), CSV to `out`."""
+    env = {**os.environ, "PYTHONPATH": f"{fake_nvml}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.update({f"FAKE_NVML_{k.upper()}": v for k, v in fake.items()})
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    out = tmp_path / "gpu.csv"
-    args = ["--interval", "0.05", "--duration", "0.5", "--csv", str(out)]
+    args = ["--interval", "0.05", "--duration", str(seconds), "--csv", str(out)]
     script = str(ROOT / "scripts/monitor_gpu.py")
-    result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_monitor_script_lines_analysis_and_csv(fake_nvml, tmp_path):
+    out = tmp_path / "gpu.csv"
+    result = monitor_script(fake_nvml, out, 0.5, util="90,95,91,96")
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if "  gpu0  util" in line]
     assert len(lines) >= 4 and "power   250 W" in lines[0] and "sm 1,980 MHz" in lines[0]
@@ -135,21 +137,8 @@ def test_monitor_script_lines_analysis_and_csv(fake_nvml, tmp_path):
 
 def test_monitor_script_shows_what_nvml_gives_when_it_refuses_a_field(fake_nvml, tmp_path):
     """A MIG slice refuses power and clocks: the script raised KeyError on its first line."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{fake_nvml}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        "FAKE_NVML_REFUSE": "power,clock",
-    }
-    env.pop("CUDA_VISIBLE_DEVICES", None)
     out = tmp_path / "gpu.csv"
-    args = ["--interval", "0.05", "--duration", "0.3", "--csv", str(out)]
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/monitor_gpu.py"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    result = monitor_script(fake_nvml, out, 0.3, refuse="power,clock")
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     line = next(line for line in result.stdout.splitlines() if "  gpu0  util" in line)
     assert "power     - W" in line and "sm     - MHz" in line and "temp  61 C" in line and "-> stable" in result.stdout

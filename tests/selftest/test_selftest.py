@@ -49,7 +49,7 @@ def test_a_check_that_hangs_raises_or_dies_is_one_row_and_the_rest_still_run(tmp
     out = tmp_path / "st"
     done = selftest(
         "--checks",
-        "tests.selftest_checks",
+        "tests.selftest.selftest_checks",
         "--only",
         "user-hangs,user-raises,user-dies,user-skips,precision-fp32,user-passes",
         out=out,

@@ -16,8 +16,8 @@ import torch
 import saturate
 from saturate.loop.faults import Preempted
 from saturate.parts import checkpoint
-from tests.conftest import ROOT, read_metrics, run_cli
-from tests.test_train import events
+from tests.compose.test_run import events
+from tests.conftest import read_metrics, run_cli, stopped_after_first_save
 
 # digits, 11 steps per epoch, every step's loss logged
 EXACT = [
@@ -58,7 +58,7 @@ class SignalAt:
 def signal_at(step: int, signum: int = signal.SIGUSR1) -> list[str]:
     """The overrides that add a SignalAt callback to a run."""
     return [
-        "+callbacks.signal._target_=tests.test_resume.SignalAt",
+        "+callbacks.signal._target_=tests.parts.test_resume.SignalAt",
         f"+callbacks.signal.step={step}",
         f"+callbacks.signal.signum={int(signum)}",
     ]
@@ -123,20 +123,8 @@ def test_resume_auto_without_a_checkpoint_starts_fresh(make_cfg):
 def test_sigterm_saves_exits_143_and_the_resumed_run_equals_the_uninterrupted_one(tmp_path):
     args = [*EXACT, "trainer.max_epochs=4", "trainer.progress=false"]
     run_dir = tmp_path / "interrupted"
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoints" / "last.pt").exists():  # the first epoch is done
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out = "".join(proc.communicate(timeout=120))  # Hydra logs to stdout
-    assert proc.returncode == 143, out
+    returncode, out = stopped_after_first_save(args, run_dir, tmp_path)
+    assert returncode == 143, out
     assert "SIGTERM at step" in out and f"saved {run_dir / 'checkpoints' / 'last.pt'} in" in out
     stopped_at = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["step"]
     assert 11 <= stopped_at < 44

@@ -1,5 +1,5 @@
-"""Checks of a user's own (`saturate selftest --checks tests.selftest_checks`) that misbehave
-in every way a check can, for tests/test_selftest.py: one hangs (with a child process of its
+"""Checks of a user's own (`saturate selftest --checks tests.selftest.selftest_checks`) that misbehave
+in every way a check can, for tests/selftest/test_selftest.py: one hangs (with a child process of its
 own), one raises, one kills its interpreter, one is skipped, one passes."""
 
 from __future__ import annotations

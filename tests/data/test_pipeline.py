@@ -14,12 +14,12 @@ import torch
 import saturate
 from saturate.config.schema import LoaderConfig
 from saturate.data.base import ImageTensors
-from saturate.data.loader import DevicePipeline, ResidentLoader, ResumableSampler
+from saturate.data.loader import DevicePipeline, ResidentLoader, ResumableSampler, Shard
 from saturate.errors import ConfigError, DataError
 from saturate.observe.report import RunFacts, diagnose, render
 from scripts.make_image_folder import write_digits
+from tests.compose.test_run import events
 from tests.conftest import read_metrics, run_cli
-from tests.test_train import events
 
 LOADERS = ["default", "fast", "debug", "resident"]
 
@@ -133,13 +133,11 @@ def test_resident_order_is_the_distributed_samplers(n, world):
     shards = []
     for rank in range(world):
         pipeline = DevicePipeline(torch.device("cpu"), [0.5], [0.25], non_blocking=True, channels_last=False)
-        loader = ResidentLoader(data, cfg, pipeline, train=True, seed=5, rank=rank, world_size=world)
+        loader = ResidentLoader(data, cfg, pipeline, train=True, shard=Shard(5, rank, world))
         sampler = ResumableSampler(data, batch_size=2, shuffle=True, seed=5, rank=rank, world_size=world, keyed=False)
         sampler.set_epoch(3)
         assert loader.order(3).tolist() == list(sampler)
-        shards += (
-            ResidentLoader(data, cfg, pipeline, train=False, seed=5, rank=rank, world_size=world).order(0).tolist()
-        )
+        shards += ResidentLoader(data, cfg, pipeline, train=False, shard=Shard(5, rank, world)).order(0).tolist()
     assert sorted(shards) == list(range(n))  # evaluation: every sample once, no padding
 
 

@@ -705,32 +705,32 @@ def test_a_file_name_that_is_not_utf8_is_logged_escaped(tmp_path):
 # answer it: this list is the index, and the test below keeps it from naming a test that is gone.
 HOSTILE_CASES = {
     "1 a skipped first step (fused SGD, AdamW, Adam; fp16's first overflow; deterministic and not)": [
-        "test_faults.py::test_a_skipped_first_step_leaves_the_optimizer_as_new",
-        "test_faults.py::test_a_run_whose_first_step_is_skipped_trains_on",
-        "test_faults.py::test_an_fp16_overflow_at_the_first_step_leaves_fused_sgd_momentum_clean",
+        "loop/test_faults.py::test_a_skipped_first_step_leaves_the_optimizer_as_new",
+        "loop/test_faults.py::test_a_run_whose_first_step_is_skipped_trains_on",
+        "loop/test_faults.py::test_an_fp16_overflow_at_the_first_step_leaves_fused_sgd_momentum_clean",
     ],
     "2 a shard index that would run shell commands; nothing read runs code": [
-        "test_shards.py::test_a_shard_url_with_a_scheme_is_refused_and_nothing_runs",
-        "test_shards.py::test_nothing_in_a_shard_is_unpickled",
-        "test_reliability.py::test_a_checkpoint_that_would_run_code_is_refused_and_others_are_never_opened",
-        "test_reliability.py::test_a_cifar_batch_that_would_run_code_is_refused",
+        "data/test_shards.py::test_a_shard_url_with_a_scheme_is_refused_and_nothing_runs",
+        "data/test_shards.py::test_nothing_in_a_shard_is_unpickled",
+        "hostile/test_never_lose_a_run.py::test_a_checkpoint_that_would_run_code_is_refused_and_others_are_never_opened",
+        "hostile/test_never_lose_a_run.py::test_a_cifar_batch_that_would_run_code_is_refused",
     ],
     "3 hydra.searchpath carried by tune trials, trainer.devices ranks and the resume command": [
-        "test_command_line.py::test_the_command_line_holds_hydras_overrides_but_not_where_the_run_went",
-        "test_command_line.py::test_the_printed_resume_command_runs_verbatim_with_a_users_config_dir",
-        "test_command_line.py::test_trainer_devices_ranks_compose_with_the_users_config_dir",
-        "test_command_line.py::test_tune_trials_compose_with_the_users_config_dir",
+        "config/test_invocation.py::test_the_command_line_holds_hydras_overrides_but_not_where_the_run_went",
+        "config/test_invocation.py::test_the_printed_resume_command_runs_verbatim_with_a_users_config_dir",
+        "config/test_invocation.py::test_trainer_devices_ranks_compose_with_the_users_config_dir",
+        "config/test_invocation.py::test_tune_trials_compose_with_the_users_config_dir",
     ],
     "4 a fresh run into a finished run's dir; a mistake while resuming": [
-        "test_run_dir.py::test_a_fresh_run_into_a_finished_runs_dir_is_refused_and_changes_nothing",
-        "test_run_dir.py::test_trainer_restart_starts_the_run_over",
-        "test_run_dir.py::test_a_mistake_while_resuming_keeps_the_finished_runs_record",
-        "test_run_dir.py::test_the_cli_refuses_in_one_line",
+        "parts/test_rundir.py::test_a_fresh_run_into_a_finished_runs_dir_is_refused_and_changes_nothing",
+        "parts/test_rundir.py::test_trainer_restart_starts_the_run_over",
+        "parts/test_rundir.py::test_a_mistake_while_resuming_keeps_the_finished_runs_record",
+        "parts/test_rundir.py::test_the_cli_refuses_in_one_line",
     ],
-    "5 two runs in one dir": ["test_run_dir.py::test_a_second_run_into_a_dir_in_use_is_refused"],
+    "5 two runs in one dir": ["parts/test_rundir.py::test_a_second_run_into_a_dir_in_use_is_refused"],
     "6 a broken image in a shard; make_shards' check": [
-        "test_shards.py::test_a_sample_that_does_not_decode_is_skipped_named_and_left_out_next_time",
-        "test_shards.py::test_make_shards_refuses_what_the_reader_would",
+        "data/test_shards.py::test_a_sample_that_does_not_decode_is_skipped_named_and_left_out_next_time",
+        "data/test_shards.py::test_make_shards_refuses_what_the_reader_would",
     ],
     "7 tune.preset over another file; a tampered tune cache; SIGINT in the confirmation; unconfirmed speed-ups": [
         "test_tune.py::test_a_preset_never_overwrites_a_file_tune_did_not_write",
@@ -739,31 +739,31 @@ HOSTILE_CASES = {
         "test_tune.py::test_an_interrupt_during_the_confirmation_stops_at_once_and_claims_nothing",
     ],
     "8 mistakes found at start-up": [
-        "test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",
-        "test_bad_input.py::test_a_class_index_past_the_outputs_mid_run_is_one_message",
-        "test_shards.py::test_a_class_outside_the_index_is_one_message_naming_the_sample",
+        "hostile/test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",
+        "hostile/test_bad_input.py::test_a_class_index_past_the_outputs_mid_run_is_one_message",
+        "data/test_shards.py::test_a_class_outside_the_index_is_one_message_naming_the_sample",
     ],
     "9 files saturate wrote, tampered": [
         "test_tune.py::test_a_cache_file_of_any_shape_is_measured_again_with_a_warning",
-        "test_bad_input.py::test_a_tampered_skip_log_is_passed_over_line_by_line",
-        "test_bad_input.py::test_a_tampered_image_index_cache_is_rebuilt_with_a_warning",
-        "test_shards.py::test_a_bad_index_is_one_line_naming_the_file_and_field",
-        "test_shards.py::test_an_index_that_counts_more_samples_than_its_shard_holds_names_the_field",
+        "hostile/test_bad_input.py::test_a_tampered_skip_log_is_passed_over_line_by_line",
+        "hostile/test_bad_input.py::test_a_tampered_image_index_cache_is_rebuilt_with_a_warning",
+        "data/test_shards.py::test_a_bad_index_is_one_line_naming_the_file_and_field",
+        "data/test_shards.py::test_an_index_that_counts_more_samples_than_its_shard_holds_names_the_field",
     ],
     "10 processes and signals": [
-        "test_distributed.py::test_sigterm_to_the_trainer_devices_launcher_saves_and_exits_143",
-        "test_distributed.py::test_when_one_rank_fails_the_others_say_one_line_and_the_launcher_names_its_log",
-        "test_bad_input.py::test_a_hung_callback_cannot_keep_a_run_alive_through_sigterm",
-        "test_bad_input.py::test_fit_inside_a_users_hydra_app_trains",
+        "scale/test_distributed.py::test_sigterm_to_the_trainer_devices_launcher_saves_and_exits_143",
+        "scale/test_distributed.py::test_when_one_rank_fails_the_others_say_one_line_and_the_launcher_names_its_log",
+        "hostile/test_bad_input.py::test_a_hung_callback_cannot_keep_a_run_alive_through_sigterm",
+        "hostile/test_bad_input.py::test_fit_inside_a_users_hydra_app_trains",
         # fit's string overrides, loss name, devices
-        "test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",
-        "test_bad_input.py::test_a_regression_loss_by_name_through_fit_works",
+        "hostile/test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",
+        "hostile/test_bad_input.py::test_a_regression_loss_by_name_through_fit_works",
     ],
     "11 messages": [
-        "test_bad_input.py::test_a_full_disk_names_the_file_and_leaves_no_temporary",
-        "test_bad_input.py::test_a_run_dir_name_over_the_file_systems_limit_is_one_line",
-        "test_bad_input.py::test_a_file_name_that_is_not_utf8_is_logged_escaped",
-        "test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",  # NaN targets, model.width=abc
+        "hostile/test_bad_input.py::test_a_full_disk_names_the_file_and_leaves_no_temporary",
+        "hostile/test_bad_input.py::test_a_run_dir_name_over_the_file_systems_limit_is_one_line",
+        "hostile/test_bad_input.py::test_a_file_name_that_is_not_utf8_is_logged_escaped",
+        "hostile/test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",  # NaN targets, model.width=abc
     ],
 }
 
@@ -775,6 +775,6 @@ def test_every_hostile_case_names_tests_that_exist():
         assert tests, item
         for test in tests:
             module, _, name = test.partition("::")
-            assert callable(getattr(importlib.import_module(f"tests.{module.removesuffix('.py')}"), name, None)), (
-                f"{item}: {test}"
-            )
+            assert callable(
+                getattr(importlib.import_module("tests." + module.removesuffix(".py").replace("/", ".")), name, None)
+            ), f"{item}: {test}"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.compose.test_run import session_hparams
 from tests.conftest import CONF, ROOT, TINY, run_cli
-from tests.test_train import session_hparams
 
 QUICK = [o for o in TINY if not o.startswith(("loader.batch_size", "loader.num_workers"))]
 

@@ -17,7 +17,7 @@ from saturate.config.schema import OptimConfig
 from saturate.parts.batch_size import Cache, Trial, search
 from saturate.parts.device import OutOfMemory
 from saturate.parts.optim import scaled_lr
-from tests.test_train import events
+from tests.compose.test_run import events
 
 
 def fake_measure(oom_above: int, rate, tried: list[int]):
@@ -97,7 +97,7 @@ def test_auto_batch_size_fits_leaves_the_run_as_if_it_had_not_searched_and_cache
         f"batch_search.cache={cache}",
         "batch_search.min_gain=0",
         "batch_search.steps=1",
-        "+callbacks.initial._target_=tests.test_batch_size.InitialWeights",
+        "+callbacks.initial._target_=tests.parts.test_batch_size.InitialWeights",
         "trainer.deterministic=true",
     ]
     oom_above(monkeypatch, 300)

@@ -14,9 +14,9 @@ import torch
 
 import saturate
 from saturate.loop.faults import Preempted
+from tests.compose.test_run import events
 from tests.conftest import ROOT, TINY, read_metrics, run_cli
-from tests.test_resume import EXACT, final_weights, signal_at, step_losses
-from tests.test_train import events
+from tests.parts.test_resume import EXACT, final_weights, signal_at, step_losses
 
 # min_delta 1.0: accuracy can never improve by more than 1, so the first evaluation is the best
 # and the run stops after `patience` more (training itself is untouched)
@@ -95,7 +95,7 @@ def test_ema_is_what_is_evaluated_and_checkpointed(make_cfg):
     cfg = make_cfg(
         "callbacks=[ema]",
         "callbacks.ema.decay=0.9",
-        "+callbacks.trained._target_=tests.test_callbacks.Trained",
+        "+callbacks.trained._target_=tests.callbacks.test_callbacks.Trained",
         "trainer.max_epochs=2",
         "trainer.deterministic=true",
     )
@@ -201,7 +201,7 @@ def test_a_callback_that_raises_is_one_line_with_last_pt_saved(tmp_path):
     result = run_cli(
         *TINY,
         "trainer.max_epochs=2",
-        "+callbacks.flaky._target_=tests.test_callbacks.Raises",
+        "+callbacks.flaky._target_=tests.callbacks.test_callbacks.Raises",
         f"hydra.run.dir={tmp_path / 'run'}",
         cwd=ROOT,
     )

@@ -19,7 +19,7 @@ from saturate.observe.monitor import Gpm, ResourceMonitor
 from saturate.observe.report import diagnose, render
 from saturate.observe.timing import StepTimer
 from saturate.parts.precision import Precision
-from tests.test_pipeline import facts, perf
+from tests.data.test_pipeline import facts, perf
 
 
 def test_load_from_other_processes_is_named_and_never_turned_into_worker_advice():

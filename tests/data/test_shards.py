@@ -21,7 +21,7 @@ from saturate.data.image_folder import load_image_folder
 from saturate.data.shards import load_shards
 from scripts.make_image_folder import write_digits
 from tests.conftest import ROOT, read_metrics
-from tests.test_resume import EXACT, final_weights, interrupted_then_resumed, step_losses
+from tests.parts.test_resume import EXACT, final_weights, interrupted_then_resumed, step_losses
 
 pytest.importorskip("wids")
 
@@ -81,24 +81,9 @@ def test_shards_hold_the_folders_split_sample_for_sample(shards):
     assert train.classes == f_train.classes and train.mean == pytest.approx(f_train.mean, abs=0.005)
 
 
-def test_training_on_shards_with_workers(make_cfg, shards):
-    _, out = shards
-    cfg = make_cfg(
-        "data=shards",
-        f"data.train={out / 'train.json'}",
-        f"data.val={out / 'val.json'}",
-        "data.image_size=16",
-        "loader.num_workers=2",
-        "model.width=8",
-    )
-    metrics = saturate.train(cfg)
-    assert metrics["progress/step"] == 3 and read_metrics(cfg.run_dir)["data"] == "shards"
-
-
-@pytest.mark.slow
-def test_a_run_on_shards_resumed_mid_epoch_equals_the_uninterrupted_one(make_cfg, monkeypatch, shards):
-    _, out = shards
-    overrides = [
+def on_shards(out) -> list[str]:
+    """data=shards over the shards in `out`, small images, two workers."""
+    return [
         "data=shards",
         f"data.train={out / 'train.json'}",
         f"data.val={out / 'val.json'}",
@@ -106,6 +91,19 @@ def test_a_run_on_shards_resumed_mid_epoch_equals_the_uninterrupted_one(make_cfg
         "loader.num_workers=2",
         "model.width=8",
     ]
+
+
+def test_training_on_shards_with_workers(make_cfg, shards):
+    _, out = shards
+    cfg = make_cfg(*on_shards(out))
+    metrics = saturate.train(cfg)
+    assert metrics["progress/step"] == 3 and read_metrics(cfg.run_dir)["data"] == "shards"
+
+
+@pytest.mark.slow
+def test_a_run_on_shards_resumed_mid_epoch_equals_the_uninterrupted_one(make_cfg, monkeypatch, shards):
+    _, out = shards
+    overrides = on_shards(out)
     full = make_cfg(*EXACT, *overrides)
     saturate.train(full)
     first, second = interrupted_then_resumed(make_cfg, monkeypatch, overrides, 16)

@@ -274,9 +274,8 @@ def test_a_resident_epoch_starts_without_a_host_device_sync():
     loader = ResidentLoader(
         data,
         LoaderConfig(batch_size=64, resident=True),
-        PlainPipeline(device, non_blocking=True, target_dtype=torch.int64),
+        PlainPipeline(device, non_blocking=True),
         train=True,
-        seed=0,
     )
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

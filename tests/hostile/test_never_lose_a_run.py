@@ -22,8 +22,8 @@ from torch.utils.data import Dataset
 import saturate
 from saturate.errors import CheckpointError, DataError
 from saturate.loop.faults import TrainingDiverged
+from tests.compose.test_run import events
 from tests.conftest import ROOT, TINY, read_metrics
-from tests.test_train import events
 
 
 class Payload:

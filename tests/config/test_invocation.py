@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ from omegaconf import open_dict
 
 from saturate.compose.run import resume_hint
 from saturate.config.invocation import from_hydra
-from tests.conftest import CONF, ROOT, TINY, read_metrics, run_cli
+from tests.conftest import CONF, ROOT, TINY, read_metrics, run_cli, stopped_after_first_save
 
 
 def user_conf(tmp_path: Path) -> Path:
@@ -82,20 +80,8 @@ def test_the_printed_resume_command_runs_verbatim_with_a_users_config_dir(tmp_pa
         "model.width=8",
         "loader.num_workers=0",
     ]
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoints" / "last.pt").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out = "".join(proc.communicate(timeout=120))
-    assert proc.returncode == 143, out[-3000:]
+    returncode, out = stopped_after_first_save(args, run_dir, tmp_path)
+    assert returncode == 143, out[-3000:]
     hint = out.split("resume with: ", 1)[1].splitlines()[0]
     assert f"hydra.searchpath=[file://{conf}]" in hint
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"

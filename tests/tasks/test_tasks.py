@@ -16,9 +16,9 @@ from saturate.data import pad_collate
 from saturate.errors import UserError
 from saturate.loop.evaluate import joined
 from saturate.tasks.base import Task
+from tests.compose.test_run import events
 from tests.conftest import TINY, read_metrics, run_cli
-from tests.test_bad_input import Samples, fit, mlp, windows
-from tests.test_train import events
+from tests.hostile.test_bad_input import Samples, fit, mlp, windows
 
 
 def digits_like(n: int = 256, seed: int = 0) -> TensorDataset:
@@ -134,7 +134,7 @@ class Named(torch.nn.Module):
 def test_data_info_fills_a_models_own_argument_names(make_cfg, tmp_path):
     (tmp_path / "conf" / "model").mkdir(parents=True)
     (tmp_path / "conf" / "model" / "named.yaml").write_text(
-        "_target_: tests.test_tasks.Named\nwindow_size: ${data_info:input_shape.1}\nnum_features: "
+        "_target_: tests.tasks.test_tasks.Named\nwindow_size: ${data_info:input_shape.1}\nnum_features: "
         "${data_info:input_shape.2}\noutput_size: ${data_info:num_classes}\n"
     )
     cfg = make_cfg(
@@ -233,15 +233,8 @@ def test_a_user_task_trains_dict_batches_of_variable_length(tmp_path):
         "optim=adamw",
         "optim.optimizer.lr=0.05",
     ]
-    metrics = fit(
-        MaskedMean,
-        Pairs(128),
-        Pairs(32, 1),
-        task=LengthAware(),
-        collate=pad_collate,
-        run_dir=tmp_path,
-        overrides=overrides,
-    )
+    padded = {"task": LengthAware(), "collate": pad_collate, "run_dir": tmp_path}
+    metrics = fit(MaskedMean, Pairs(128), Pairs(32, 1), overrides=overrides, **padded)
     first = min(e.step for e in events(tmp_path).Scalars("val/mse"))
     assert metrics["val/mse"] < 0.1 * dict((e.step, e.value) for e in events(tmp_path).Scalars("val/mse"))[first]
     assert read_metrics(tmp_path)["task"] == "length_aware"
@@ -259,15 +252,8 @@ def test_samples_that_do_not_stack_name_the_field_and_the_fix(tmp_path):
 
 def test_loader_resident_with_variable_length_samples_is_a_start_up_error(tmp_path):
     with pytest.raises(UserError) as err:
-        fit(
-            MaskedMean,
-            Pairs(64),
-            Pairs(16, 1),
-            task=LengthAware(),
-            collate=pad_collate,
-            run_dir=tmp_path,
-            overrides=[*TINY, "loader=resident"],
-        )
+        padded = {"task": LengthAware(), "collate": pad_collate, "run_dir": tmp_path}
+        fit(MaskedMean, Pairs(64), Pairs(16, 1), overrides=[*TINY, "loader=resident"], **padded)
     assert "resident" in one_line(err) and "variable length" in one_line(err)
 
 

@@ -20,7 +20,7 @@ import torch
 
 import saturate
 from tests.conftest import CONF, ROOT, run_cli
-from tests.test_resume import final_weights, step_losses
+from tests.parts.test_resume import final_weights, step_losses
 
 pytestmark = pytest.mark.slow
 
@@ -333,7 +333,7 @@ def test_files_skipped_on_another_rank_are_counted_in_the_run(tmp_path):
     """Validation is sharded (rank r reads every other image from r), so both broken files of
     this validation folder are met by rank 1 only; rank 0's metrics count them through the
     folder's shared skip log."""
-    from tests.test_image_folder import photo
+    from tests.data.test_image_folder import photo
 
     for part, names in (("train", [f"{i}.jpg" for i in range(6)]), ("val", ["0.jpg", "1.jpg"])):
         for label in ("a", "b"):
@@ -442,7 +442,7 @@ def test_dict_batches_with_a_padding_collate_train_under_ddp_and_resume_bit_exac
     """The sign example (dict samples of variable length, pad_collate, CTC) in two gloo
     processes: interrupted in the middle of its second epoch by a signal to both ranks, then
     resumed, it ends as the uninterrupted two-process run, bit for bit."""
-    from tests.test_resume import signal_at
+    from tests.parts.test_resume import signal_at
 
     conf = ROOT / "examples" / "sign" / "conf"
     args = [

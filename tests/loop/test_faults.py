@@ -21,8 +21,8 @@ from saturate.loop.faults import NonFiniteGuard, TrainingDiverged
 from saturate.loop.step import TrainStep
 from saturate.parts import checkpoint
 from saturate.parts.precision import Precision
+from tests.compose.test_run import events
 from tests.conftest import TINY
-from tests.test_train import events
 
 
 class Snapshots:
@@ -73,8 +73,8 @@ def poison_loss(bad_steps: set[int]) -> list[str]:
     loss is the user's own (task.loss), a callback counts the steps."""
     StepCount.current, PoisonedLoss.bad_steps = 0, set(bad_steps)
     return [
-        "task.loss={_target_:tests.test_faults.PoisonedLoss}",
-        "+callbacks.count._target_=tests.test_faults.StepCount",
+        "task.loss={_target_:tests.loop.test_faults.PoisonedLoss}",
+        "+callbacks.count._target_=tests.loop.test_faults.StepCount",
     ]
 
 
@@ -89,7 +89,7 @@ def test_a_non_finite_step_is_skipped_counted_and_leaves_the_weights_alone(make_
         "optim.warmup_epochs=0",
         f"optim.optimizer.fused={str(fused).lower()}",
         *overrides,
-        "+callbacks.snapshots._target_=tests.test_faults.Snapshots",
+        "+callbacks.snapshots._target_=tests.loop.test_faults.Snapshots",
     )
     metrics = saturate.train(cfg)
     taken = Snapshots.taken

@@ -287,7 +287,7 @@ def test_hparams_hold_the_values_used_and_the_compared_metrics(make_cfg):
     assert hp["loader.num_workers"] == 0 and hp["augmentation.preset"] == "none"
     # booleans read true/false, not 0.0000
     assert hp["trainer.channels_last"] == "true" and hp["trainer.compile"] == "false"
-    # train(cfg) of a composed config is given none (train.py's: tests/test_sweep.py)
+    # train(cfg) of a composed config is given none (train.py's: tests/observe/test_sweep.py)
     assert hp["overrides"] == "(none)"
     session = EventAccumulator(str(Path(cfg.run_dir) / "tb" / "hparams"))
     session.Reload()
