@@ -160,10 +160,10 @@ def test_plateau_lowers_the_lr_and_keeps_it_lowered_across_a_resume(make_cfg):
 
 
 def readme_callback(tmp_path) -> str:
-    """The user's callback exactly as the README shows it, saved as my_project/callbacks.py."""
-    text = (ROOT / "README.md").read_text()
+    """The user's callback exactly as the docs show it, saved as my_project/callbacks.py."""
+    text = (ROOT / "docs" / "your-code.md").read_text()
     code = re.search(r"```python\n(# my_project/callbacks\.py\n.*?)```", text, re.S)
-    assert code, "the README's callback example is missing"
+    assert code, "the docs' callback example is missing"
     package = tmp_path / "my_project"
     package.mkdir()
     (package / "__init__.py").write_text("")

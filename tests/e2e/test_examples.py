@@ -4,6 +4,8 @@ torchrun. Nothing in saturate is edited for them."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 
@@ -152,3 +154,14 @@ def test_a_user_dataset_under_ddp(tmp_path):
     metrics = read_metrics(tmp_path / "run")
     assert metrics["distributed/params_identical"] == 1.0 and metrics["world_size"] == 2 and metrics["val/acc"] > 0.5
 
+
+def test_the_readmes_python_example_runs_as_printed(tmp_path):
+    """The fit example on the README's first screens, run verbatim from an empty folder."""
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"## Your model, from Python\n\n```python\n(.*?)```", readme, re.S).group(1)
+    code += "import json; print(json.dumps({k: metrics[k] for k in ('val/acc', 'progress/epoch')}))\n"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["progress/epoch"] == 10 and figures["val/acc"] > 0.9
+    assert len(list((tmp_path / "outputs" / "runs").glob("*/*/metrics.json"))) == 1
