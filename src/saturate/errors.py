@@ -52,3 +52,21 @@ def shown(text: str) -> str:
     are not UTF-8 (os.listdir hands them over as surrogates, which no log file or terminal
     can encode) are written as escapes, e.g. `\\xff`."""
     return str(text).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def named_parts(batch) -> list[tuple[str, object]]:
+    """A batch's entries by name, for messages: the inputs and targets of a pair (each of
+    several inputs by its place), a dict's keys."""
+
+    def named(tree, name: str) -> list[tuple[str, object]]:
+        if isinstance(tree, dict):
+            return [pair for k, v in tree.items() for pair in named(v, f"{name}.{k}" if name else str(k))]
+        if isinstance(tree, (tuple, list)):
+            return [pair for i, v in enumerate(tree) for pair in named(v, f"{name}[{i}]")]
+        return [(name, tree)]
+
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return [*named(batch[0], "inputs"), ("targets", batch[1])]
+    if isinstance(batch, dict):
+        return named(batch, "")
+    return [("batch", batch)]

@@ -157,7 +157,8 @@ def candidates(dimension: str, facts: dict, *, allow: list[str], cuda: bool) -> 
     if dimension == "pin_memory":
         return [["loader.pin_memory=true"]] if cuda and not resident and not f["pin_memory"] else []
     if dimension == "channels_last":
-        return [["trainer.channels_last=true"]] if f["image"] and not f["channels_last"] else []
+        fits = f["image"] and not f["channels_last"] and f.get("channels_last_ok", True)
+        return [["trainer.channels_last=true"]] if fits else []
     if dimension == "compile":  # on a CPU: tens of seconds of compilation for no measured gain (docs/benchmarks.md)
         return [["trainer.compile=true"]] if cuda and not f["compile"] else []
     if dimension == "cudnn":
@@ -169,7 +170,7 @@ def candidates(dimension: str, facts: dict, *, allow: list[str], cuda: bool) -> 
     if dimension == "precision" and "precision" in allow:
         if f["emulated_precision"]:
             return [["precision.mode=fp32"]]
-        return [["precision.mode=amp"]] if cuda and f["precision"] == "fp32" else []
+        return [["precision.mode=amp"]] if cuda and f["precision"] == "fp32" and f.get("amp_ok", True) else []
     if dimension == "batch_size" and "batch_size" in allow:
         # the batch-size search, inside the trial; lr scaled as optim.lr_scaling says
         return [["loader.batch_size=auto"]]

@@ -25,6 +25,9 @@ EXAMPLES = [  # (folder, experiment, task, a metric it logs, a test metric it lo
     ("har", "har", "classification", "val/f1/walking", "test/f1/laying"),
     ("sign", "sign", "sequence", "val/ter", "test/seq_acc"),
     ("gray128", "gray128", "classification", "val/acc", None),
+    ("segmentation", "segmentation", "segmentation", "val/dice", None),
+    ("forecast", "forecast", "regression", "val/rmse", None),
+    ("mixup", "mixup", "classification", "val/acc", "test/acc"),
 ]
 
 
@@ -56,7 +59,7 @@ def fit_script(tmp_path, folder: str, script: str, *overrides: str) -> tuple[str
     return result.stdout, read_metrics(tmp_path / "run")
 
 
-@pytest.mark.slow  # seven end-to-end CLI runs
+@pytest.mark.slow  # ten end-to-end CLI runs
 @pytest.mark.parametrize(
     ("folder", "experiment", "kind", "metric", "test_metric"), EXAMPLES, ids=[e[1] for e in EXAMPLES]
 )
@@ -144,6 +147,35 @@ def test_gray128_fit_and_cli_run_the_same_with_the_users_kornia_transforms(tmp_p
     assert cli["perf/copy_ms"] > plain["perf/copy_ms"]  # and ran on the device side of the step
 
 
+@pytest.mark.slow  # a U-Net on 128x128 images: 30 s here
+def test_segmentation_moves_masks_on_the_device_and_exports_them(tmp_path):
+    """The U-Net port through fit: evaluations five times an epoch (every 3 of its 15 steps),
+    predicted masks exported, previews drawn."""
+    overrides = ["loader.batch_size=16", "trainer.limit_train_batches=-1", "trainer.max_steps=6", "trainer.predict=val"]
+    stdout, metrics = fit_script(tmp_path, "segmentation", "fit_segment.py", *overrides)
+    assert "val/dice" in stdout and metrics["task"] == "segmentation" and metrics["monitor"] == "val/dice"
+    steps = sorted({e.step for e in events(tmp_path / "run").Scalars("val/dice")})
+    assert steps == [3, 6]  # every 3 steps (0.2 of 15), each at its step
+    assert "val/preview" in events(tmp_path / "run").Tags()["images"]
+    with np.load(tmp_path / "run" / "predictions" / "val.npz", allow_pickle=False) as saved:
+        assert saved["mask"].shape == (32, 128, 128) and set(np.unique(saved["mask"])) <= {0, 1}
+
+
+def test_forecast_feeds_two_inputs_and_halves_the_lr_every_epoch(tmp_path):
+    stdout, metrics = fit_script(tmp_path, "forecast", "fit_forecast.py", "trainer.max_epochs=3")
+    assert "val/rmse" in stdout and metrics["data"] == "Windows"
+    by_step = {e.step: e.value for e in events(tmp_path / "run").Scalars("train/lr")}
+    firsts = [by_step[s] for s in (1, 4, 7)]  # 3 steps an epoch (TINY)
+    assert firsts == pytest.approx([1e-3, 5e-4, 2.5e-4])
+
+
+def test_mixup_classifier_through_fit(tmp_path):
+    stdout, metrics = fit_script(tmp_path, "mixup", "fit_mixup.py", "mix.cutmix=1.0")
+    assert "test/acc" in stdout and {"val/acc", "test/acc"} <= metrics.keys()
+    assert metrics["facts"]["channels_last_ok"] is False  # LeNet's .view: never advised channels_last
+    assert "trainer.channels_last=true" not in metrics["suggestions"]
+
+
 @pytest.mark.slow
 def test_a_user_dataset_under_ddp(tmp_path):
     """Two gloo processes on the sequence example: one run dir, identical parameters."""
@@ -153,6 +185,19 @@ def test_a_user_dataset_under_ddp(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = read_metrics(tmp_path / "run")
     assert metrics["distributed/params_identical"] == 1.0 and metrics["world_size"] == 2 and metrics["val/acc"] > 0.5
+
+
+@pytest.mark.slow
+def test_a_two_input_model_under_two_cpu_processes(tmp_path):
+    """The forecaster (model(past, calendar)) with trainer.devices=2 device=cpu: two gloo
+    processes, one run dir, identical parameters at the end, the per-epoch StepLR in both."""
+    example = [f"hydra.searchpath=[file://{ROOT / 'examples' / 'forecast' / 'conf'}]", "experiment=forecast"]
+    args = [*example, "device=cpu", "trainer.devices=2", "trainer.max_epochs=2", "trainer.progress=false"]
+    result = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = read_metrics(tmp_path / "run")
+    assert metrics["world_size"] == 2 and metrics["distributed/params_identical"] == 1.0
+    assert metrics["status"] == "completed" and metrics["train/lr"] == pytest.approx(2.5e-4)
 
 
 def test_the_readmes_python_example_runs_as_printed(tmp_path):

@@ -23,6 +23,7 @@ from saturate.observe.timing import RunClock, StepTimer
 from saturate.observe.tracking import Tracker
 from saturate.parts.checkpoint import Checkpointer
 from saturate.parts.precision import setup_precision
+from saturate.parts.schedule import Schedule
 from saturate.scale.distributed import Dist
 from saturate.tasks.classification import Classification
 
@@ -54,7 +55,7 @@ def engine(tmp_path, *, max_epochs: int, eval_interval: int = 1, state: TrainSta
     val = ResidentLoader(InMemory(x[64:], y[64:]), cfg, PlainPipeline(CPU, non_blocking=False), train=False)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    scheduler = Schedule(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0))
     precision, task = setup_precision(PrecisionConfig(mode="fp32"), CPU), Classification(num_classes=3)
     guard = NonFiniteGuard(skip=True, check_grads=True, max_consecutive=3, device=CPU)
     step = TrainStep(model, optimizer, precision, guard, loss=lambda m, b: task.forward(m, b)[0], grad_clip=0.0)

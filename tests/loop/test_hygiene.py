@@ -17,7 +17,6 @@ from saturate.data.augment import Preview
 from saturate.data.loader import ResumableSampler
 from saturate.loop.engine import Engine
 from saturate.loop.evaluate import Evaluator
-from saturate.observe.tracking import Tracker
 from saturate.parts.checkpoint import Checkpointer
 from tests.conftest import ROOT
 
@@ -59,8 +58,7 @@ def host_reads(monkeypatch):
     allowed = [
         (Engine, "log_train"),
         (Engine, "halt"),
-        (Evaluator, "run"),
-        (Tracker, "matrices"),  # an evaluation's confusion matrix drawn as an image
+        (Engine, "evaluate"),  # the evaluation, its logging (previews, confusion matrices) and the test split's
         (Checkpointer, "save"),
         (Preview, "__call__"),
         (DataLoader, "__iter__"),
@@ -101,6 +99,15 @@ SETTINGS = {
     "sequence-ctc-dict-batches": example("sign"),
     "classification-user-metrics-har": example("har"),
     "kornia-float-images": [*example("gray128"), "loader.batch_size=8"],
+    # masks moved with their images, evaluations inside the epoch, ReduceLROnPlateau
+    "segmentation": [*example("segmentation"), "loader.batch_size=4", "data.size=32"],
+    "mixup": example("mixup"),
+    "cutmix-and-mixup": [*example("mixup"), "mix.cutmix=1.0"],
+    "two-inputs-step-lr": example("forecast"),
+    "one-cycle-per-step": [
+        "optim.scheduler={_target_:torch.optim.lr_scheduler.OneCycleLR,_partial_:true,max_lr:0.1,total_steps:20}",
+        "optim.scheduler_interval=step",
+    ],
 }
 
 
@@ -200,6 +207,7 @@ EVALUATIONS = {  # the reads each further evaluation batch costs
     "regression-pm25-mape": (example("pm25"), {}),
     "user-per-class-f1-har": (example("har"), {"bincount": 2}),  # per-class F1 and the confusion matrix: torch.bincount
     "sequence-ctc": (example("sign"), {"cpu": 1, "tolist": 4}),  # greedy decoding on the host: one copy of four tensors
+    "segmentation": ([*example("segmentation"), "data.size=32"], {}),
 }
 
 

@@ -255,7 +255,6 @@ def test_gpus_are_matched_to_nvml_by_uuid_not_position(monkeypatch):
     def unknown(u):
         raise RuntimeError("NVML_ERROR_NOT_FOUND")
 
-    nvml.nvmlDeviceGetHandleByUUID = (
-        unknown  # NVML does not know the UUIDs (some MIG set-ups): by position, not nothing
-    )
+    # NVML does not know the UUIDs (some MIG set-ups): by position, not nothing
+    nvml.nvmlDeviceGetHandleByUUID = unknown
     assert visible_nvml_handles(nvml, cuda_uuids()) == [(0, "GPU-aaaa-a10"), (1, "GPU-bbbb-h100")]

@@ -83,6 +83,23 @@ SCENARIOS = {
     "mid-epoch-gpu-augmentation": (["augmentation=gpu"], 16),
     "mid-epoch-cpu-augmentation-2-workers": (["augmentation=cpu", "loader.num_workers=2"], 16),
     "mid-epoch-resident": (["loader=resident", "augmentation=gpu"], 16),
+    # evaluations every 4 steps (12 and 16 around the stop), the LR stepped per step
+    "between-evaluations-one-cycle-per-step": (
+        [
+            "trainer.eval_every=4",
+            "optim.scheduler={_target_:torch.optim.lr_scheduler.OneCycleLR,_partial_:true,max_lr:0.2,total_steps:33}",
+            "optim.scheduler_interval=step",
+        ],
+        14,
+    ),
+    # ReduceLROnPlateau fed val/acc at each evaluation (its counters in the checkpoint)
+    "between-evaluations-reduce-on-plateau": (
+        [
+            "trainer.eval_every=4",
+            "optim.scheduler={_target_:torch.optim.lr_scheduler.ReduceLROnPlateau,_partial_:true,patience:0,factor:0.5}",
+        ],
+        14,
+    ),
 }
 
 

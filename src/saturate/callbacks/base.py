@@ -88,12 +88,7 @@ class Run:
         """Multiply the learning rate by `factor` from the next step on (the schedule's base
         rates with it, so warm-up and cosine keep their shape); kept across a resume."""
         self.lr_scale *= factor
-        self.scheduler.base_lrs = [lr * factor for lr in self.scheduler.base_lrs]
-        for group in self.optimizer.param_groups:
-            group["lr"] *= factor
-            if "initial_lr" in group:
-                group["initial_lr"] *= factor
-        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        self.scheduler.scale(factor)
 
     @property
     def lr(self) -> float:

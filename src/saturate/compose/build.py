@@ -28,7 +28,8 @@ from saturate.config.schema import RunConfig
 from saturate.data import Data, DataSpec, build_datasets, describe
 from saturate.data.augment import build_transforms
 from saturate.data.base import stack
-from saturate.data.loader import Loaders, build_loaders, build_pipeline, device_augment, room_for_resident
+from saturate.data.loader import Loaders, Shard, build_loaders, build_pipeline, device_augment, room_for_resident
+from saturate.data.mix import BatchMix
 from saturate.errors import ConfigError, Problem, UserError
 from saturate.loop.faults import NonFiniteGuard
 from saturate.loop.step import TrainStep
@@ -80,6 +81,7 @@ class Parts:
     search_s: float = 0.0  # how long it took (0 when the cache had the answer)
     cost: Any = None  # saturate.observe.costs.StepCost: FLOPs and launches of one step (None: not counted)
     scaling: tuple | None = None  # CPU: a step's time on 1 and on COST_SAMPLES samples (saturate.observe.costs)
+    checkpointing: Any = None  # checkpoint.monitor and mode resolved for this task and data (CheckpointConfig)
 
 
 @dataclass
@@ -145,6 +147,23 @@ def check_fits_data(run: RunConfig, spec: DataSpec) -> None:
         )
     if problems:
         raise ConfigError(problems)
+
+
+def batch_mix(run: RunConfig, spec: DataSpec, task, rank: int) -> BatchMix | None:
+    """mix: mixup, CutMix or the user's batch transform, for training batches; None when off.
+    Mixed targets are soft: class indices need a task whose loss takes probabilities. Each
+    rank draws its own (as its augmentation does)."""
+    cfg = run.mix
+    if not cfg.mixup and not cfg.cutmix and cfg.transform is None:
+        return None
+    transform = build(cfg.transform, "mix.transform") if cfg.transform is not None else None
+    if transform is None and not (spec.classes or not spec.target_shape or spec.target_shape == (spec.num_outputs,)):
+        key = "mix.mixup" if cfg.mixup else "mix.cutmix"
+        allowed = f"0: mixing needs class indices or real-valued targets; task {getattr(task, 'name', '?')} has others"
+        raise ConfigError([Problem(key, cfg.mixup or cfg.cutmix, allowed)])
+    classes = spec.num_classes if spec.classes else None
+    seed = run.trainer.seed + 1_000_003 * (rank + 7_919)  # a stream apart from the augmentation's
+    return BatchMix(cfg, num_classes=classes, seed=seed, transform=transform)
 
 
 def check_last_batch(run: RunConfig, batch_size: int, model: nn.Module, train_set, dist: Dist) -> None:
@@ -316,7 +335,7 @@ def _model(made: Ingredients, node: dict | None, values: dict, given):
     example = build_pipeline(run.loader, made.spec, made.device, run.trainer)(
         host_batch(data, range(min(len(data.train), size)))
     )
-    raw = make(node, values, given)
+    raw = make(node, values, given, run.pretrained)
     trainer, device = run.trainer, made.device
     return setup_model(
         raw, made.spec, made.task, made.precision, device=device, trainer=trainer, dist=made.dist, batch=example
@@ -335,6 +354,7 @@ def build_parts(
         key: data_info.bind(getattr(run, key), values, key) for key in ("model", "task") if key not in objects.nodes()
     }
     task = build_task(nodes.get("task"), values, objects)
+    checkpointing = run.checkpoint.resolved(task, spec.has_val)  # the monitored metric, its direction
     precision = setup_precision(run.precision, device)
     transforms = build_transforms(run.augmentation.transforms)
     made = Ingredients(run, data, spec, task, precision, device, dist)
@@ -347,10 +367,10 @@ def build_parts(
         spec,
         device=device,
         trainer=run.trainer,
+        shard=Shard(run.trainer.seed, dist.rank, dist.world_size),
         show_images=show_images,
-        rank=dist.rank,
-        world_size=dist.world_size,
         transforms=transforms,
+        mix=batch_mix(run, spec, task, dist.rank),
     )
     check_last_batch(run, batch_size, models.raw, data.train, dist)
     cost, fixed = _step_costs(made, batch_size, models.raw)
@@ -363,6 +383,8 @@ def build_parts(
         steps_per_epoch=len(loaders.train),
         total_steps=total_steps,
         global_batch=batch_size * dist.world_size,
+        monitor=(checkpointing.monitor, checkpointing.mode),
     )
     parts = Parts(data, spec, task, precision, models, loaders, optimizer, scheduler, batch_size, total_steps, nodes)
-    return dataclasses.replace(parts, trials=trials, search_s=search_s, cost=cost, scaling=fixed)
+    chosen = {"trials": trials, "search_s": search_s, "cost": cost, "scaling": fixed, "checkpointing": checkpointing}
+    return dataclasses.replace(parts, **chosen)

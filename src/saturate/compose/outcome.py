@@ -245,6 +245,8 @@ def report(session: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, di
         precision=parts.precision.name,
         compile=run.trainer.compile,
         channels_last=run.trainer.channels_last,
+        channels_last_ok=parts.models.channels_last_ok,
+        amp_ok=parts.models.amp_ok,
         memory_headroom=metrics[names.PEAK_MB] < 0.5 * device_memory_mb(device),
         emulated_precision=emulated(parts.precision.name, device),
     )

@@ -100,7 +100,7 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
     with lock, seeded(run.trainer, device), StopSignal() as stop:
         stop.listeners.append(observers.stop_requested)
         parts = build_parts(run, invocation, objects, dist, device, tracker.images)
-        checkpointing = run.checkpoint.resolved(parts.task, parts.spec.has_val)
+        checkpointing = parts.checkpointing
         tracker.shown = (
             checkpointing.monitor if checkpointing.monitor not in (names.TRAIN_LOSS, names.VAL_LOSS) else names.VAL_LOSS
         )
@@ -246,8 +246,23 @@ def _training(run: RunConfig, parts: Parts, device: torch.device, dist: Dist) ->
 
 
 def _evaluator(run: RunConfig, parts: Parts) -> Evaluator:
-    interval = run.trainer.eval_interval
-    return Evaluator(parts.loaders.val, parts.precision, parts.task, interval=interval, class_names=class_names(parts))
+    """The validation split's evaluator and its cadence (and the test split's, when it is
+    evaluated at every evaluation)."""
+    every, names = run.trainer.eval_every, class_names(parts)
+    if 0 < every < 1:  # a fraction of an epoch
+        every = max(1, round(every * len(parts.loaders.train)))
+    test = None
+    if run.trainer.eval_test and parts.loaders.test is not None:
+        test = Evaluator(parts.loaders.test, parts.precision, parts.task, interval=1, split="test", class_names=names)
+    return Evaluator(
+        parts.loaders.val,
+        parts.precision,
+        parts.task,
+        interval=run.trainer.eval_interval,
+        every=int(every),
+        class_names=names,
+        also=test,
+    )
 
 
 def _observers(run: RunConfig, objects: UserObjects, dist: Dist) -> Observers:

@@ -22,7 +22,8 @@ from saturate.errors import ConfigError, Problem
 DATA_ARGUMENTS = (
     "in_channels",  # the input's first dimension: C of (C, H, W)
     "in_features",  # its last: F of (T, F)
-    "input_shape",  # one sample's input shape
+    "input_shape",  # one sample's input shape (of its first input, when it has several)
+    "input_shapes",  # every input's shape, in the order the model gets them
     "num_classes",  # classification: the classes; else what the data says, or None
     "num_outputs",  # values a model predicts per sample: the classes, or the target's size
     "class_names",  # the training set's `classes`, or None
@@ -42,6 +43,7 @@ def derive(spec, data) -> dict[str, Any]:
         "in_channels": shape[0],
         "in_features": shape[-1],
         "input_shape": tuple(spec.input_shape),
+        "input_shapes": [tuple(s) for s in spec.input_shapes] or [tuple(spec.input_shape)],
         "num_classes": spec.num_classes,
         "num_outputs": spec.num_outputs,
         "class_names": list(names) if isinstance(names, (list, tuple)) and names else None,
@@ -53,8 +55,12 @@ def placeholder(key: str) -> str:
     """The `data_info` resolver: `<data_info:KEY>` for a key the data will give; a ValueError
     naming the keys for any other (OmegaConf reports it against the key that used it)."""
     root, _, index = str(key).partition(".")
-    if root not in RESOLVABLE or (index and (root != "input_shape" or not index.lstrip("-").isdigit())):
-        raise ValueError(f"data_info:{key}: the data gives {', '.join(RESOLVABLE)} (input_shape.<i> for one dimension)")
+    indexable = root in ("input_shape", "input_shapes")
+    if root not in RESOLVABLE or (index and not (indexable and all(p.lstrip("-").isdigit() for p in index.split(".")))):
+        raise ValueError(
+            f"data_info:{key}: the data gives {', '.join(RESOLVABLE)} (input_shape.<i> for one dimension, "
+            "input_shapes.<i>.<j> for one input's)"
+        )
     return f"{PLACEHOLDER}{key}>"
 
 
@@ -62,14 +68,13 @@ def lookup(key: str, values: dict[str, Any]) -> Any:
     """The value `${data_info:KEY}` stands for, from the run's data-derived `values`."""
     root, _, index = key.partition(".")
     value = values[root]
-    if not index:
-        return list(value) if isinstance(value, tuple) else value
-    i = int(index)
-    if not -len(value) <= i < len(value):
-        raise ValueError(
-            f"data_info:{key}: the data's input_shape is {tuple(value)}: index it with 0 to {len(value) - 1}"
-        )
-    return value[i]
+    for part in index.split(".") if index else ():
+        i = int(part)
+        if not -len(value) <= i < len(value):
+            shown = tuple(value) if root == "input_shape" else value
+            raise ValueError(f"data_info:{key}: the data's {root} is {shown}: index it with 0 to {len(value) - 1}")
+        value = value[i]
+    return list(value) if isinstance(value, tuple) else value
 
 
 def bind(node: Any, values: dict[str, Any], where: str) -> Any:

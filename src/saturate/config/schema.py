@@ -66,9 +66,8 @@ class DeviceConfig:
     tf32: bool = True  # TF32 matmuls and convolutions on Ampere and newer
     cudnn_benchmark: bool = True
     memory_fraction: float = 1.0  # cap on this process's share of device memory
-    keep_host_memory: bool = (
-        True  # glibc malloc keeps freed blocks up to 32 MiB (no page faults per step; saturate.parts.device)
-    )
+    # glibc malloc keeps freed blocks up to 32 MiB (no page faults per step; saturate.parts.device)
+    keep_host_memory: bool = True
 
     def problems(self) -> Issues:
         yield from _choice("type", self.type, ("auto", "cpu", "cuda"))
@@ -160,17 +159,68 @@ class AugmentationConfig:
 class OptimConfig:
     optimizer: Any = MISSING  # a `_partial_: true` node, called with the parameters
     schedule: str = "cosine"  # cosine (to min_lr_ratio) or constant, after the warmup
-    warmup_epochs: float = 1.0  # linear warmup from 0.1 x lr
+    # any torch.optim.lr_scheduler class as a `_partial_: true` node (called with the optimizer); replaces `schedule`
+    scheduler: Any = None
+    scheduler_interval: str = "epoch"  # epoch | step: when optim.scheduler steps (ReduceLROnPlateau: each evaluation)
+    warmup_epochs: float = 1.0  # linear warmup from 0.1 x lr (on top of optim.scheduler too)
     min_lr_ratio: float = 0.0
     lr_scaling: str = "none"  # none | linear | sqrt: lr x (global batch / base_batch_size) ^ (1 or 1/2)
     base_batch_size: int = 128  # the global batch size the optimizer's lr is meant for
+    # [{params: "backbone.*", lr: 1e-4, ...}]: parameters by name pattern and their own hyperparameters; the rest
+    # (and a group's norms and biases, unless it sets weight_decay) as the optimizer node says
+    param_groups: list[Any] = field(default_factory=list)
 
     def problems(self) -> Issues:
         yield from _choice("schedule", self.schedule, ("cosine", "constant"))
+        yield from _choice("scheduler_interval", self.scheduler_interval, ("epoch", "step"))
         yield from _choice("lr_scaling", self.lr_scaling, ("none", "linear", "sqrt"))
         yield from _at_least("base_batch_size", self.base_batch_size, 1)
         yield from _at_least("warmup_epochs", self.warmup_epochs, 0.0)
         yield from _unit_interval("min_lr_ratio", self.min_lr_ratio)
+        for i, group in enumerate(self.param_groups):
+            patterns = group.get("params") if isinstance(group, dict) else None
+            if not (isinstance(patterns, str) or (isinstance(patterns, list) and patterns)):
+                allowed = "a mapping with `params` (a name pattern or a list of them) and the group's hyperparameters"
+                yield f"param_groups[{i}]", group, allowed
+
+
+@dataclass
+class PretrainedConfig:
+    """Weights to start from, and layers to keep as they are."""
+
+    path: str | None = None  # a state dict (a .pt of saturate's, or a plain state dict), read as data only
+    # key prefixes to replace: {module.: '', net.: encoder.} (a mapping: set whole, as pretrained.rename={...})
+    rename: Any = None
+    strict: bool = True  # false: missing and unexpected keys are named in a warning, not an error
+    freeze: list[str] = field(default_factory=list)  # parameter name patterns to freeze: ["encoder.*"]
+
+    def problems(self) -> Issues:
+        if self.rename is not None and not isinstance(self.rename, dict):
+            yield "rename", self.rename, "a mapping of key prefixes, {old.: new.} ('' drops a prefix)"
+            return
+        for old, new in (self.rename or {}).items():
+            if not isinstance(new, str):
+                yield f"rename.{old}", new, "a key prefix (a string; '' to drop the prefix)"
+
+
+@dataclass
+class MixConfig:
+    """Batch transforms of training batches only, on the device: mixup and CutMix (soft
+    targets), or your own `(inputs, targets) -> (inputs, targets)`."""
+
+    mixup: float = 0.0  # Beta(alpha, alpha) of the mixing weight; 0: off
+    cutmix: float = 0.0  # Beta(alpha, alpha) of the pasted box's area; 0: off
+    prob: float = 1.0  # share of training batches mixed
+    switch_prob: float = 0.5  # with both on: the share of mixed batches that take CutMix
+    transform: Any = None  # your own: a `_target_` node of a callable (inputs, targets) -> (inputs, targets)
+
+    def problems(self) -> Issues:
+        for key in ("mixup", "cutmix"):
+            value = getattr(self, key)
+            if value != 0 and not (isinstance(value, (int, float)) and value > 0):
+                yield key, value, "0 (off) or an alpha > 0 (the Beta distribution's parameter)"
+        yield from _unit_interval("prob", self.prob)
+        yield from _unit_interval("switch_prob", self.switch_prob)
 
 
 @dataclass
@@ -178,6 +228,9 @@ class TrainerConfig:
     max_epochs: int = 30
     max_steps: int = -1  # optimizer steps; -1: no limit
     eval_interval: int = 1  # epochs; the last epoch is always evaluated
+    # inside the epoch: every N optimizer steps (an integer), or a fraction of an epoch (0 < x < 1); 0: by epochs
+    eval_every: float = 0
+    eval_test: bool = False  # also evaluate the test split at every evaluation (test/* at each step)
     checkpoint_interval: int = 1  # epochs; the last epoch is always saved
     log_interval: int = 10  # steps between logged (host-synchronised) metrics
     seed: int = 0
@@ -192,23 +245,19 @@ class TrainerConfig:
     progress: bool = True  # progress bar
     log_level: str = "INFO"
     resume: str | None = None  # "auto" (newest checkpoint in this run dir), a .pt file or a run dir
-    restart: bool = (
-        False  # a fresh run into a run dir holding an earlier run's checkpoints: delete them first (else refused)
-    )
-    predict: str | None = (
-        None  # val | test: write that split's predictions (best.pt's) to <run dir>/predictions/<split>.npz
-    )
-    skip_nonfinite: bool = (
-        True  # skip non-finite steps (decided on the device by a fused optimizer, else one host read per step)
-    )
+    # a fresh run into a run dir holding an earlier run's checkpoints: delete them first (else refused)
+    restart: bool = False
+    # val | test: write that split's predictions (best.pt's) to <run dir>/predictions/<split>.npz
+    predict: str | None = None
+    # skip non-finite steps (decided on the device by a fused optimizer, else one host read per step)
+    skip_nonfinite: bool = True
     max_nonfinite_steps: int = 10  # this many in a row stop the run
     sync_batchnorm: bool = False  # under DDP on GPUs: BatchNorm statistics over the global batch
     profile: bool = False  # record a torch.profiler trace of a few steady-state steps
     profile_wait: int = 5  # steps before the trace (warm-up: compilation, workers, caches)
     profile_steps: int = 5  # steps in the trace
-    devices: Any = (
-        "auto"  # processes: "auto" (every visible CUDA device; 1 on a CPU) or a number (saturate.scale.launch)
-    )
+    # processes: "auto" (every visible CUDA device; 1 on a CPU) or a number (saturate.scale.launch)
+    devices: Any = "auto"
 
     def problems(self) -> Issues:
         yield from _at_least("max_epochs", self.max_epochs, 1)
@@ -218,6 +267,13 @@ class TrainerConfig:
             yield from _at_least("max_steps", self.max_steps, 1, " or -1")
         for key in ("eval_interval", "checkpoint_interval", "log_interval"):
             yield from _at_least(key, getattr(self, key), 1)
+        every = self.eval_every
+        if not (every == 0 or 0 < every < 1 or (every >= 1 and float(every).is_integer())):
+            yield (
+                "eval_every",
+                every,
+                "0 (by epochs), a whole number of steps >= 1, or a fraction of an epoch in (0, 1)",
+            )
         yield from _at_least("grad_clip", self.grad_clip, 0.0)
         yield from _at_least("accumulate", self.accumulate, 1)
         for key in ("limit_train_batches", "limit_val_batches"):
@@ -242,9 +298,8 @@ class TrainerConfig:
 class MonitorConfig:
     enabled: bool = True  # sample GPU (NVML) and CPU (psutil) use in a background thread
     interval_s: float = 1.0
-    costs: bool = (
-        True  # count a step's FLOPs and launches, and time its batch scaling, at start-up (a few passes on 8 samples)
-    )
+    # count a step's FLOPs and launches, and time its batch scaling, at start-up (a few passes on 8 samples)
+    costs: bool = True
 
     def problems(self) -> Issues:
         if self.interval_s <= 0:
@@ -307,9 +362,8 @@ class TuneConfig:
 
 @dataclass
 class CheckpointConfig:
-    monitor: str = (
-        "auto"  # the metric best.pt (and top_k) is chosen by; auto: val/acc (classification), val/loss (regression)
-    )
+    # the metric best.pt (and top_k) is chosen by; auto: val/acc (classification), val/loss (regression)
+    monitor: str = "auto"
     mode: str = "auto"  # max | min | auto: from the metric (max for accuracy and r2, min for losses and errors)
     top_k: int = 1  # > 1: also keep the k best as top-<epoch>-<step>.pt
     every_n_steps: int = 0  # > 0: also save last.pt every n steps (mid-epoch resume points)
@@ -356,10 +410,11 @@ class RunConfig:
     augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
     model: Any = MISSING  # `_target_` node: an nn.Module, given the data-derived arguments its constructor names
     data: Any = MISSING  # `_target_` node: a callable returning (train_dataset, val_dataset)
-    task: Any = (
-        MISSING  # `_target_` node: a task (saturate.tasks), given the data-derived arguments its constructor names
-    )
+    # `_target_` node: a task (saturate.tasks), given the data-derived arguments its constructor names
+    task: Any = MISSING
     optim: OptimConfig = field(default_factory=OptimConfig)
+    pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
+    mix: MixConfig = field(default_factory=MixConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     batch_search: BatchSearchConfig = field(default_factory=BatchSearchConfig)
@@ -370,9 +425,8 @@ class RunConfig:
     # {name: `_target_` node} with hooks of saturate.callbacks.Callback
     callbacks: dict[str, Any] = field(default_factory=dict)
     run_dir: str = MISSING  # Hydra's output dir for this job
-    name: str | None = (
-        None  # ends the run dir's name (TensorBoard's run name); default: the overrides (a sweep's swept ones)
-    )
+    # ends the run dir's name (TensorBoard's run name); default: the overrides (a sweep's swept ones)
+    name: str | None = None
 
 
 MAX_SEED = 2**32 - 1
@@ -382,6 +436,8 @@ GROUPS = (
     "loader",
     "augmentation",
     "optim",
+    "pretrained",
+    "mix",
     "trainer",
     "checkpoint",
     "batch_search",
@@ -557,7 +613,25 @@ def _node_problems(run: RunConfig, given: tuple[str, ...]) -> Iterator[Problem]:
             yield from _check_target(entry, f"{name}.{key}", given=())
     for i, node in enumerate(run.augmentation.transforms):
         yield from _check_target(node, f"augmentation.transforms[{i}]", given=())
-    yield from _check_target(dict(run.optim.optimizer), "optim.optimizer", given=("params",))
+    yield from _optimizer_problems(dict(run.optim.optimizer))
+    if run.optim.scheduler is not None:
+        yield from _check_target(run.optim.scheduler, "optim.scheduler", given=("optimizer",))
+    if run.mix.transform is not None:
+        yield from _check_target(run.mix.transform, "mix.transform", given=())
+
+
+def _optimizer_problems(node: dict) -> Iterator[Problem]:
+    """optim.optimizer's keys; one that the chosen class does not take most often came with the
+    preset the node started from (nesterov with optim.optimizer._target_=torch.optim.RMSprop)."""
+    for problem in _check_target(node, "optim.optimizer", given=("params",)):
+        if "an argument of" in problem.allowed:
+            problem = Problem(
+                problem.key,
+                problem.value,
+                problem.allowed + "; a key of the preset it came from: choose the optimizer's own preset "
+                "(optim=adam|adamw|rmsprop|sgd), or optim=custom optim.optimizer._target_=<class>",
+            )
+        yield problem
 
 
 def _combination_problems(run: RunConfig) -> Iterator[Problem]:
@@ -565,6 +639,11 @@ def _combination_problems(run: RunConfig) -> Iterator[Problem]:
     if run.loader.resident and run.augmentation.placement == "cpu":
         allowed = "gpu or none with loader.resident=true (a resident loader has no workers to augment in)"
         yield Problem("augmentation.placement", "cpu", allowed)
+    scheduler = (run.optim.scheduler or {}).get("_target_", "") if isinstance(run.optim.scheduler, dict) else ""
+    plateau = [k for k, node in run.callbacks.items() if str(node.get("_target_", "")).endswith(".Plateau")]
+    if scheduler.endswith("ReduceLROnPlateau") and plateau:
+        allowed = f"one plateau rule: optim.scheduler={scheduler} lowers the LR on a plateau already; drop it"
+        yield Problem(f"callbacks.{plateau[0]}", "plateau", allowed)
     if isinstance(run.loader.batch_size, int) and 1 <= run.loader.batch_size < run.trainer.accumulate:
         allowed = f"at most loader.batch_size ({run.loader.batch_size}): each micro-batch needs a sample"
         yield Problem("trainer.accumulate", run.trainer.accumulate, allowed)

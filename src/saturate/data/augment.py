@@ -65,8 +65,10 @@ def _key(*parts: int) -> int:
 # --- batched, on the device -----------------------------------------------------------------
 
 
-def kornia_pipeline(policy: Policy) -> torch.nn.Module:
-    """The policy as a Kornia AugmentationSequential over (B, C, H, W) floats in [0, 1]."""
+def kornia_pipeline(policy: Policy, masks: bool = False) -> torch.nn.Module:
+    """The policy as a Kornia AugmentationSequential over (B, C, H, W) floats in [0, 1]; with
+    `masks`, over (images, masks) too: Kornia moves a mask with its image's geometric
+    transforms (nearest, for class indices) and leaves it out of the colour ones."""
     import kornia.augmentation as K
 
     ops: list[torch.nn.Module] = []
@@ -81,6 +83,8 @@ def kornia_pipeline(policy: Policy) -> torch.nn.Module:
         ops.append(K.RandomContrast(contrast=(1 - policy.contrast, 1 + policy.contrast), p=1.0))
     if policy.erasing:
         ops.append(K.RandomErasing(scale=ERASE_SCALE, ratio=ERASE_RATIO, value=0.0, p=policy.erasing))
+    if masks:
+        return K.AugmentationSequential(*ops, data_keys=["input", "mask"]) if ops else None
     return K.AugmentationSequential(*ops) if ops else torch.nn.Identity()
 
 
@@ -91,7 +95,26 @@ class Transforms:
     name = "transforms"
 
     def __init__(self, modules: list[torch.nn.Module]):
+        self.modules = modules
         self.pipeline = torch.nn.Sequential(*modules)
+        self._with_masks = None
+
+    def with_masks(self) -> torch.nn.Module:
+        """The same modules over (images, masks): Kornia's augmentations only, which know
+        which of them move a mask."""
+        import kornia.augmentation as K
+
+        foreign = [type(m).__name__ for m in self.modules if not type(m).__module__.startswith("kornia")]
+        if foreign:
+            from saturate.errors import UserError
+
+            raise UserError(
+                f"augmentation.transforms: {', '.join(foreign)} cannot move the masks with the images; with mask "
+                "targets use kornia.augmentation modules (they know which transforms are geometric)"
+            )
+        if self._with_masks is None:
+            self._with_masks = K.AugmentationSequential(*self.modules, data_keys=["input", "mask"])
+        return self._with_masks
 
     def policy(self, epoch: int):
         return self
@@ -126,24 +149,36 @@ def build_transforms(nodes: list) -> Transforms | None:
 
 class BatchAugment:
     """The device placement: `augment(x, epoch, batch)` for a batch already on the device,
-    floats in [0, 1]: the epoch's policy as Kornia modules, or the user's transforms."""
+    floats in [0, 1]: the epoch's policy as Kornia modules, or the user's transforms. With
+    `masks` (B, H, W) of class indices, `(x, masks)` moved together."""
 
     def __init__(self, schedule: Schedule | Transforms, seed: int):
         self.schedule, self.seed = schedule, seed
         self._pipelines: dict = {}
 
+    def _pipeline(self, policy, device: torch.device, masks: bool):
+        if (policy, masks) not in self._pipelines:
+            if isinstance(policy, Transforms):
+                pipeline = policy.with_masks() if masks else policy.pipeline
+            else:
+                pipeline = kornia_pipeline(policy, masks)
+            self._pipelines[(policy, masks)] = pipeline.to(device) if pipeline is not None else None
+        return self._pipelines[(policy, masks)]
+
     @torch.no_grad()
-    def __call__(self, x: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, epoch: int, batch: int, masks: torch.Tensor | None = None):
         policy = self.schedule.policy(epoch)
-        if policy not in self._pipelines:
-            self._pipelines[policy] = (
-                policy.pipeline.to(x.device) if isinstance(policy, Transforms) else kornia_pipeline(policy)
-            )
+        pipeline = self._pipeline(policy, x.device, masks is not None)
         # Kornia draws its parameters from the global CPU generator: seed it for this batch
         # inside a fork, so no other user of the global generator sees a difference.
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(_key(self.seed, epoch, batch))
-            return self._pipelines[policy](x)
+            if masks is None:
+                return pipeline(x)
+            if pipeline is None:
+                return x, masks
+            x, moved = pipeline(x, masks[:, None].float())
+            return x, moved[:, 0].round().to(masks.dtype)
 
 
 # --- per sample, in DataLoader workers -------------------------------------------------------
@@ -206,22 +241,31 @@ def draw_params(policy: Policy, rng: random.Random, h: int, w: int) -> SamplePar
     return p
 
 
-def apply_params(x: torch.Tensor, policy: Policy, p: SampleParams) -> torch.Tensor:
-    """Transform one float image (C, H, W) in [0, 1] as Kornia does, in Kornia's order."""
+def apply_params(x: torch.Tensor, policy: Policy, p: SampleParams, mask: torch.Tensor | None = None):
+    """Transform one float image (C, H, W) in [0, 1] as Kornia does, in Kornia's order; with
+    `mask` (H, W) of class indices, the mask too, as Kornia moves one: the same flip, affine
+    (nearest) and erasing, no colour change. Returns the image, or (image, mask)."""
     _, h, w = x.shape
+    m = mask[None].float() if mask is not None else None
     if p.flip:
         x = x.flip(-1)
+        m = m.flip(-1) if m is not None else None
     if policy.rotation or policy.translate:
         theta_t = torch.tensor(list(zip(*_affine_theta(p.angle, *p.shift, h, w), strict=True)), dtype=x.dtype)  # (3, 2)
         grid = _base_grid(h, w, x.dtype).mm(theta_t).view(1, h, w, 2)  # affine_grid, without its per-call set-up
         x = F.grid_sample(x[None], grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
+        if m is not None:
+            m = F.grid_sample(m[None], grid, mode="nearest", padding_mode="zeros", align_corners=False)[0]
     if policy.brightness or policy.contrast:  # brightness, then contrast, clipped after each (Kornia)
         x = x.add(p.brightness).clamp_(0, 1).mul_(p.contrast).clamp_(0, 1)
     if p.erase is not None:
         top, left, eh, ew = p.erase
         x = x.clone()
         x[:, top : top + eh, left : left + ew] = 0
-    return x
+        if m is not None:
+            m = m.clone()
+            m[:, top : top + eh, left : left + ew] = 0
+    return x if mask is None else (x, m[0].round().to(mask.dtype))
 
 
 def augment_sample(x: torch.Tensor, policy: Policy, rng: random.Random) -> torch.Tensor:
@@ -233,11 +277,12 @@ class SampleAugment(Dataset):
     """The CPU placement: a dataset of images whose items are augmented one by one (in the
     DataLoader's workers). Items are asked for by (epoch, index), so each sample's parameters
     follow from (seed, epoch, index) and the epoch's policy. `entry`: where the image is in a
-    sample (0 of a pair, a dict's input key). The user's transforms run on the sample as a
+    sample (0 of a pair, a dict's input key); `mask_entry`: where its mask is, when the targets
+    are masks of the images (moved with them). The user's transforms run on the sample as a
     batch of one, their draws keyed the same way."""
 
-    def __init__(self, base: Dataset, schedule: Schedule | Transforms, seed: int, entry=0):
-        self.base, self.schedule, self.seed, self.entry = base, schedule, seed, entry
+    def __init__(self, base: Dataset, schedule: Schedule | Transforms, seed: int, entry=0, mask_entry=None):
+        self.base, self.schedule, self.seed, self.entry, self.mask_entry = base, schedule, seed, entry, mask_entry
         self.poll = getattr(base, "poll", None)  # the base data set's, for the loader (saturate.data.base)
         self.collate_fn = getattr(base, "collate_fn", None)
 
@@ -253,17 +298,29 @@ class SampleAugment(Dataset):
             return sample
         uint8 = image.dtype == torch.uint8
         x = image.float().div_(255) if uint8 else image.float()
+        mask = torch.as_tensor(sample[self.mask_entry]) if self.mask_entry is not None else None
         if isinstance(policy, Transforms):
             with torch.random.fork_rng(devices=[]), torch.no_grad():
                 torch.default_generator.manual_seed(_key(self.seed, epoch, index))
-                out = policy.pipeline(x[None])[0]
+                out = self._transformed(policy, x, mask)
         else:
-            out = augment_sample(x, policy, random.Random(_key(self.seed, epoch, index)))
+            params = draw_params(policy, random.Random(_key(self.seed, epoch, index)), x.shape[-2], x.shape[-1])
+            out = apply_params(x, policy, params, mask)
+        out, mask = out if mask is not None else (out, None)
         # uint8 back to uint8: a quarter of the bytes through the workers' queues and the copy
         out = out.mul_(255).round_().to(torch.uint8) if uint8 else out
+        replaced = {self.entry: out, **({self.mask_entry: mask} if mask is not None else {})}
         if isinstance(sample, dict):
-            return {**sample, self.entry: out}
-        return (out, *sample[1:]) if isinstance(sample, tuple) else [out, *sample[1:]]
+            return {**sample, **replaced}
+        items = [replaced.get(i, item) for i, item in enumerate(sample)]
+        return tuple(items) if isinstance(sample, tuple) else items
+
+    @staticmethod
+    def _transformed(policy: Transforms, x: torch.Tensor, mask: torch.Tensor | None):
+        if mask is None:
+            return policy.pipeline(x[None])[0]
+        image, moved = policy.with_masks()(x[None], mask[None, None].float())
+        return image[0], moved[0, 0].round().to(mask.dtype)
 
 
 class Preview:

@@ -72,8 +72,8 @@ def at_least(key: str, value, low: int) -> None:
         raise ConfigError([Problem(f"data.{key}", value, f"an integer >= {low}")])
 
 
-def as_tensor(value) -> torch.Tensor:
-    """A sample's input or target as a tensor (numpy arrays and Python numbers included)."""
+def as_tensor(value, what: str = "a sample") -> torch.Tensor:
+    """A sample's entry as a tensor (numpy arrays and Python numbers included)."""
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, np.ndarray):
@@ -83,9 +83,32 @@ def as_tensor(value) -> torch.Tensor:
     if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, np.generic)) for v in value):
         return torch.tensor(value)
     raise DataError(
-        f"data: a sample holds a {type(value).__name__}; expected a tensor, a numpy array, a list of numbers or a "
-        "number"
+        f"data: {what} is a {type(value).__name__}; expected a tensor, a numpy array, a list of numbers or a number"
+        " (an input may also be a tuple, list or dict of these: the model gets them as separate arguments)"
     )
+
+
+def as_inputs(value, what: str):
+    """A sample's input: one tensor, or a tuple, list or dict of them (nested where it makes
+    sense); `what` names it in a refusal, each entry by its place (`input[1]`, `input.past`)."""
+    if isinstance(value, dict):
+        return {k: as_inputs(v, f"{what}.{k}") for k, v in value.items()}
+    if (
+        isinstance(value, (tuple, list))
+        and value
+        and not all(isinstance(v, (bool, int, float, np.generic)) for v in value)
+    ):
+        return type(value)(as_inputs(v, f"{what}[{i}]") for i, v in enumerate(value))
+    return as_tensor(value, what)
+
+
+def leaves(tree) -> list[torch.Tensor]:
+    """The tensors of an input, in the order the model gets them."""
+    return [leaf for leaf in tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
+
+
+def shapes(tree) -> list[tuple[int, ...]]:
+    return [tuple(leaf.shape) for leaf in leaves(tree)]
 
 
 @dataclass
@@ -108,18 +131,32 @@ class DataSpec:
     structure: str = "pair"  # pair: (input, target); dict: the input and target under input_key and target_key
     input_key: str = "input"
     target_key: str = "target"
-    float_image: bool = (
-        False  # float (C, H, W) in [0, 1] (the ToTensor() convention): augmented as images, not normalised
-    )
+    # float (C, H, W) in [0, 1] (the ToTensor() convention): augmented as images, not normalised
+    float_image: bool = False
     fixed: bool = True  # every sample has the same shapes (variable-length samples need a collate; no resident loader)
     collate: bool = False  # the data brings its own collate function
     sample_s: float | None = None  # seconds to read one sample in this process (the num_workers=auto rule)
+    input_shapes: tuple[tuple[int, ...], ...] = ()  # every input tensor's shape (several inputs: a tuple or dict)
+    target_dtype: torch.dtype | None = None
 
     @property
     def image(self) -> bool:
         """uint8 (C, H, W): copied as uint8, normalised (and augmented) on the device; or a
         float (C, H, W) image in [0, 1], augmented, not normalised."""
-        return (self.input_dtype == torch.uint8 and len(self.input_shape) == 3) or self.float_image
+        single = len(self.input_shapes) <= 1
+        return single and ((self.input_dtype == torch.uint8 and len(self.input_shape) == 3) or self.float_image)
+
+    @property
+    def mask_target(self) -> bool:
+        """The targets are masks of the images (integer (H, W), the images' height and width):
+        a geometric augmentation moves them with the image."""
+        integer = self.target_dtype is not None and not self.target_dtype.is_floating_point
+        return self.image and integer and tuple(self.target_shape) == tuple(self.input_shape[-2:])
+
+    @property
+    def target_entry(self):
+        """Where the target is in a batch: 1 of a pair, the target key of a dict."""
+        return 1 if self.structure == "pair" else self.target_key
 
     @property
     def image_entry(self):
@@ -132,6 +169,12 @@ class DataSpec:
         return self.num_classes if self.classes else int(np.prod(self.target_shape, dtype=np.int64))
 
     def describe(self) -> str:
+        if len(self.input_shapes) > 1:
+            shown = ", ".join("x".join(map(str, s)) or "scalar" for s in self.input_shapes)
+            kind = (
+                f"{self.num_classes} classes" if self.classes else f"real targets of shape {tuple(self.target_shape)}"
+            )
+            return f"{len(self.input_shapes)} inputs ({shown}), {kind}"
         shape = "x".join(map(str, self.input_shape)) or "scalar"
         kind = f"{self.num_classes} classes" if self.classes else f"real targets of shape {tuple(self.target_shape)}"
         return (
@@ -244,8 +287,8 @@ def materialize(dataset: Dataset) -> InMemory:
 
 
 def _sample(
-    dataset: Dataset, what: str, input_key: str, target_key: str, index: int = 0
-) -> tuple[torch.Tensor, torch.Tensor, str]:
+    dataset: Dataset, what: str, input_key, target_key: str, index: int = 0
+) -> tuple[object, torch.Tensor, str]:
     """(input, target, structure) of sample `index`: a pair, or a dict holding both."""
     try:
         n = len(dataset)
@@ -259,20 +302,28 @@ def _sample(
     return (*entries(sample, what, input_key, target_key), "dict" if isinstance(sample, dict) else "pair")
 
 
-def entries(
-    sample, what: str, input_key: str = "input", target_key: str = "target"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sample's input and target: the two of a pair, or a dict's `input_key` and `target_key`."""
+def input_keys(input_key) -> list[str]:
+    """The dict keys the input is read from: one, or several (the model gets them in order)."""
+    return [str(k) for k in input_key] if isinstance(input_key, (list, tuple)) else [str(input_key)]
+
+
+def entries(sample, what: str, input_key="input", target_key: str = "target") -> tuple[object, torch.Tensor]:
+    """A sample's input and target: the two of a pair, or a dict's `input_key` (or keys) and
+    `target_key` entries. The input is a tensor, or a tuple, list or dict of them."""
     if isinstance(sample, (tuple, list)) and len(sample) == 2:
-        return as_tensor(sample[0]), as_tensor(sample[1])
+        return as_inputs(sample[0], f"a {what} sample's input"), as_tensor(sample[1], f"a {what} sample's target")
     if isinstance(sample, dict):
-        missing = [key for key in (input_key, target_key) if key not in sample]
+        keys = input_keys(input_key)
+        missing = [key for key in (*keys, target_key) if key not in sample]
         if missing:
+            reads = " and ".join(map(repr, keys))
             raise DataError(
                 f"data: a {what} sample is a dict with keys {sorted(map(str, sample))}; the task reads its input from "
-                f"{input_key!r} and its target from {target_key!r} (task.input_key, task.target_key)"
+                f"{reads} and its target from {target_key!r} (task.input_key, task.target_key)"
             )
-        return as_tensor(sample[input_key]), as_tensor(sample[target_key])
+        raw = sample[keys[0]] if len(keys) == 1 else tuple(sample[k] for k in keys)
+        name = f"a {what} sample's {keys[0]!r}" if len(keys) == 1 else f"a {what} sample's input"
+        return as_inputs(raw, name), as_tensor(sample[target_key], f"a {what} sample's {target_key!r}")
     raise DataError(
         f"data: a {what} sample is a {type(sample).__name__}; expected a pair (input, target) or a dict holding them"
     )
@@ -377,12 +428,21 @@ def stack(samples: list):
     raise DataError("data: samples do not stack into a batch (their shapes differ)")
 
 
+def named_leaves(tree, name: str) -> list[tuple[str, object]]:
+    """A sample's (or an input's) entries by name, in pytree order: `input`, `input[1]`, `input.past`."""
+    if isinstance(tree, dict):
+        return [pair for k, v in tree.items() for pair in named_leaves(v, f"{name}.{k}" if name else str(k))]
+    if isinstance(tree, (tuple, list)) and tree and not all(isinstance(v, (bool, int, float)) for v in tree):
+        return [pair for i, v in enumerate(tree) for pair in named_leaves(v, f"{name}[{i}]")]
+    return [(name, tree)]
+
+
 def _leaf_names(sample) -> list[str]:
-    """Names of a sample's entries in pytree order: input and target of a pair, a dict's keys."""
+    """Names of a sample's entries in pytree order: a pair's input (or its inputs) and target, a dict's keys."""
     if isinstance(sample, (tuple, list)) and len(sample) == 2:
-        return ["input", "target"]
+        return [name for name, _ in named_leaves(sample[0], "input")] + ["target"]
     if isinstance(sample, dict):
-        return [str(k) for k in sample]  # torch's pytree keeps a dict's order
+        return [name for name, _ in named_leaves(sample, "")]  # torch's pytree keeps a dict's order
     return [f"entry {i}" for i in range(len(tree_leaves(sample)))]
 
 
@@ -390,34 +450,32 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _differing(
-    dataset: Dataset, what: str, first: tuple[torch.Tensor, torch.Tensor], keys: tuple[str, str]
-) -> tuple | None:
-    """(entry, sample, its shape) of the first of a few samples besides sample 0 whose input
-    or target has another shape than sample 0's; None when they all match (a data set that
-    returns whole batches makes them itself)."""
+def _differing(dataset: Dataset, what: str, first: tuple, keys: tuple) -> tuple | None:
+    """(entry, sample, its shape, sample 0's) of the first of a few samples besides sample 0
+    whose input (any of them) or target has another shape than sample 0's; None when they
+    all match (a data set that returns whole batches makes them itself)."""
     if getattr(dataset, "returns_batches", False):
         return None
     n = len(dataset)
+    mine = [*named_leaves(first[0], "input"), ("target", first[1])]
     for i in sorted({1, n // 2, n - 1} - {0}):
         if i >= n:
             continue
-        other = entries(dataset[i], what, *keys)
-        for part, a, b in (("input", first[0], other[0]), ("target", first[1], other[1])):
+        x, y = entries(dataset[i], what, *keys)
+        for (name, a), (_, b) in zip(mine, [*named_leaves(x, "input"), ("target", y)], strict=False):
             if a.shape != b.shape:
-                return part, i, tuple(b.shape)
+                return name, i, tuple(b.shape), tuple(a.shape)
     return None
 
 
-def _check_stacks(dataset: Dataset, what: str, first: tuple[torch.Tensor, torch.Tensor], keys: tuple[str, str]) -> None:
+def _check_stacks(dataset: Dataset, what: str, first: tuple, keys: tuple) -> None:
     """Samples of one shape stack into a batch with torch's default collate; say which
     entry differs and the fix when they do not."""
     found = _differing(dataset, what, first, keys)
     if found is not None:
-        part, i, shape = found
-        a = first[0] if part == "input" else first[1]
+        part, i, shape, shape0 = found
         raise DataError(
-            f"data: {what} samples do not stack into a batch: the {part} of sample 0 has shape {tuple(a.shape)}, of "
+            f"data: {what} samples do not stack into a batch: the {part} of sample 0 has shape {shape0}, of "
             f"sample {i} {shape}; pad them to one shape in the data set, or give the data a collate function that "
             "pads a batch (return {'train': ..., 'collate': saturate.data.pad_collate})"
         )
@@ -452,7 +510,7 @@ def _image_stats(dataset: Dataset, key: str = "input") -> tuple[tuple[float, ...
     return channel_stats(entries(dataset[i], "training", key, key)[0] for i in index)
 
 
-def _check_like_training(other: Dataset, what: str, first: tuple, keys: tuple[str, str], *, fixed: bool, collate: bool):
+def _check_like_training(other: Dataset, what: str, first: tuple, keys: tuple, *, fixed: bool, collate: bool):
     """A validation or test set's samples have the training samples' structure, shapes and dtypes."""
     x, y, structure = first
     vx, vy, other_structure = _sample(other, what, *keys)
@@ -461,12 +519,19 @@ def _check_like_training(other: Dataset, what: str, first: tuple, keys: tuple[st
             f"data: {what} samples are {'dicts' if other_structure == 'dict' else 'pairs'}, training samples "
             f"{'dicts' if structure == 'dict' else 'pairs'}; they must have one structure"
         )
-    same_input = (vx.shape == x.shape) if fixed else (vx.shape[1:] == x.shape[1:])
-    if not same_input or vx.dtype != x.dtype:
+    mine, theirs = named_leaves(x, "input"), named_leaves(vx, "input")
+    if [n for n, _ in mine] != [n for n, _ in theirs]:
         raise DataError(
-            f"data: {what} inputs are {_dtype(vx)} {tuple(vx.shape)}, training inputs {_dtype(x)} {tuple(x.shape)}; "
-            "they must match"
+            f"data: {what} inputs are {', '.join(n for n, _ in theirs)}, training inputs "
+            f"{', '.join(n for n, _ in mine)}; they must match"
         )
+    for (name, a), (_, b) in zip(mine, theirs, strict=True):
+        same = (b.shape == a.shape) if fixed else (b.shape[1:] == a.shape[1:])
+        if not same or b.dtype != a.dtype:
+            raise DataError(
+                f"data: {what} {name} is {_dtype(b)} {tuple(b.shape)}, the training {name} {_dtype(a)} "
+                f"{tuple(a.shape)}; they must match"
+            )
     same_target = (vy.shape == y.shape) if fixed else (vy.ndim == y.ndim)
     if not same_target or vy.is_floating_point() != y.is_floating_point():
         raise DataError(
@@ -495,7 +560,7 @@ def describe(
     name: str,
     classes: bool,
     test: Dataset | None = None,
-    input_key: str = "input",
+    input_key: str | list[str] = "input",
     target_key: str = "target",
     collate: bool = False,
 ) -> DataSpec:
@@ -503,13 +568,16 @@ def describe(
     count classes when `classes`); check that the validation and test sets' samples look the
     same. `collate`: the data brings its own collate, so samples may differ in shape."""
     keys = (input_key, target_key)
-    x, y, structure = _sample(train, "training", *keys)
-    fixed = _differing(train, "training", (x, y), keys) is None
+    inputs, y, structure = _sample(train, "training", *keys)
+    if not leaves(inputs):
+        raise DataError(f"data: a training sample's input holds no tensor ({type(inputs).__name__} {inputs!r:.60})")
+    x = leaves(inputs)[0]  # the first input: what describes the data (channels, features, image or not)
+    fixed = _differing(train, "training", (inputs, y), keys) is None
     if not collate:
-        _check_stacks(train, "training", (x, y), keys)
+        _check_stacks(train, "training", (inputs, y), keys)
     for other, what in ((val, "validation"), (test, "test")):
         if other is not None:
-            _check_like_training(other, what, (x, y, structure), keys, fixed=fixed, collate=collate)
+            _check_like_training(other, what, (inputs, y, structure), keys, fixed=fixed, collate=collate)
     integer = not (y.is_floating_point() or y.is_complex())
     if classes and (not integer or y.ndim != 0):
         raise DataError(
@@ -534,10 +602,12 @@ def describe(
         structure=structure,
         input_key=input_key,
         target_key=target_key,
-        float_image=_float_image(x),
+        float_image=isinstance(inputs, torch.Tensor) and _float_image(x),
         fixed=fixed,
         collate=collate,
         sample_s=_read_time(train),
+        input_shapes=tuple(shapes(inputs)),
+        target_dtype=y.dtype,
     )
     _check_values(spec, (train, val, test))
     if spec.image and not spec.float_image:

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from saturate.config.schema import AugmentationConfig, LoaderConfig, TrainerConfig
 from saturate.data.augment import BatchAugment, Preview, SampleAugment, Schedule
 from saturate.data.base import DataSpec, InMemory, materialize, stack
+from saturate.data.mix import MixedPipeline
 from saturate.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
@@ -111,9 +112,10 @@ class DevicePipeline:
         preview=None,
         entry=0,
         normalise: bool = True,
+        mask_entry=None,
     ):
         self.device, self.non_blocking, self.augment, self.preview = device, non_blocking, augment, preview
-        self.entry, self.normalise = entry, normalise
+        self.entry, self.normalise, self.mask_entry = entry, normalise, mask_entry
         if normalise:
             std = torch.tensor(std, device=device).view(1, -1, 1, 1)
             # (x - mean) / std
@@ -138,7 +140,12 @@ class DevicePipeline:
             if uint8 and self.normalise:
                 x = x.float().mul_(self.scale_u8).add_(self.shift)
         else:
-            x = self.augment(x.float().div_(255) if uint8 else x.float(), self.epoch, self.batch)
+            x = x.float().div_(255) if uint8 else x.float()
+            if self.mask_entry is None:
+                x = self.augment(x, self.epoch, self.batch)
+            else:  # the targets are masks of the images: moved with them
+                x, masks = self.augment(x, self.epoch, self.batch, batch[self.mask_entry])
+                batch = _replace(batch, self.mask_entry, masks)
             if self.preview is not None:
                 self.preview(x, self.epoch)
             if uint8 and self.normalise:
@@ -547,6 +554,7 @@ def build_pipeline(
         preview=preview,
         entry=spec.image_entry,
         normalise=not spec.float_image,
+        mask_entry=spec.target_entry if augment is not None and spec.mask_target else None,
     )
 
 
@@ -597,20 +605,21 @@ def build_loaders(
     *,
     device: torch.device,
     trainer: TrainerConfig,
+    shard: Shard = Shard(),
     show_images=None,
-    rank: int = 0,
-    world_size: int = 1,
     transforms=None,
+    mix=None,
 ) -> Loaders:
     """Training, validation and test batches (those the data has). Augmentation is placed
     here, once: per sample in the training dataset (cpu), or on the device in the training
     pipeline (gpu). `show_images(tag, images, step)` records what the augmentation does
     (TensorBoard). `data`: saturate.data.Data (its splits and collate)."""
     train_set = data.train
-    _check_loadable(cfg, spec, len(train_set), world_size)
+    _check_loadable(cfg, spec, len(train_set), shard.world_size)
     schedule = (transforms or Schedule.from_config(aug)) if aug.placement != "none" else None
     if aug.placement == "cpu":
-        train_set = SampleAugment(train_set, schedule, seed=trainer.seed, entry=spec.image_entry)
+        mask = spec.target_entry if spec.mask_target else None
+        train_set = SampleAugment(train_set, schedule, seed=shard.seed, entry=spec.image_entry, mask_entry=mask)
     note = ""
     if cfg.num_workers == "auto":
         workers, note = auto_workers_for(spec, per_sample_augment=aug.placement == "cpu")
@@ -626,8 +635,12 @@ def build_loaders(
         else None
     )
     # ranks differ
-    train_pipeline = pipeline(augment=device_augment(aug, trainer.seed + 1_000_003 * rank, transforms), preview=preview)
-    shard = Shard(trainer.seed, rank, world_size)
+    train_pipeline = pipeline(
+        augment=device_augment(aug, shard.seed + 1_000_003 * shard.rank, transforms), preview=preview
+    )
+    if mix is not None:  # after the augmentation and normalisation, on the device
+        keys = (spec.image_entry, 1) if spec.structure == "pair" else (spec.input_key, spec.target_key)
+        train_pipeline = MixedPipeline(train_pipeline, mix, input_key=keys[0], target_key=keys[1])
     if cfg.resident:
         make = lambda dataset, pipe, **kw: ResidentLoader(materialize(dataset), cfg, pipe, shard=shard, **kw)  # noqa: E731
     else:

@@ -38,6 +38,7 @@ from saturate.loop.protocols import (
     Observers,
     Ranks,
     RunView,
+    Schedule,
     StopRequest,
     Timer,
     Tracker,
@@ -76,7 +77,7 @@ class Training:
 
     model: nn.Module  # what the step calls: DDP-wrapped and/or compiled
     step: TrainStep
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: Schedule
     batches: Batches
 
 
@@ -144,6 +145,8 @@ class Engine:
         self.batch = None  # the last device batch (a reference: what a failed guard looks at)
         self.per_step = observers.has("on_train_batch_end") or observers.has("on_after_optimizer_step")
         self.clock = watch.clock  # evaluation, checkpoints, logging: the run's time besides the steps
+        self.evaluated_at: int | None = None  # the step of the last evaluation (saved with it)
+        self.evaluated_inside: dict[str, float] = {}  # this epoch's last evaluation inside it (trainer.eval_every)
 
     def finished(self, state: TrainState) -> bool:
         """Whether `state` is already at max_epochs or max_steps (a finished run resumed)."""
@@ -158,6 +161,8 @@ class Engine:
         """Train from `state` to max_epochs (or max_steps, or a callback's stop); return what
         the run did."""
         steps_per_epoch = len(self.training.batches)
+        if state.step and self.evaluator.due_step(state.step):  # resumed from the save of an evaluation inside an epoch
+            self.evaluated_at = state.step
         if not self.finished(state):
             with self.clock.timing("loop"):
                 self._fit(state, steps_per_epoch)
@@ -185,22 +190,24 @@ class Engine:
     def _fit(self, state: TrainState, steps_per_epoch: int) -> None:
         while True:
             self.training.model.train()
-            epoch_start, evaluated = time.perf_counter(), {}
+            epoch_start, evaluated, self.evaluated_inside = time.perf_counter(), {}, {}
             batches = self.training.batches.epoch(state.epoch, start=state.batch_in_epoch)
             fetched = self.timer.fetch(batches)
             with closing(fetched, batches):  # however the epoch is left
                 self.train_epoch(fetched, state, steps_per_epoch)
             if state.batch_in_epoch >= steps_per_epoch:
                 state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+                self.training.scheduler.epoch_done()
             last = self.finished(state) or self.stopping()
             self.log_train(state, steps_per_epoch)  # closes the timing window before evaluation
-            if self.evaluator.due(state.epoch, last):
+            fresh = self.evaluated_at != state.step  # not evaluated (and saved) at this step inside the epoch
+            if fresh and self.evaluator.due(state.epoch, last):
                 evaluated = self.evaluate(state, steps_per_epoch)
                 last = last or self.stopping()  # a stop asked for at this evaluation (early stopping)
-            if self.checkpointer.due(state.epoch, last):
+            if fresh and self.checkpointer.due(state.epoch, last):
                 self.save(state, self.tracker.latest)
             self.tracker.progress(state.step, state.epoch)
-            self.epoch_line(state, evaluated, time.perf_counter() - epoch_start)
+            self.epoch_line(state, evaluated or self.evaluated_inside, time.perf_counter() - epoch_start)
             if last:
                 if self.run.stop_reason is not None or self.stopping():
                     self.run.request_stop("another rank's callback asked the run to stop")  # keeps rank 0's own reason
@@ -214,8 +221,26 @@ class Engine:
             self.halt(state, steps_per_epoch)  # saves, then raises Preempted
         self.tracker.log(evaluated, state.step)
         self.tracker.matrices(self.evaluator.matrices, state.step, self.evaluator.class_names)
+        if self.evaluator.preview is not None:
+            self.tracker.images(f"{self.evaluator.split}/preview", self.evaluator.preview, state.step)
+        test = self.evaluator.also
+        if test is not None:
+            with self.phase("evaluation"):
+                tested = test.run(self.run.eval_model)
+            self.tracker.log(tested, state.step)
+        self.training.scheduler.evaluated(evaluated)
         self.observers.call("on_eval_end", self.run, evaluated)
+        self.evaluated_at = state.step
         return evaluated
+
+    def evaluate_inside(self, state: TrainState, steps_per_epoch: int) -> bool:
+        """An evaluation inside the epoch (trainer.eval_every): logged, saved (last.pt, best.pt),
+        and whether a callback asked the run to stop at it."""
+        self.log_train(state, steps_per_epoch)  # the timing window closes before the evaluation
+        self.evaluated_inside = self.evaluate(state, steps_per_epoch)
+        self.save(state, self.tracker.latest)
+        self.training.model.train()
+        return self.stopping()
 
     def train_epoch(self, batches, state: TrainState, steps_per_epoch: int) -> None:
         """Train on the epoch's batches, from where `state` is, until they run out or a stop
@@ -240,6 +265,8 @@ class Engine:
                 self.log_train(state, steps_per_epoch)
             if self.checkpointer.due_step(state.step):
                 self.save(state, self.tracker.latest)
+            if self.evaluator.due_step(state.step) and self.evaluate_inside(state, steps_per_epoch):
+                return
             signalled, failed, requested = self.halting(state.step)
             if signalled or failed:
                 self.halt(state, steps_per_epoch)
@@ -299,6 +326,8 @@ class Engine:
             for k, v in ((names.TRAIN_LOSS, latest.get(names.TRAIN_LOSS)), *evaluated.items())
             if v is not None
         ]
+        if evaluated and self.evaluated_at != state.step:  # evaluated inside the epoch, not at its end
+            figures[-1] += f" (evaluated at step {self.evaluated_at})"
         speed = latest.get(names.SAMPLES_PER_S)
         log.info(
             "epoch %d/%d, step %d: %s%s, %.1f s",

@@ -39,6 +39,10 @@ def joined(arrays: list):
 
 
 class Evaluator:
+    """A split's evaluation, and when it is due: every `interval`-th epoch, or every `every`
+    optimizer steps (inside the epoch) when that is set; always after the last. `also`: the
+    test split's evaluator, run at every evaluation too (trainer.eval_test)."""
+
     def __init__(
         self,
         batches,
@@ -46,16 +50,24 @@ class Evaluator:
         task,
         *,
         interval: int,
+        every: int = 0,
         split: str = "val",
         class_names: list[str] | None = None,
+        also: Evaluator | None = None,
     ):
         self.batches, self.precision, self.task, self.interval, self.split = batches, precision, task, interval, split
-        self.class_names = class_names
+        self.every, self.also, self.class_names = every, also, class_names
         self.matrices: dict[str, torch.Tensor] = {}  # the last evaluation's matrix results (confusion), on the CPU
+        self.preview: torch.Tensor | None = None  # images the task drew of the first batch (segmentation), on the CPU
 
     def due(self, epoch: int, last: bool) -> bool:
-        """After every `interval`-th epoch, and always after the last (never without batches)."""
-        return self.batches is not None and (last or epoch % self.interval == 0)
+        """After every `interval`-th epoch (when not evaluating inside epochs), and always after
+        the last (never without batches)."""
+        return self.batches is not None and (last or (not self.every and epoch % self.interval == 0))
+
+    def due_step(self, step: int) -> bool:
+        """After every `every`-th optimizer step, counted across epochs."""
+        return self.batches is not None and self.every > 0 and step % self.every == 0
 
     @torch.inference_mode()
     def run(self, model: nn.Module, interrupted=lambda: False, predict: bool = False) -> dict[str, float] | None:
@@ -66,6 +78,7 @@ class Evaluator:
         model.eval()
         device = next(model.parameters()).device
         metrics = {name: metric.to(device) for name, metric in self.task.metrics().items()}
+        self.preview, self.preview_due = None, True
         loss = MeanMetric(nan_strategy="disable").to(device)  # its NaN check reads the device twice per batch
         kept: list[dict[str, torch.Tensor]] = []
         try:
@@ -75,6 +88,8 @@ class Evaluator:
                 batch = self.batches.to_device(batch)
                 with self.precision.autocast():  # the loss too, as in the step (autocast computes it in fp32)
                     value, outputs = self.task.forward(model, batch)
+                if self.preview_due and callable(getattr(self.task, "preview", None)):
+                    self.preview, self.preview_due = self.task.preview(outputs, batch).float().cpu(), False
                 loss.update(value.float().expand(batch_size(batch)))  # per sample ("disable" ignores a weight)
                 self.task.update(metrics, outputs, batch)
                 if predict:

@@ -26,6 +26,19 @@ class Batches(Protocol):
         """One batch on the device, prepared there (augmented, normalised)."""
 
 
+class Schedule(Protocol):
+    """The learning rate over the run (saturate.parts.schedule.Schedule)."""
+
+    def step(self) -> None:
+        """After an optimizer step that moved the weights."""
+
+    def epoch_done(self) -> None: ...
+
+    def evaluated(self, metrics: dict[str, float]) -> None: ...
+
+    def get_last_lr(self) -> list[float]: ...
+
+
 class Tracker(Protocol):
     """Where metrics go (saturate.observe.tracking.Tracker)."""
 

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from saturate.errors import named_parts
 from saturate.parts.device import OutOfMemory, free_device_memory, is_oom
 from saturate.scale.distributed import no_sync
 
@@ -60,15 +61,6 @@ def split(batch, count: int) -> list:
         leaf.tensor_split(count) if isinstance(leaf, torch.Tensor) and leaf.ndim else [leaf] * count for leaf in leaves
     ]
     return [tree_unflatten([p[i] for p in parts], spec) for i in range(count)]
-
-
-def named_parts(batch) -> list[tuple[str, object]]:
-    """A batch's entries by name, for messages: (inputs, targets) of a pair, a dict's keys."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return [("inputs", batch[0]), ("targets", batch[1])]
-    if isinstance(batch, dict):
-        return [(str(k), v) for k, v in batch.items()]
-    return [("batch", batch)]
 
 
 def _alone(ok: bool) -> bool:

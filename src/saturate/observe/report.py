@@ -63,19 +63,21 @@ class RunFacts:
     memory_headroom: bool  # peak memory under half of the device's
     emulated_precision: bool  # bf16/fp16 on a CPU without native kernels for them
     image: bool = True  # uint8 image inputs: the image-only options (augmentation placement, channels_last) apply
-    cpu_util: float | None = (
-        None  # the run's own processes' CPU use, % of the CPUs it may use (steady state), when sampled
-    )
+    # the run's own processes' CPU use, % of the CPUs it may use (steady state), when sampled
+    cpu_util: float | None = None
     host_cpu: float | None = None  # the host's CPU use, % of all its cores
     other_cpu: float | None = None  # other processes' share of the host, % of all its cores
     cores: int = 0  # the host's cores
     workers_cpu: float | None = None  # the loader's workers' CPU use, % of one core
     # evaluation, checkpoint, logging: shares of the training loop's time
     loop_shares: dict = field(default_factory=dict)
-    launch_frac: float | None = (
-        None  # CUDA: share of steps waiting on launches; CPU: share of compute not growing with the batch
-    )
+    # CUDA: share of steps waiting on launches; CPU: share of compute not growing with the batch
+    launch_frac: float | None = None
     launches: int | None = None  # operator launches per step
+    # the model computed two real samples in channels-last layout / under autocast (its
+    # probe at start-up): what is not proposed otherwise
+    channels_last_ok: bool = True
+    amp_ok: bool = True
 
 
 @dataclass
@@ -158,13 +160,13 @@ def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
                 f"this CPU has no native {f.precision} kernels: {f.precision} is emulated, slower than fp32",
             )
         )
-    if f.device == "cuda" and f.precision == "fp32":
+    if f.device == "cuda" and f.precision == "fp32" and f.amp_ok:
         fixes.append(("precision=amp", "bf16/fp16 tensor cores do several times the fp32 work per second"))
     if f.device != "cuda":
         # compile (tens of seconds of compilation) and larger batches are GPU remedies: on this
         # 2-core CPU they measured no gain; the arithmetic itself is the limit here. NHWC is
         # what oneDNN's convolutions prefer: measured 1.10x (resnet18) and 1.16x (small_cnn) there
-        if f.image and not f.channels_last:
+        if f.image and not f.channels_last and f.channels_last_ok:
             fixes.append(
                 (
                     "trainer.channels_last=true",
@@ -180,7 +182,7 @@ def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
         return fixes
     if not f.compile:
         fixes.append(("trainer.compile=true", "fused kernels: fewer launches and memory round trips"))
-    if not f.channels_last and f.image:
+    if not f.channels_last and f.image and f.channels_last_ok:
         fixes.append(("trainer.channels_last=true", "convolutions run faster in NHWC on tensor cores"))
     if f.memory_headroom:
         fixes.append(

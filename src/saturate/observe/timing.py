@@ -43,9 +43,8 @@ class Window:
     gap_s: float = 0.0  # device idle between a step's compute and the next step's copy
     gap_data_s: float = 0.0  # the part of it the host spent waiting for the batch
     enqueue_s: float = 0.0  # host time spent enqueuing the compute phases
-    launch_steps: int = (
-        0  # steps whose device compute took no longer than 1.1x its host enqueue: the GPU waited on launches
-    )
+    # steps whose device compute took no longer than 1.1x its host enqueue: the GPU waited on launches
+    launch_steps: int = 0
     timed_steps: int = 0  # steps with device figures
 
     def add(self, other: Window) -> None:

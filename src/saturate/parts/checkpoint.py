@@ -9,6 +9,7 @@ k best are also kept as `top-<epoch>-<step>.pt`.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -154,23 +155,37 @@ def _gist(error: BaseException) -> str:
     return text if len(text) <= 400 else text[:400] + " ..."
 
 
-def _apply_hyperparameters(optimizer, scheduler, configured: list[dict], base_lrs: list[float]) -> list[str]:
-    """After the saved optimizer and schedule are loaded: put back the hyperparameters this
-    run's config asks for (a changed lr, momentum, weight decay, ...) and recompute the
-    learning rate from the new base at the saved step. Returns what changed, in words."""
+def _configured(stateful: dict[str, Any]) -> dict | None:
+    """The optimizer's hyperparameters per group (lr apart) and the schedule's base LRs, as
+    the config builds them."""
+    optimizer, scheduler = stateful.get("optimizer"), stateful.get("scheduler")
+    if optimizer is None or scheduler is None:
+        return None
+    groups = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")} for g in optimizer.param_groups]
+    return {"groups": copy.deepcopy(groups), "base_lrs": list(scheduler.base_lrs)}
+
+
+def _apply_hyperparameters(optimizer, scheduler, now: dict, then: dict | None, lr_scale: float) -> list[str]:
+    """After the saved optimizer and schedule are loaded: put back what this run's config
+    changed since the checkpoint's (`then`: its configured hyperparameters; a checkpoint
+    written before they were saved: every configured value that differs from the saved
+    state) -- a changed lr, momentum, weight decay -- and restart the schedule from the new
+    base at the saved step. What a scheduler moves itself (OneCycleLR's momentum, a plateau
+    rule's LR) stays as saved. Returns what changed, in words."""
     changed = []
-    for i, (group, wanted) in enumerate(zip(optimizer.param_groups, configured, strict=True)):
+    for i, (group, wanted) in enumerate(zip(optimizer.param_groups, now["groups"], strict=True)):
+        before = then["groups"][i] if then and i < len(then["groups"]) else None
         for key, value in wanted.items():
-            if group.get(key) != value:
+            moved = group.get(key) != value if before is None else before.get(key) != value
+            if moved:
                 changed.append(f"group {i} {key} {group.get(key)!r} -> {value!r}")
                 group[key] = value
-    if list(scheduler.base_lrs) != base_lrs:
+    base_lrs = [lr * lr_scale for lr in now["base_lrs"]]  # the config's, as the callbacks had scaled them
+    saved = then["base_lrs"] if then else scheduler.base_lrs
+    if list(saved) != (base_lrs if then is None else list(now["base_lrs"])):
         pairs = enumerate(zip(scheduler.base_lrs, base_lrs, strict=True))
         changed += [f"group {i} lr {old!r} -> {new!r}" for i, (old, new) in pairs if old != new]
-        scheduler.base_lrs = base_lrs
-        for group, base, factor in zip(optimizer.param_groups, base_lrs, scheduler.lr_lambdas, strict=True):
-            group["initial_lr"], group["lr"] = base, base * factor(scheduler.last_epoch)
-        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        scheduler.rebase(base_lrs)
     return changed
 
 
@@ -225,6 +240,9 @@ class Checkpointer:
         self.saved_step: int | None = None  # of the last checkpoint written (finite weights)
         self.top: list[tuple[float, str]] = []  # (metric, file name) of the kept top-k files
         self.last_path = directory / "last.pt"
+        # the hyperparameters this run's config gives, before any step (a scheduler may move some,
+        # e.g. OneCycleLR's momentum): saved, so that a resume applies only what the config changed
+        self.configured = _configured(stateful)
         if enabled:
             directory.mkdir(parents=True, exist_ok=True)
 
@@ -262,6 +280,7 @@ class Checkpointer:
             "lr_scale": float(run.lr_scale) if run is not None else 1.0,
             "rng": rng_state(),
             "optimizer_class": type(self.stateful["optimizer"]).__name__ if "optimizer" in self.stateful else None,
+            "configured": self.configured,
             "config": self.config,
             "fingerprint": self.fingerprint,
         }
@@ -333,12 +352,7 @@ class Checkpointer:
                 f"trainer.resume: {path} was trained with {saved_kind}, this run's optimizer is {kind}: its state "
                 "(momentum, step counts) cannot carry over; resume with the same optim"
             )
-        # the optimizer and schedule as this run's config builds them, to apply on top of the saved state
-        configured = [
-            {k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")} for g in optimizer.param_groups
-        ]
         lr_scale = _lr_scale(ckpt.get("lr_scale", 1.0), path)
-        base_lrs = [lr * lr_scale for lr in scheduler.base_lrs]  # the config's, as the callbacks had scaled them
         restore = {"model": (self.model, ckpt.get("train_model", ckpt["model"]))}
         restore.update({name: (part, ckpt[name]) for name, part in self.stateful.items() if name != "observers"})
         for name, (part, saved) in restore.items():
@@ -351,7 +365,7 @@ class Checkpointer:
             "eval": ckpt["model"] if "train_model" in ckpt else None,
             "observers": ckpt.get("observers", {}),
         }
-        applied = _apply_hyperparameters(optimizer, scheduler, configured, base_lrs)
+        applied = _apply_hyperparameters(optimizer, scheduler, self.configured, ckpt.get("configured"), lr_scale)
         self._warn_changes(ckpt.get("config", {}), ckpt["step"], applied)
         set_rng_state(ckpt["rng"])
         self.best, self.top = ckpt.get("best"), [tuple(t) for t in ckpt.get("top", [])]

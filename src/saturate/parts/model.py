@@ -10,6 +10,7 @@ Any other name takes a value from the data by interpolation in the node
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -23,7 +24,7 @@ from torch import nn
 
 from saturate.config.data_info import arguments
 from saturate.config.instantiate import build
-from saturate.errors import DataError, UserError
+from saturate.errors import ConfigError, DataError, Problem, UserError, named_parts
 
 log = logging.getLogger(__name__)
 
@@ -33,25 +34,104 @@ class Models:
     train: nn.Module  # what the loop calls: DDP-wrapped and/or compiled
     eval: nn.Module  # what the evaluator calls: never DDP (ranks evaluate different numbers of batches), never compiled
     raw: nn.Module  # the plain module: optimizer, checkpoints
+    channels_last_ok: bool = True  # it accepts channels-last inputs (what the report and tune may propose)
+    amp_ok: bool = True  # it computes under autocast (on a GPU in fp32: what the report and tune may propose)
 
 
-def make(node: dict | None, values: dict[str, Any], given: nn.Module | Callable | None) -> nn.Module:
+def make(node: dict | None, values: dict[str, Any], given: nn.Module | Callable | None, pretrained=None) -> nn.Module:
     """The model: built from its node with the data-derived arguments it names; or the one
     passed in; or built by the factory passed in (called now, after seeding, with the
-    data-derived arguments it names)."""
+    data-derived arguments it names). Then the pretrained weights and the frozen layers
+    (`pretrained`: a PretrainedConfig), if any."""
     if isinstance(given, nn.Module):
         log.info(
-            "model: given as an object: its initial weights were drawn before trainer.seed was applied; pass a "
-            "factory (saturate.fit(lambda: Model(...), ...)) to have them seeded"
+            "model: given as an object: its initial weights were drawn before trainer.seed was applied; pass a factory "
+            "(saturate.fit(lambda: Model(...), ...)) to have them seeded"
         )
-        return given
-    if given is not None:
+        raw = given
+    elif given is not None:
         raw = given(**arguments(given, {}, values))
     else:
         raw = build(node, "model", **arguments(get_method(node["_target_"]), node, values))
     if not isinstance(raw, nn.Module):
         raise UserError(f"model: {type(raw).__name__} is not a torch.nn.Module")
+    if pretrained is not None:
+        load_pretrained(raw, pretrained)
+        freeze(raw, pretrained.freeze)
     return raw
+
+
+def load_pretrained(model: nn.Module, cfg) -> None:
+    """pretrained.path: a state dict (a checkpoint of saturate's: its `model`), read as data
+    only, its key prefixes renamed; missing and unexpected keys named in one message (an
+    error with pretrained.strict, else a warning)."""
+    if not cfg.path:
+        return
+    from pathlib import Path
+
+    path = Path(cfg.path).expanduser()
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ConfigError([Problem("pretrained.path", cfg.path, "a file that exists")]) from None
+    except Exception as e:  # noqa: BLE001 (a damaged file, or one that needs arbitrary unpickling: refused)
+        why = " ".join(str(e).split())[:200]
+        raise ConfigError(
+            [Problem("pretrained.path", cfg.path, f"a state dict of tensors, read as data ({why})")]
+        ) from None
+    state = state.get("model", state) if isinstance(state, dict) and "step" in state else state
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError([Problem("pretrained.path", cfg.path, "a state dict: {name: tensor}")])
+    for old, new in (cfg.rename or {}).items():
+        state = {(new + k[len(old) :] if k.startswith(old) else k): v for k, v in state.items()}
+    own = model.state_dict()
+    wrong = [
+        f"{k} {tuple(v.shape)} (the model's {tuple(own[k].shape)})"
+        for k, v in state.items()
+        if k in own and v.shape != own[k].shape
+    ]
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if wrong or ((missing or unexpected) and cfg.strict):
+        raise UserError(f"pretrained.path={cfg.path}: {_mismatch(missing, unexpected, wrong)}")
+    model.load_state_dict(state, strict=False)
+    log.info(
+        "pretrained: %d tensors from %s%s",
+        len(state) - len(unexpected),
+        path,
+        f"; {_mismatch(missing, unexpected, [])}" if missing or unexpected else "",
+    )
+
+
+def _mismatch(missing: list[str], unexpected: list[str], wrong: list[str]) -> str:
+    def few(keys: list[str]) -> str:
+        return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+
+    said = [
+        f"{what}: {few(keys)}"
+        for what, keys in (("shapes differ", wrong), ("missing", missing), ("unexpected", unexpected))
+        if keys
+    ]
+    fix = "; pretrained.rename maps key prefixes ({'old.': 'new.'}), pretrained.strict=false loads what matches"
+    return "; ".join(said) + fix
+
+
+def freeze(model: nn.Module, patterns: list[str]) -> None:
+    """pretrained.freeze: parameters whose names match a pattern keep their values (no
+    gradient, no optimizer state)."""
+    import fnmatch
+
+    for i, pattern in enumerate(patterns):
+        hit = [p for n, p in model.named_parameters() if fnmatch.fnmatchcase(n, pattern)]
+        if not hit:
+            names = ", ".join(n for n, _ in model.named_parameters())
+            allowed = f"a pattern matching some of {type(model).__name__}'s parameters ({names[:300]})"
+            raise ConfigError([Problem(f"pretrained.freeze[{i}]", pattern, allowed)])
+        for p in hit:
+            p.requires_grad_(False)
+    if patterns:
+        frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+        log.info("pretrained: %d parameters frozen (%s)", frozen, ", ".join(patterns))
 
 
 def check(model: nn.Module, batch, task, precision, spec) -> None:
@@ -105,11 +185,9 @@ def check_finite(loss, batch, task) -> None:
     """A loss that is NaN or inf before any training: the data's values (named) or the loss."""
     if torch.isfinite(loss.detach()).all():  # one read, at start-up
         return
-    pairs = zip(("input", "target"), batch, strict=False) if isinstance(batch, (tuple, list)) else ()
-    entries = batch.items() if isinstance(batch, dict) else pairs
     bad = [
-        str(name)
-        for name, v in entries
+        name.replace("inputs", "input", 1).replace("targets", "target", 1)
+        for name, v in named_parts(batch)
         if isinstance(v, torch.Tensor) and v.is_floating_point() and not torch.isfinite(v).all()
     ]
     if bad:
@@ -176,7 +254,15 @@ def setup_model(raw: nn.Module, spec, task, precision, *, device: torch.device, 
     from saturate.scale.distributed import wrap
 
     raw = place(raw, device=device, trainer=trainer, dist=dist)
-    check(raw, _first_two(batch), task, precision, spec)
+    two = _first_two(batch)
+    try:
+        check(raw, two, task, precision, spec)
+    except UserError as e:
+        raise _cause(raw, two, task, precision, trainer) or e from None
+    layout_ok = trainer.channels_last or not spec.image
+    layout_ok = layout_ok or accepts(raw, two, task, autocast=precision.autocast(), channels_last=True, convert=True)
+    amp = device.type == "cuda" and precision.dtype is None  # the report and tune propose precision=amp there
+    amp_ok = not amp or accepts(raw, two, task, autocast=_amp_autocast(device))
     n_params = sum(p.numel() for p in raw.parameters())
     log.info(
         "model: %s, %.2fM parameters%s",
@@ -185,9 +271,62 @@ def setup_model(raw: nn.Module, spec, task, precision, *, device: torch.device, 
         ", channels_last" if trainer.channels_last else "",
     )
     wrapped = wrap(raw, dist, device)
-    if not trainer.compile:
-        return Models(wrapped, raw, raw)
-    return Models(compiled(wrapped, raw, batch, precision, task), raw, raw)
+    trained = compiled(wrapped, raw, batch, precision, task) if trainer.compile else wrapped
+    return Models(trained, raw, raw, channels_last_ok=layout_ok, amp_ok=amp_ok)
+
+
+def _cause(model, batch, task, precision, trainer) -> UserError | None:
+    """A model that fails only in the layout or the precision it was asked to run in: the
+    key to change, named (not the data)."""
+    plain = trainer.channels_last and accepts(
+        model, batch, task, autocast=precision.autocast(), channels_last=False, convert=True
+    )
+    if plain:  # it runs in the default layout
+        return UserError(
+            f"trainer.channels_last=true: {type(model).__name__} does not take channels-last inputs (a .view of a "
+            "permuted tensor: use .reshape, or .flatten); leave trainer.channels_last=false"
+        )
+    if precision.dtype is not None and accepts(model, batch, task):
+        dtype = str(precision.dtype).removeprefix("torch.")
+        return UserError(
+            f"precision.mode: {type(model).__name__} fails under autocast to {dtype} and runs in fp32 (an operation "
+            "mixing its dtypes); use precision=fp32, or cast inside the model"
+        )
+    return None
+
+
+def _amp_autocast(device: torch.device):
+    from saturate.parts.precision import _DTYPES, resolve_mode
+
+    return torch.autocast(device.type, dtype=_DTYPES[resolve_mode("amp", device)])
+
+
+def accepts(model: nn.Module, batch, task, *, autocast=None, channels_last=None, convert=False) -> bool:
+    """Whether the model computes two samples of `batch` another way than the run's: under
+    `autocast` (None: full precision), with its images (and the model, if `convert`) in
+    channels-last layout (True) or in the default one (False; None: as they are). Eval mode,
+    no gradients; a converted model is put back in the other layout after (the run's). A
+    RuntimeError (torch's shape and dtype errors; a `.view` of a permuted tensor) is a no."""
+    image = batch[0] if isinstance(batch, (tuple, list)) else None
+    if channels_last and not (isinstance(image, torch.Tensor) and image.ndim == 4):
+        return True
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    if channels_last is not None and isinstance(image, torch.Tensor) and image.ndim == 4:
+        batch = type(batch)([image.contiguous(memory_format=layout), *batch[1:]])
+    was_training = model.training
+    model.eval()
+    try:
+        if convert:
+            model.to(memory_format=layout)
+        with torch.no_grad(), autocast or contextlib.nullcontext():
+            task.forward(model, batch)
+        return True
+    except RuntimeError:
+        return False
+    finally:
+        if convert:
+            model.to(memory_format=torch.contiguous_format if channels_last else torch.channels_last)
+        model.train(was_training)
 
 
 def _first_two(batch):

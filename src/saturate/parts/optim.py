@@ -1,7 +1,9 @@
-"""The optimizer (a Hydra `_partial_` node) and its per-step learning-rate schedule."""
+"""The optimizer (a Hydra `_partial_` node), its parameter groups, and the learning-rate
+schedule (saturate.parts.schedule)."""
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import logging
 import math
@@ -11,16 +13,47 @@ from hydra.utils import instantiate
 from torch import nn
 
 from saturate.config.schema import OptimConfig
-from saturate.errors import UserError
+from saturate.errors import ConfigError, Problem, UserError
+from saturate.parts.schedule import Schedule, is_scheduler
 
 log = logging.getLogger(__name__)
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def _split_decay(params: list[tuple[str, nn.Parameter]], weight_decay: float, extra: dict) -> list[dict]:
     """Weight decay on weight matrices and kernels only, not on biases or norm parameters."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    decay = [p for _, p in params if p.ndim > 1]
+    no_decay = [p for _, p in params if p.ndim <= 1]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay, **extra},
+        {"params": no_decay, "weight_decay": 0.0, **extra},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def param_groups(model: nn.Module, weight_decay: float, configured: list[dict] = ()) -> list[dict]:
+    """The optimizer's parameter groups: each configured group (`params`: a name pattern or a
+    list of them, as fnmatch reads them; its other keys: that group's hyperparameters) takes
+    the trainable parameters it matches first, the rest form the default groups. A group that
+    does not set `weight_decay` leaves its norms and biases undecayed. Frozen parameters
+    (requires_grad false) are in no group: they get no optimizer state."""
+    remaining = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = []
+    for i, spec in enumerate(configured):
+        patterns = [spec["params"]] if isinstance(spec["params"], str) else list(spec["params"])
+        taken = [(n, p) for n, p in remaining if any(fnmatch.fnmatchcase(n, pat) for pat in patterns)]
+        if not taken:
+            names = ", ".join(n for n, _ in model.named_parameters())
+            shown = names if len(names) < 300 else names[:300] + " ..."
+            allowed = f"a pattern matching some of {type(model).__name__}'s trainable parameters ({shown})"
+            raise ConfigError([Problem(f"optim.param_groups[{i}].params", spec["params"], allowed)])
+        ids = {id(p) for _, p in taken}
+        remaining = [(n, p) for n, p in remaining if id(p) not in ids]
+        extra = {k: v for k, v in spec.items() if k != "params"}
+        if "weight_decay" in extra:
+            groups.append({"params": [p for _, p in taken], **extra})
+        else:
+            groups += _split_decay(taken, weight_decay, extra)
+    return groups + _split_decay(remaining, weight_decay, {})
 
 
 def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -64,23 +97,25 @@ def prime_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 def setup_optimizer(
-    cfg: OptimConfig, model: nn.Module, *, steps_per_epoch: int, total_steps: int, global_batch: int
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    cfg: OptimConfig, model: nn.Module, *, steps_per_epoch: int, total_steps: int, global_batch: int, monitor=None
+) -> tuple[torch.optim.Optimizer, Schedule]:
+    """The optimizer over the model's parameter groups and its schedule. `monitor`: (the
+    metric, its direction) a ReduceLROnPlateau scheduler reads."""
     node = dict(cfg.optimizer)
     weight_decay = node.pop("weight_decay", 0.0)
+    scale = scaled_lr(cfg, 1.0, global_batch)
     if cfg.lr_scaling != "none":
-        lr = scaled_lr(cfg, node["lr"], global_batch)
         log.info(
-            "optim: lr %g -> %g (%s scaling, global batch %d, base %d)",
-            node["lr"],
-            lr,
+            "optim: lr x %g (%s scaling, global batch %d, base %d)",
+            scale,
             cfg.lr_scaling,
             global_batch,
             cfg.base_batch_size,
         )
-        node["lr"] = lr
+        node["lr"] = node["lr"] * scale
+    groups = [{**g, "lr": g["lr"] * scale} if "lr" in g else g for g in map(dict, cfg.param_groups)]
     try:
-        optimizer = instantiate(node)(param_groups(model, weight_decay))
+        optimizer = instantiate(node)(param_groups(model, weight_decay, groups))
     except (TypeError, ValueError) as e:  # a bad value, e.g. optim.optimizer.lr=-1
         raise UserError(f"optim.optimizer: cannot build {node['_target_']}: {e}") from None
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -90,7 +125,33 @@ def setup_optimizer(
         )
     prime_state(optimizer)
     warmup = round(cfg.warmup_epochs * steps_per_epoch)
-    factor = functools.partial(
-        lr_factor, warmup=warmup, total=total_steps, schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio
-    )
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    if cfg.scheduler is None:
+        factor = functools.partial(
+            lr_factor, warmup=warmup, total=total_steps, schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio
+        )
+        return optimizer, Schedule(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor))
+    inner = _scheduler(cfg.scheduler, optimizer, monitor)
+    name = monitor[0] if monitor else None
+    return optimizer, Schedule(optimizer, inner, interval=cfg.scheduler_interval, warmup_steps=warmup, monitor=name)
+
+
+def _scheduler(node: dict, optimizer, monitor):
+    """optim.scheduler built on the optimizer; a ReduceLROnPlateau watches the run's monitored
+    metric in its direction (its own `mode`, if set, must agree)."""
+    node = dict(node)
+    target = node["_target_"]
+    if str(target).endswith("ReduceLROnPlateau") and monitor is not None:
+        metric, direction = monitor
+        if node.get("mode", direction) != direction:
+            allowed = f"{direction} or unset: it watches {metric} (checkpoint.monitor), where {direction} is better"
+            raise ConfigError([Problem("optim.scheduler.mode", node["mode"], allowed)])
+        node["mode"] = direction
+    try:
+        inner = instantiate(node)(optimizer) if node.get("_partial_") else instantiate(node, optimizer=optimizer)
+    except Exception as e:  # noqa: BLE001 (the user's node: one line)
+        cause = e.__cause__ or e
+        raise UserError(f"optim.scheduler: cannot build {target}: {' '.join(str(cause).split())[:300]}") from None
+    if not is_scheduler(inner):
+        allowed = "a torch.optim.lr_scheduler class (a `_partial_: true` node, called with the optimizer)"
+        raise ConfigError([Problem("optim.scheduler._target_", target, allowed)])
+    return inner

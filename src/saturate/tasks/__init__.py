@@ -12,13 +12,14 @@ BUILT_IN = {
     "classification": "saturate.tasks.classification.Classification",
     "regression": "saturate.tasks.regression.Regression",
     "sequence": "saturate.tasks.sequence.Sequence",
+    "segmentation": "saturate.tasks.segmentation.Segmentation",
 }
 
-__all__ = ["BUILT_IN", "Classification", "Regression", "Sequence", "Task"]
+__all__ = ["BUILT_IN", "Classification", "Regression", "Segmentation", "Sequence", "Task"]
 
 
 def __getattr__(name: str):
-    if name in ("Classification", "Regression", "Sequence"):
+    if name in ("Classification", "Regression", "Segmentation", "Sequence"):
         import importlib
 
         module, _, cls = BUILT_IN[name.lower()].rpartition(".")

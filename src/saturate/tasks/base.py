@@ -46,8 +46,18 @@ class Task:
     main: str | None = None  # checkpoint.monitor=auto: val/<main>, or val/loss when None
     class_targets = False  # describe the targets as class indices (and count the classes)
 
-    def __init__(self, *, metrics: dict[str, Any] | None = None, input_key: str = "input", target_key: str = "target"):
-        self.input_key, self.target_key = input_key, target_key
+    def __init__(
+        self,
+        *,
+        metrics: dict[str, Any] | None = None,
+        input_key: str | list[str] = "input",
+        target_key: str = "target",
+        output_key: str | int | None = None,
+    ):
+        # several keys (a list, or the ListConfig Hydra passes): the model's inputs, in order
+        self.input_key = input_key if isinstance(input_key, str) else [str(k) for k in input_key]
+        self.target_key = target_key
+        self.output_key = output_key  # a model with several outputs (a tuple, a dict): the one the metrics read
         self.extra = dict(metrics or {})
         for name, metric in self.extra.items():
             if metric is not None and not _is_metric(metric):
@@ -65,7 +75,26 @@ class Task:
     # -- batches
 
     def input(self, batch):
-        return batch[self.input_key] if isinstance(batch, dict) else batch[0]
+        """The model's input: a pair's first entry, or the dict's `input_key` entry (a list of
+        keys: those entries, in order)."""
+        if not isinstance(batch, dict):
+            return batch[0]
+        if isinstance(self.input_key, (list, tuple)):
+            return tuple(batch[k] for k in self.input_key)
+        return batch[self.input_key]
+
+    def output(self, outputs):
+        """The output the metrics (and the task's own loss) read: all of them, or the
+        `output_key` one of a tuple or dict (a model with several heads)."""
+        if self.output_key is None:
+            return outputs
+        try:
+            return outputs[self.output_key]
+        except (KeyError, IndexError, TypeError):
+            kind = f"a dict with keys {sorted(outputs)}" if isinstance(outputs, dict) else type(outputs).__name__
+            raise ConfigError(
+                [Problem("task.output_key", self.output_key, f"an index or key of the outputs ({kind})")]
+            ) from None
 
     def target(self, batch):
         return batch[self.target_key] if isinstance(batch, dict) else batch[1]
@@ -143,5 +172,28 @@ def finite_number(key: str, value, low: float, high: float = math.inf, *, open_h
         raise ConfigError([Problem(key, value, f"a number in [{low}, {high}{')' if open_high else ']'}")])
 
 
-def call_model(model: nn.Module, x):
-    return model(x)
+def call_model(model: nn.Module, inputs):
+    """The one rule by which a model gets its input: a tensor as itself (`model(x)`), a tuple
+    or list spread as positional arguments (`model(*inputs)`), a dict as keyword arguments
+    (`model(**inputs)`)."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def wrong_outputs(model: nn.Module, outputs, batch: int, needed: str, task: str) -> str:
+    """The message for outputs a task cannot read: their shape, or their kind (several
+    outputs need task.output_key, and a loss of the user's to combine them)."""
+    if isinstance(outputs, (tuple, list, dict)):
+        return (
+            f"model: {type(model).__name__} returns several outputs ({type(outputs).__name__} of {len(outputs)}) for "
+            f"task={task}; name the one its metrics read with task.output_key (an index or a key), and combine them in "
+            "task.loss (a `_target_` node called as loss(outputs, targets) with all of them)"
+        )
+    shape = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
+    return (
+        f"model: {type(model).__name__} returns outputs of shape {shape} for a batch of {batch}; task={task} needs "
+        f"{needed} (the model's num_classes/num_outputs argument)"
+    )

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
 from saturate.errors import ConfigError, DataError, Problem, UserError
-from saturate.tasks.base import Task, user_loss
+from saturate.tasks.base import Task, call_model, user_loss, wrong_outputs
 
 
 class Classification(Task):
@@ -33,10 +33,11 @@ class Classification(Task):
         loss: Callable | None = None,
         metrics: dict | None = None,
         class_names: list[str] | None = None,
-        input_key: str = "input",
+        input_key: str | list[str] = "input",
         target_key: str = "target",
+        output_key: str | int | None = None,
     ):
-        super().__init__(metrics=metrics, input_key=input_key, target_key=target_key)
+        super().__init__(metrics=metrics, input_key=input_key, target_key=target_key, output_key=output_key)
         if not 0 <= label_smoothing < 1:
             raise ConfigError([Problem("task.label_smoothing", label_smoothing, "a number in [0, 1)")])
         if top_k != "auto" and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k < num_classes):
@@ -49,21 +50,19 @@ class Classification(Task):
         self.confusion_matrix, self.class_names = confusion_matrix, class_names
 
     def target(self, batch) -> torch.Tensor:
-        return super().target(batch).long()
+        """Class indices (B,); or soft targets (B, num_classes), a batch mix's (mix.mixup, mix.cutmix)."""
+        targets = super().target(batch)
+        return targets if targets.is_floating_point() and targets.ndim == 2 else targets.long()
 
     def forward(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        outputs = model(self.input(batch))
-        targets = self.target(batch)
+        every = call_model(model, self.input(batch))
+        outputs, targets = self.output(every), self.target(batch)
         if not isinstance(outputs, torch.Tensor) or outputs.shape != (len(targets), self.num_classes):
-            shape = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
-            raise UserError(
-                f"model: {type(model).__name__} returns outputs of shape {shape} for a batch of {len(targets)}; "
-                f"task=classification with {self.num_classes} classes needs {(len(targets), self.num_classes)} (the "
-                "model's num_classes/num_outputs argument)"
-            )
+            what = f"{self.name} with {self.num_classes} classes"
+            raise UserError(wrong_outputs(model, outputs, len(targets), f"{(len(targets), self.num_classes)}", what))
         if self.loss_fn is not None:
-            return self.loss_fn(outputs, targets), outputs
-        try:
+            return self.loss_fn(every, targets), outputs
+        try:  # soft targets (a mix's) are probabilities: torch's cross-entropy takes them, label smoothing too
             return F.cross_entropy(outputs, targets, label_smoothing=self.label_smoothing), outputs
         except IndexError as e:  # a class index past the outputs (the CPU's error; CUDA asserts on the device)
             raise DataError(

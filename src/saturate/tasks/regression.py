@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, R2Score
 
 from saturate.errors import ConfigError, Problem, UserError
-from saturate.tasks.base import Task, user_loss
+from saturate.tasks.base import Task, call_model, user_loss, wrong_outputs
 
 LOSSES = ("mse", "l1", "huber")
 
@@ -33,10 +33,11 @@ class Regression(Task):
         huber_delta: float = 1.0,
         metrics: dict | None = None,
         target_inverse: Callable | None = None,
-        input_key: str = "input",
+        input_key: str | list[str] = "input",
         target_key: str = "target",
+        output_key: str | int | None = None,
     ):
-        super().__init__(metrics=metrics, input_key=input_key, target_key=target_key)
+        super().__init__(metrics=metrics, input_key=input_key, target_key=target_key, output_key=output_key)
         if isinstance(loss, str) and loss not in LOSSES:
             raise ConfigError(
                 [
@@ -59,18 +60,16 @@ class Regression(Task):
 
     def forward(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
         targets = self.target(batch)
-        outputs = model(self.input(batch))
+        every = call_model(model, self.input(batch))
+        outputs = self.output(every)
         if not isinstance(outputs, torch.Tensor) or outputs.numel() != targets.numel():
-            shape = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
             per = targets[0].numel() if len(targets) else 1
-            raise UserError(
-                f"model: {type(model).__name__} returns outputs of shape {shape} for a batch of {len(targets)}; "
-                f"task=regression with targets of shape {tuple(targets.shape[1:])} needs {per} value(s) per sample"
-            )
+            needed = f"{per} value(s) per sample"
+            raise UserError(wrong_outputs(model, outputs, len(targets), needed, f"{self.name} with targets"))
         if outputs.shape != targets.shape:
             outputs = outputs.reshape(targets.shape)
         if self.loss_fn is not None:
-            return self.loss_fn(outputs, targets), outputs
+            return self.loss_fn(every if self.output_key is not None else outputs, targets), outputs
         o = outputs.float()
         if self.loss_name == "huber":
             return F.huber_loss(o, targets, delta=self.huber_delta), outputs
