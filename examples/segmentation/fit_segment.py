@@ -25,7 +25,7 @@ if __name__ == "__main__":
             f"hydra.searchpath=[file://{conf}]",
             "augmentation=shapes_gpu",
             *["task.input_key=image", "task.target_key=mask", "task.dice_weight=1.0"],
-            *["optim=rmsprop", "optim.optimizer.lr=1e-3", "optim.optimizer.momentum=0.999"],
+            *["optim=rmsprop", "optim.optimizer.lr=3e-4", "optim.optimizer.momentum=0.999"],
             "optim.optimizer.weight_decay=1e-8",
             "optim.scheduler={_target_:torch.optim.lr_scheduler.ReduceLROnPlateau,_partial_:true,patience:5}",
             "optim.warmup_epochs=0",
