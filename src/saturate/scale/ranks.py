@@ -28,6 +28,17 @@ def slurm_to_torch_env() -> None:
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
+def cpus_per_task() -> int | None:
+    """The CPUs SLURM gave each task of this job (--cpus-per-task, hydra.launcher.cpus_per_task),
+    for torch's intra-op threads: without it every task of a node starts a thread per core of
+    the node. None outside such a job, or where OMP_NUM_THREADS says already (the user's, or
+    torchrun's for several processes)."""
+    value = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if "OMP_NUM_THREADS" in os.environ or not value.isdigit() or int(value) < 1:
+        return None
+    return int(value)
+
+
 def world_size() -> int:
     slurm_to_torch_env()
     return int(os.environ.get("WORLD_SIZE", "1"))
