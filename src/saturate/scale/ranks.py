@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import signal
 
-# What a scheduler sends to stop a job (SLURM: SIGTERM, or SIGUSR1 with --signal; Ctrl-C: SIGINT):
-# every rank stops at the same step, saves and exits 128 + the signal (saturate.loop.faults.StopSignal)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+# What a scheduler sends to stop a job (SLURM: SIGTERM, or the --signal before the time limit: SIGUSR2 from
+# hydra/launcher=slurm, SIGUSR1 often in a user's own script; Ctrl-C: SIGINT): every rank stops at the same
+# step, saves and exits 128 + the signal (saturate.loop.faults.StopSignal)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 
 
 def slurm_to_torch_env() -> None:
