@@ -1,7 +1,5 @@
-"""SLURM through hydra/launcher=slurm. Without a cluster: the job's side (its threads, its
-resume command, submitit's signal) and the launcher's checks. With one (slow): a real
-one-node cluster on localhost (tests/scale/slurm_cluster.py) runs sweeps of 2-task jobs that
-are requeued, time out and are cancelled."""
+"""SLURM through hydra/launcher=slurm, without a cluster: the job's side (its threads, its
+resume command) and the launcher's checks."""
 
 from __future__ import annotations
 
@@ -86,3 +84,15 @@ def test_a_launcher_without_multirun_is_one_line_naming_the_fix(tmp_path):
         "hydra/launcher=slurm ...: one job, or one per swept value)"
     )
     assert not list(tmp_path.glob("outputs/runs/*/*/checkpoints"))  # nothing trained here
+
+
+def test_a_signal_delay_that_leaves_no_time_to_train_is_refused_before_anything_is_submitted(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    args = ["hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60", "trainer.resume=auto"]
+    result = run_cli("-m", "hydra/launcher=slurm", *args, cwd=tmp_path, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: hydra.launcher.signal_delay_s=60: expected less than timeout_min x 60 - 60 = 60 s (SLURM may send the "
+        "signal up to 60 s early: every attempt would be signalled before it trains); lower it, or raise "
+        "hydra.launcher.timeout_min"
+    )
