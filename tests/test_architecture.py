@@ -53,7 +53,8 @@ def _imports(path) -> set[str]:
 
 def _edges(parts: dict) -> dict[tuple[str, str], list[str]]:
     edges: dict[tuple[str, str], list[str]] = {}
-    files = [ROOT / "train.py", *SRC.rglob("*.py"), *(ROOT / "scripts").glob("*.py")]
+    files = [ROOT / "train.py", *SRC.rglob("*.py"), *(ROOT / "src" / "hydra_plugins").rglob("*.py")]
+    files += (ROOT / "scripts").glob("*.py")
     for path in files:
         rel = str(path.relative_to(ROOT))
         here = _part_of(rel, parts)

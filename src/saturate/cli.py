@@ -21,7 +21,7 @@ from hydra.errors import CompactHydraException, MissingConfigException, Override
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from saturate.config.invocation import Invocation, from_hydra
+from saturate.config.invocation import SCRIPT, Invocation, from_hydra
 from saturate.config.registration import register
 from saturate.errors import Problem, UserError, shown
 
@@ -36,6 +36,7 @@ def run(main: Callable[[], object]) -> None:
         print(help_text(sys.argv[1:]))
         return
     register()
+    os.environ[SCRIPT] = os.path.abspath(sys.argv[0])  # SLURM jobs inherit it: their resume command names it
     sys.argv[1:] = [shorthand(arg) for arg in sys.argv[1:]]
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         main()
@@ -111,6 +112,7 @@ def task(cfg: DictConfig):
     invocation = from_hydra()  # how this run was started, read once; passed down from here
     try:
         try:
+            _check_launcher(invocation)
             _check(cfg)  # every mistake in the config now, before torch is imported
         except UserError as e:
             from saturate.parts.rundir import record_failure
@@ -167,6 +169,17 @@ def _check(cfg: DictConfig) -> None:
     from saturate.data.policy import PRESETS
 
     validate(cfg, presets=tuple(PRESETS))
+
+
+def _check_launcher(invocation: Invocation) -> None:
+    """A launcher named in a single run: Hydra uses launchers in a multirun only, so without -m
+    the run would train here (on a login node, for hydra/launcher=slurm)."""
+    chosen = invocation.choices.get("hydra/launcher")
+    if chosen not in (None, "basic") and not invocation.multirun:
+        raise UserError(
+            f"hydra/launcher={chosen}: Hydra starts a launcher's jobs in a multirun only; add -m (python train.py -m "
+            f"hydra/launcher={chosen} ...: one job, or one per swept value)"
+        )
 
 
 def _valid_devices(devices) -> bool:

@@ -38,6 +38,10 @@ class ConfigError(UserError):
         lines += [f"  {p}" for p in problems]
         super().__init__("\n".join(lines))
 
+    def __reduce__(self):
+        # rebuilt from its problems, not its message: a sweep's job sends it back pickled (submitit)
+        return type(self), (self.problems,), self.__dict__
+
 
 class DataError(UserError):
     """Missing, unreadable or malformed data."""

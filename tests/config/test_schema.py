@@ -3,6 +3,8 @@ the value and what is allowed, every problem at once."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -170,3 +172,12 @@ def test_compose_rejects_wrong_types_and_unknown_names(override, named):
     with pytest.raises((HydraException, OmegaConfBaseException)) as err:
         compose_config([override])
     assert named in str(err.value) + str(err.value.__cause__)
+
+
+def test_a_config_error_survives_pickling_with_its_problems(tmp_path):
+    # a SLURM job's error comes back to the sweep through a pickle (submitit's result file)
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config([o for o, _ in VALUE_PROBLEMS[:2]] + [f"run_dir={tmp_path}"]))
+    back = pickle.loads(pickle.dumps(err.value))
+    assert type(back) is ConfigError
+    assert back.problems == err.value.problems and str(back) == str(err.value)

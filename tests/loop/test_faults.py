@@ -7,6 +7,7 @@ import contextlib
 import gc
 import math
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 import saturate
 from saturate.errors import DataError
-from saturate.loop.faults import NonFiniteGuard, TrainingDiverged
+from saturate.loop.faults import NonFiniteGuard, NotRequeued, Preempted, StopSignal, TrainingDiverged
 from saturate.loop.step import TrainStep
 from saturate.parts import checkpoint
 from saturate.parts.precision import Precision
@@ -454,3 +455,49 @@ def test_an_fp16_overflow_at_the_first_step_leaves_fused_sgd_momentum_clean(dete
         for p, g in zip(model.parameters(), grads, strict=True):
             # the first applied step: the buffer is that step's gradient
             assert torch.equal(opt.state[p]["momentum_buffer"], g)
+
+
+@pytest.fixture
+def submitit_usr2(monkeypatch, tmp_path):
+    """submitit's own SIGUSR2 handler, as it is in a SLURM job of hydra/launcher=slurm with a
+    2-minute limit, on the rank `rank(n)` names; the handler is put back after the test."""
+    from submitit.core.job_environment import SignalHandler
+    from submitit.core.utils import DelayedSubmission, JobPaths
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    before = signal.getsignal(signal.SIGUSR2)
+
+    def rank(n: int):
+        monkeypatch.setenv("SLURM_JOB_ID", "4242")
+        monkeypatch.setenv("SLURM_PROCID", str(n))
+        submission = DelayedSubmission(print)  # nothing to checkpoint: submitit cannot requeue it
+        submission.set_timeout(2, 3)
+        handler = SignalHandler(SlurmJobEnvironment(), JobPaths(tmp_path, "4242"), submission)
+        signal.signal(signal.SIGUSR2, handler.checkpoint_and_try_requeue)
+
+    yield rank
+    signal.signal(signal.SIGUSR2, before)
+
+
+def stopped_by_usr2():
+    """What the engine does with a stop signal: stop at a step boundary (here at once) with Preempted."""
+    with StopSignal() as stop:
+        signal.raise_signal(signal.SIGUSR2)
+        assert stop.requested == signal.SIGUSR2  # only noted: submitit's handler has not run yet
+        raise Preempted(stop.requested)
+
+
+def test_submitits_usr2_handler_runs_after_the_stop_and_the_other_ranks_exit_as_preempted(submitit_usr2, caplog):
+    submitit_usr2(1)
+    with pytest.raises(Preempted) as stopped:
+        stopped_by_usr2()
+    assert stopped.value.code == 128 + signal.SIGUSR2
+    assert "Not checkpointing nor requeuing since I am a slave (procid=1)" in caplog.text
+
+
+def test_when_submitit_will_not_requeue_rank_0_says_why_in_one_line(submitit_usr2):
+    submitit_usr2(0)
+    with pytest.raises(NotRequeued) as refused:
+        stopped_by_usr2()
+    assert str(refused.value).startswith("SIGUSR2: the job was not requeued (Job not requeued because: timed-out")
+    assert "hydra.launcher.max_num_timeout" in str(refused.value)

@@ -69,7 +69,9 @@ def interrupted_then_resumed(make_cfg, monkeypatch, overrides, at_step):
     with pytest.raises(Preempted) as stopped:
         saturate.train(first)
     assert stopped.value.code == 128 + signal.SIGUSR1
-    assert read_metrics(first.run_dir)["status"] == "preempted"
+    record = read_metrics(first.run_dir)
+    assert (record["status"], record["stopped_by"]) == ("preempted", "SIGUSR1")
+    assert record["resume_with"].endswith(f"hydra.run.dir={first.run_dir} trainer.resume=auto")
     assert torch.load(Path(first.run_dir) / "checkpoints/last.pt", weights_only=False)["step"] == at_step
     second = make_cfg(*EXACT, *overrides, f"trainer.resume={first.run_dir}")
     saturate.train(second)

@@ -234,7 +234,8 @@ def test_slurm_launcher_preset_wires_one_task_per_gpu():
             "config", overrides=["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4"], return_hydra_config=True
         )
     launcher = cfg.hydra.launcher
-    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert launcher._target_ == "hydra_plugins.saturate_slurm_launcher.slurm_launcher.SlurmLauncher"
+    assert launcher.mem_gb is None and launcher.signal_delay_s < launcher.timeout_min * 60 - 60
     assert launcher.tasks_per_node == 4 and launcher.max_num_timeout == 3
 
 

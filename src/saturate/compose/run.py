@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import time
 from datetime import datetime
 from pathlib import Path
@@ -43,7 +44,7 @@ from saturate.data.policy import PRESETS
 from saturate.errors import UserError
 from saturate.loop.engine import Control, Engine, Training, TrainState, Watch
 from saturate.loop.evaluate import Evaluator
-from saturate.loop.faults import Preempted, StopSignal, TrainingDiverged
+from saturate.loop.faults import NotRequeued, Preempted, StopSignal, TrainingDiverged
 from saturate.observe.environment import fingerprint
 from saturate.observe.monitor import ResourceMonitor, peak_memory
 from saturate.observe.timing import RunClock, StepTimer
@@ -65,8 +66,8 @@ def train(cfg: DictConfig, invocation: Invocation | None = None, objects: UserOb
     invocation = invocation or from_hydra() or Invocation()
     try:
         return _train(cfg, invocation, objects or UserObjects())
-    except (Preempted, TrainingDiverged, RunDirTaken):
-        raise  # they record their own status, or the run dir is another run's
+    except (Preempted, TrainingDiverged, RunDirTaken, NotRequeued):
+        raise  # they record their own status (NotRequeued: preempted), or the run dir is another run's
     except Exception as e:
         broke = peer_failed(e) if world_size() > 1 else None
         if broke:  # not this rank's error: one line, not gloo's traceback
@@ -203,11 +204,10 @@ def _drive(session: Session, state: TrainState) -> Metrics:
         record = {**metrics, "status": "completed"}
         return metrics
     except (Preempted, TrainingDiverged) as stopped:
-        record = {
-            **session.tracker.latest,
-            **session.outcome,
-            "status": "preempted" if isinstance(stopped, Preempted) else "diverged",
-        }
+        record = {**session.tracker.latest, **session.outcome, "status": "diverged"}
+        if isinstance(stopped, Preempted):  # what stopped it and how it goes on (a sweep's report names them)
+            name, hint = signal.Signals(stopped.signum).name, session.engine.control.resume_hint
+            record.update(status="preempted", stopped_by=name, resume_with=hint)
         write(session, record)
         raise
     except CallbackError as e:  # a hook raised: saved at the last completed step, one line

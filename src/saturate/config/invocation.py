@@ -14,6 +14,7 @@ fills the HParams overrides column and goes into a tune's preset.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ PLACEMENT = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.mo
 # Keys that say where or how a run is kept, shown or named, not what it computes
 NOT_SETTINGS = ("run_dir", "name", "sweep", "tune", "trainer.resume", "trainer.restart", "trainer.progress")
 NOT_SETTINGS += ("trainer.log_level",)
+# The script the user ran, for the processes that do not run it themselves (a SLURM job runs submitit's)
+SCRIPT = "SATURATE_SCRIPT"
 
 
 def key_of(override: str) -> str:
@@ -53,6 +56,14 @@ class Invocation:
     output_dir: str | None = None  # Hydra's output dir for this job
     config_dirs: tuple[str, ...] = ()  # the file config dirs, the user's (hydra.searchpath) first, then saturate's
     app: str = "train.py"  # the script the user ran
+    sweep_dir: str | None = None  # a sweep's dir (hydra.sweep.dir), absolute
+
+    @property
+    def launcher(self) -> str | None:
+        """The Hydra launcher that started this job of a sweep (`slurm`), None for the basic one
+        (which runs the jobs in the process the user started) and outside a sweep."""
+        chosen = self.choices.get("hydra/launcher")
+        return chosen if self.multirun and chosen not in (None, "basic") else None
 
     @classmethod
     def given(cls, overrides: Iterable[str]) -> Invocation:
@@ -84,7 +95,10 @@ def from_hydra() -> Invocation | None:
     # the overrides as typed: one holding `${...}` is text here, not an interpolation to resolve
     task = tuple(OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False))
     given_hydra = OmegaConf.to_container(hydra_cfg.overrides.hydra, resolve=False)
-    script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else f"{hydra_cfg.job.name}.py"
+    script = os.environ.get(SCRIPT) or (sys.argv[0] if sys.argv else "")
+    if not script.endswith(".py") or "submitit" in script.split(os.sep):  # submitit's entry point in a SLURM job
+        script = f"{hydra_cfg.job.name}.py"
+    cwd = OmegaConf.select(hydra_cfg, "runtime.cwd", default=None) or os.getcwd()
     return Invocation(
         overrides=task,
         hydra=tuple(o for o in given_hydra if not key_of(o).startswith(PLACEMENT)),
@@ -94,6 +108,7 @@ def from_hydra() -> Invocation | None:
         output_dir=OmegaConf.select(hydra_cfg, "runtime.output_dir", default=None, throw_on_missing=False),
         config_dirs=config_dirs(hydra_cfg.runtime.config_sources),
         app=script,
+        sweep_dir=os.path.join(cwd, str(hydra_cfg.sweep.dir)) if multirun else None,
     )
 
 

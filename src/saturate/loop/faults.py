@@ -30,9 +30,18 @@ class TrainingDiverged(UserError):
     """Too many non-finite steps in a row."""
 
 
+class NotRequeued(UserError):
+    """The scheduler's handler of its stop signal ended the job instead of requeuing it."""
+
+
 class StopSignal:
-    """SIGTERM, SIGUSR1 and SIGINT only set `requested`; the engine stops at the next step
-    boundary. After a first SIGINT, a second one interrupts at once (Ctrl-C twice)."""
+    """SIGTERM, SIGUSR1, SIGUSR2 and SIGINT only set `requested`; the engine stops at the next
+    step boundary. After a first SIGINT, a second one interrupts at once (Ctrl-C twice).
+
+    In a SLURM job of hydra/launcher=slurm, submitit asks SLURM for SIGUSR2 before the time
+    limit and handles it by requeuing the job at once; here the run first stops with every
+    rank at the same step and saves, and submitit's handler gets the signal after that
+    (rank 0 requeues the job while hydra.launcher.max_num_timeout allows, and exits)."""
 
     SIGNALS = STOP_SIGNALS
 
@@ -55,9 +64,25 @@ class StopSignal:
             self._previous = {s: signal.signal(s, self._handle) for s in watched}
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, error, traceback) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+        previous = self._previous.get(error.signum) if isinstance(error, Preempted) else None
+        if _requeues(previous):
+            try:
+                previous(error.signum, None)
+            except Exception as refused:  # noqa: BLE001 (submitit raises its own error when it will not requeue)
+                raise NotRequeued(
+                    f"{signal.Signals(error.signum).name}: the job was not requeued ({str(refused).strip()}); its "
+                    "last.pt is saved: resume it with the command above (more time: hydra.launcher.timeout_min, "
+                    "more requeues: hydra.launcher.max_num_timeout)"
+                ) from None
+
+
+def _requeues(handler) -> bool:
+    """Whether a signal handler is submitit's, which requeues a SLURM job (and exits)."""
+    module = getattr(handler, "__module__", None) or ""
+    return module.startswith("submitit.") and getattr(handler, "__name__", "") == "checkpoint_and_try_requeue"
 
 
 class NonFiniteGuard:

@@ -14,7 +14,7 @@ import torch
 
 from saturate.config.schema import DeviceConfig, TrainerConfig
 from saturate.errors import UserError
-from saturate.scale.ranks import cuda_index
+from saturate.scale.ranks import cpus_per_task, cuda_index
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +25,12 @@ def setup_device(cfg: DeviceConfig, local_rank: int = 0) -> torch.device:
     Under torchrun each process takes the device `index + local_rank` when it sees several
     GPUs; a process that sees one (one GPU per rank: SLURM's --gpus-per-task, Kubernetes)
     takes that one. `index` counts within CUDA_VISIBLE_DEVICES, which CUDA itself honours.
+    In a SLURM job torch takes as many threads as SLURM gave the task CPUs.
     """
     if cfg.keep_host_memory:
         keep_host_memory()
+    if threads := cpus_per_task():
+        torch.set_num_threads(threads)
     has_cuda = torch.cuda.is_available()
     if cfg.type == "cuda" and not has_cuda:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")

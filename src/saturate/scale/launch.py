@@ -89,12 +89,21 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
 
 def resume_hint(run_dir: str, world_size: int, invocation: Invocation) -> str:
     """The command that continues this run in its own directory: the same command line,
-    with the run dir pinned and trainer.resume=auto (from Python: the same fit call)."""
+    with the run dir pinned and trainer.resume=auto (from Python: the same fit call). A job
+    that a launcher started (hydra/launcher=slurm) goes back through it: `python train.py -m`
+    with the launcher's overrides and this job's, into this job's dir."""
     if not invocation.app:
         return f"saturate.fit(..., run_dir={str(run_dir)!r}, overrides=[..., 'trainer.resume=auto'])"
     placed = ("hydra.run.dir", "trainer.resume", "run_dir")
     kept = [o for o in invocation.command_line() if key_of(o) not in placed]
     script = os.path.relpath(invocation.app) if invocation.app.endswith(".py") else "train.py"
+    if invocation.launcher and invocation.sweep_dir:  # the job's own run dir is the sweep's dir and its subdir
+        subdir = os.path.relpath(os.path.abspath(run_dir), invocation.sweep_dir)
+        pinned = [
+            f"hydra.sweep.dir={override_value(invocation.sweep_dir)}",
+            f"hydra.sweep.subdir={override_value(subdir)}",
+        ]
+        return " ".join(["python", script, "-m", *map(shlex.quote, [*kept, *pinned]), "trainer.resume=auto"])
     per_node = os.environ.get("LOCAL_WORLD_SIZE", world_size)
     launched = os.environ.get(LAUNCHED) == "1"  # started by trainer.devices: the same command starts them again
     launcher = f"python {script}"

@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import signal
 
-# What a scheduler sends to stop a job (SLURM: SIGTERM, or SIGUSR1 with --signal; Ctrl-C: SIGINT):
-# every rank stops at the same step, saves and exits 128 + the signal (saturate.loop.faults.StopSignal)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+# What a scheduler sends to stop a job (SLURM: SIGTERM, or the --signal before the time limit: SIGUSR2 from
+# hydra/launcher=slurm, SIGUSR1 often in a user's own script; Ctrl-C: SIGINT): every rank stops at the same
+# step, saves and exits 128 + the signal (saturate.loop.faults.StopSignal)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 
 
 def slurm_to_torch_env() -> None:
@@ -26,6 +27,17 @@ def slurm_to_torch_env() -> None:
     from submitit.helpers import TorchDistributedEnvironment
 
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
+def cpus_per_task() -> int | None:
+    """The CPUs SLURM gave each task of this job (--cpus-per-task, hydra.launcher.cpus_per_task),
+    for torch's intra-op threads: without it every task of a node starts a thread per core of
+    the node. None outside such a job, or where OMP_NUM_THREADS says already (the user's, or
+    torchrun's for several processes)."""
+    value = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if "OMP_NUM_THREADS" in os.environ or not value.isdigit() or int(value) < 1:
+        return None
+    return int(value)
 
 
 def world_size() -> int:
