@@ -553,6 +553,21 @@ def _check_values(spec: DataSpec, splits: tuple) -> None:
                 _check_classes(dataset, what, spec.num_classes, spec.target_key)
 
 
+def _classes_of(train: Dataset, y: torch.Tensor, keys: tuple, classes: bool) -> int | None:
+    """The number of classes: counted in the targets (classification, whose targets must be
+    class indices), else what the dataset says (num_classes, classes)."""
+    integer = not (y.is_floating_point() or y.is_complex())
+    if classes and (not integer or y.ndim != 0):
+        raise DataError(
+            f"task=classification: the targets are {_dtype(y)} of shape {tuple(y.shape)}; classification needs one "
+            "integer class index per sample. For real-valued targets use task=regression"
+        )
+    num_classes = _num_classes(train, *keys) if classes else getattr(train, "num_classes", None)
+    if num_classes is None and isinstance(getattr(train, "classes", None), (list, tuple)):
+        num_classes = len(train.classes)
+    return num_classes
+
+
 def describe(
     train: Dataset,
     val: Dataset | None,
@@ -578,15 +593,7 @@ def describe(
     for other, what in ((val, "validation"), (test, "test")):
         if other is not None:
             _check_like_training(other, what, (inputs, y, structure), keys, fixed=fixed, collate=collate)
-    integer = not (y.is_floating_point() or y.is_complex())
-    if classes and (not integer or y.ndim != 0):
-        raise DataError(
-            f"task=classification: the targets are {_dtype(y)} of shape {tuple(y.shape)}; classification needs one "
-            "integer class index per sample. For real-valued targets use task=regression"
-        )
-    num_classes = _num_classes(train, *keys) if classes else getattr(train, "num_classes", None)
-    if num_classes is None and isinstance(getattr(train, "classes", None), (list, tuple)):
-        num_classes = len(train.classes)
+    num_classes = _classes_of(train, y, keys, classes)
     spec = DataSpec(
         name=name,
         input_shape=tuple(x.shape),
