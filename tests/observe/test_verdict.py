@@ -102,6 +102,49 @@ def test_mfu_against_the_detected_gpus_peak_never_borrowed_never_over_100_percen
     assert "MFU: no peak known for this GPU" in text
 
 
+# The names NVML and torch.cuda.get_device_name report for each card in the table, and the card's
+# dense peaks (bf16, fp32) from its data sheet
+NVML_NAMES = {
+    "NVIDIA H100 80GB HBM3": (989.0, 67.0),
+    "NVIDIA H100 PCIe": (756.0, 51.0),
+    "NVIDIA H100 NVL": (835.0, 60.0),
+    "NVIDIA H200": (989.0, 67.0),
+    "NVIDIA H200 NVL": (835.0, 60.0),
+    "NVIDIA GH200 480GB": (989.0, 67.0),
+    "NVIDIA A100-SXM4-80GB": (312.0, 19.5),
+    "NVIDIA A100-SXM4-40GB": (312.0, 19.5),
+    "NVIDIA A100 80GB PCIe": (312.0, 19.5),
+    "NVIDIA A100-PCIE-40GB": (312.0, 19.5),
+    "NVIDIA A10G": (70.0, 31.2),
+    "NVIDIA A10": (125.0, 31.2),
+    "NVIDIA L40S": (362.0, 91.6),
+    "NVIDIA L40": (181.0, 90.5),
+    "NVIDIA L4": (121.0, 30.3),
+    "NVIDIA GeForce RTX 4090": (165.0, 82.6),
+    "Tesla V100-SXM2-16GB": (None, 15.7),
+    "Tesla V100-SXM2-32GB": (None, 15.7),
+    "Tesla V100-PCIE-16GB": (None, 14.0),
+    "Tesla V100-PCIE-32GB": (None, 14.0),
+    "Tesla V100S-PCIE-32GB": (None, 16.4),
+    "Tesla T4": (None, 8.1),
+}
+
+
+@pytest.mark.parametrize("name", list(NVML_NAMES))
+def test_each_card_gets_its_own_peak_by_its_whole_name(name):
+    """A fragment of a name matched its neighbours: "NVIDIA L40" took the L4's peak (MFU 1.5x
+    too high in bf16), "NVIDIA H200 NVL" the SXM's, the V100 PCIe and V100S the SXM2's."""
+    bf16, fp32 = NVML_NAMES[name]
+    assert peak_tflops(name, "bf16") == bf16 and peak_tflops(name, "fp32") == fp32
+
+
+@pytest.mark.parametrize(
+    "name", ["NVIDIA GeForce RTX 4090 D", "NVIDIA A100-SXM4-40GB MIG 1g.5gb", "NVIDIA H100", "NVIDIA L4 Max"]
+)
+def test_a_name_not_in_the_table_gets_no_peak_rather_than_a_neighbours(name):
+    assert peak_tflops(name, "bf16") is None and peak_tflops(name, "fp32") is None
+
+
 def test_a_steps_flops_are_counted_on_real_samples_and_leave_the_model_as_it_was():
     """Linear(10 -> 5) on 8 samples: forward 2*8*10*5 = 800 FLOPs, backward 800 more (the
     weight's gradient; the input needs none); scaled to a batch of 32: 6400."""
