@@ -419,12 +419,15 @@ def memory_budget(device: torch.device) -> int:
     """Bytes of memory on `device` this process could still take. On CUDA: the device's free
     memory plus what this process's caching allocator holds unused (after the batch search
     and the compile warm-up it keeps their blocks: free to us, not to mem_get_info), and never
-    past device.memory_fraction's cap on the allocator. On the CPU: the host's available memory."""
+    past device.memory_fraction's cap on the allocator (torch 2.6 and newer: before, torch
+    cannot say what the cap is, and the whole device counts). On the CPU: the host's
+    available memory."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         allocated = torch.cuda.memory_allocated(device)
         held = torch.cuda.memory_reserved(device) - allocated
-        cap = torch.cuda.get_per_process_memory_fraction(device) * total - allocated
+        fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0)(device)
+        cap = fraction * total - allocated
         return int(max(0, min(free + held, cap)))
     import psutil
 

@@ -95,10 +95,14 @@ ALLOCATION_FAILED = (
 )
 
 
+# torch.OutOfMemoryError from torch 2.4 on; torch 2.3 names it torch.cuda.OutOfMemoryError only
+_OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
 def is_oom(error: BaseException) -> bool:
     """CUDA's out-of-memory error (current form, or the older RuntimeError), or a cuBLAS or
     cuDNN allocation failure, which are the same shortage by another name."""
-    return isinstance(error, torch.OutOfMemoryError) or (
+    return isinstance(error, _OUT_OF_MEMORY) or (
         isinstance(error, RuntimeError) and any(s in str(error) for s in ALLOCATION_FAILED)
     )
 
