@@ -247,8 +247,9 @@ def search_batch_size(made: Ingredients, models: Models, transforms) -> tuple[in
     augment = device_augment(run.augmentation, run.trainer.seed, transforms)
     pipeline = build_pipeline(run.loader, spec, device, run.trainer, augment=augment)
     order = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(run.trainer.seed))
+    own = precision.detached()  # the trials' loss-scale updates stay theirs
     trial = TrialSetup(
-        make_step=lambda: make_step(run, models, optimizer, precision, task, device, dist, search=True),
+        make_step=lambda: make_step(run, models, optimizer, own, task, device, dist, search=True),
         optimizer=optimizer,
         pipeline=pipeline,
         fetch=lambda size: host_batch(data, order[:size].tolist()),

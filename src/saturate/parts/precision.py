@@ -52,6 +52,14 @@ class Precision:
         self.scaler.update()  # also after a skipped step: it resets the scaler's per-step state
         return self._ran
 
+    def detached(self) -> Precision:
+        """The same policy with a GradScaler of its own, in this one's state: for trial steps
+        (the batch-size search) whose updates of the loss scale must not reach the run."""
+        scaler = torch.amp.GradScaler(self.device_type, enabled=self.scaler.is_enabled())
+        if scaler.is_enabled():
+            scaler.load_state_dict(self.scaler.state_dict())
+        return Precision(self.name, self.device_type, self.dtype, scaler)
+
     def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
         self._ran = True
 
