@@ -336,6 +336,7 @@ def build_parts(
         key: data_info.bind(getattr(run, key), values, key) for key in ("model", "task") if key not in objects.nodes()
     }
     task = build_task(nodes.get("task"), values, objects)
+    spec = dataclasses.replace(spec, host_keys=tuple(getattr(task, "host_keys", ())))  # CTC's lengths
     precision = setup_precision(run.precision, device)
     transforms = build_transforms(run.augmentation.transforms)
     made = Ingredients(run, data, spec, task, precision, device, dist)

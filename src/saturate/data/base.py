@@ -114,6 +114,7 @@ class DataSpec:
     fixed: bool = True  # every sample has the same shapes (variable-length samples need a collate; no resident loader)
     collate: bool = False  # the data brings its own collate function
     sample_s: float | None = None  # seconds to read one sample in this process (the num_workers=auto rule)
+    host_keys: tuple[str, ...] = ()  # dict entries the loaders leave on the host: the task reads them there
 
     @property
     def image(self) -> bool:
