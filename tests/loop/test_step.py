@@ -129,3 +129,28 @@ def test_the_device_decided_guard_adds_a_handful_of_operators_on_a_batchnorm_mod
     # the decision and its count on the device take about 16, the buffers 8 (two dtypes): it was 137
     assert added <= 32, f"the guard adds {added} operators per step"
     assert all(len(dtypes) == 1 for dtypes in counts[True].foreach_dtypes)
+
+
+@pytest.mark.parametrize(
+    ("skip", "fused", "fp16", "reads"),
+    [
+        (True, True, False, 0),  # decided on the device: nothing read
+        (True, False, False, 1),  # the guard's one scalar
+        (False, False, False, 0),
+        (False, False, True, 1),  # GradScaler's check with an optimizer that cannot skip on the device
+        (True, True, True, 1),  # fp16 checks the loss only: the guard decides on the host
+    ],
+)
+def test_a_step_announces_its_host_reads_to_whoever_times_it(skip, fused, fp16, reads):
+    """The step timer judges launch-boundness by what was launched before the step waited for
+    the device (saturate.observe.timing): the step calls `on_host_read` before each read."""
+    model, batch = model_and_batch()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, fused=fused)
+    guard = NonFiniteGuard(skip=skip, check_grads=not fp16, max_consecutive=3, device=CPU)
+    precision = setup_precision(PrecisionConfig(mode="fp16" if fp16 else "fp32"), CPU)
+    loss = lambda m, b: F.cross_entropy(m(b[0]), b[1])  # noqa: E731
+    step = TrainStep(model, optimizer, precision, guard, loss=loss, grad_clip=0.0)
+    announced = []
+    step.on_host_read = lambda: announced.append(1)
+    step(batch, 1)
+    assert len(announced) == reads

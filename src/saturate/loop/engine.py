@@ -144,6 +144,7 @@ class Engine:
         self.batch = None  # the last device batch (a reference: what a failed guard looks at)
         self.per_step = observers.has("on_train_batch_end") or observers.has("on_after_optimizer_step")
         self.clock = watch.clock  # evaluation, checkpoints, logging: the run's time besides the steps
+        training.step.on_host_read = watch.timer.host_read  # where the step waits for the device
 
     def finished(self, state: TrainState) -> bool:
         """Whether `state` is already at max_epochs or max_steps (a finished run resumed)."""

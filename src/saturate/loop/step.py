@@ -130,6 +130,10 @@ def _alone(ok: bool) -> bool:
     return ok
 
 
+def _unwatched() -> None:
+    """No one times the step's host reads."""
+
+
 class TrainStep:
     def __init__(
         self,
@@ -146,8 +150,11 @@ class TrainStep:
     ):
         self.model, self.optimizer, self.precision, self.guard, self.loss = model, optimizer, precision, guard, loss
         self.distributed = dist is not None and dist.world_size > 1
-        self.agree = dist.agree if self.distributed else _alone  # True only if every rank's answer is True
+        self.agree = self._agreed if self.distributed else _alone  # True only if every rank's answer is True
         self.dist = dist
+        # called before each read of the device on the host (the loop's step timer judges
+        # launch-boundness by what the step launched before it waited for the device)
+        self.on_host_read: Callable[[], None] = _unwatched
         # torch's fused optimizers skip a step on the device when told `found_inf` (GradScaler's
         # protocol): the guard's decision then needs no host read (fp16 keeps the scaler's own)
         guard.on_device = self.on_device = (
@@ -162,6 +169,10 @@ class TrainStep:
         self.max_norm = grad_clip if grad_clip > 0 else float("inf")  # inf: measure the norm, never clip
         self.micro_batches, self.recover_oom = micro_batches, recover_oom
         self.oom_recoveries = 0
+        # the update's host reads: the guard's scalar, and GradScaler's check where the
+        # optimizer cannot skip a step on the device
+        fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        self.update_reads = not self.on_device and (guard.skip or (precision.scaler.is_enabled() and not fused))
 
     size = staticmethod(batch_size)
     parts = staticmethod(named_parts)
@@ -255,6 +266,8 @@ class TrainStep:
         self.precision.scaler.unscale_(self.optimizer)
         norm = self.grad_norm()
         self.clip(norm)
+        if self.update_reads:
+            self.on_host_read()
         applied = self.guard.ok(loss, norm, step)
         if not applied:
             self.buffers.restore()
@@ -276,6 +289,11 @@ class TrainStep:
         self.optimizer.step()
         self.guard.skipped_on_device(finite, step)
         return torch.where(finite, loss, torch.zeros_like(loss)), finite, True
+
+    def _agreed(self, ok: bool) -> bool:
+        """Every rank's answer (one all-reduce and one host read: announced)."""
+        self.on_host_read()
+        return self.dist.agree(ok)
 
     # -- out of memory
 
