@@ -152,6 +152,33 @@ def test_out_of_memory_is_recognised_on_a_torch_without_the_device_agnostic_erro
     assert is_oom(cuda_error("CUDA error: out of memory (injected)")) and not is_oom(ValueError("a bug"))
 
 
+@pytest.mark.parametrize(
+    ("setting", "fixed", "deterministic", "expected"),
+    [
+        ("auto", True, False, True),
+        ("auto", False, False, False),
+        (True, False, False, True),
+        (False, True, False, False),
+        ("auto", True, True, False),
+    ],
+)
+def test_cudnn_autotuning_follows_whether_the_samples_have_fixed_shapes(
+    fake_cuda, monkeypatch, setting, fixed, deterministic, expected
+):
+    """cudnn.benchmark times every convolution algorithm for each new input shape: with
+    samples of varying length (a padding collate) every new length is tuned again. auto
+    tunes only fixed shapes; true and false are the user's; deterministic mode never tunes."""
+    from saturate.parts.device import autotune_convolutions
+
+    fake_cuda(1)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # put back after the test
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: deterministic)
+    cfg = DeviceConfig(type="cuda", cudnn_benchmark=setting)
+    device = setup_device(cfg)
+    assert autotune_convolutions(cfg, fixed_shapes=fixed, device=device) is expected
+    assert torch.backends.cudnn.benchmark is expected
+
+
 def test_bf16_asked_on_a_gpu_that_only_emulates_it_is_a_clear_error(fake_cuda, monkeypatch):
     from saturate.errors import UserError
     from saturate.parts.precision import resolve_mode

@@ -35,6 +35,7 @@ from saturate.loop.step import TrainStep
 from saturate.observe.costs import COST_SAMPLES, scaling, step_cost
 from saturate.observe.environment import cpu_name
 from saturate.parts.batch_size import Trial, TrialSetup, choose
+from saturate.parts.device import autotune_convolutions
 from saturate.parts.model import Models, make, setup_model
 from saturate.parts.optim import prime_state, setup_optimizer
 from saturate.parts.precision import Precision, setup_precision
@@ -331,6 +332,7 @@ def build_parts(
     data = objects.data if objects.data is not None else build_datasets(run.data)
     spec = _describe(run, invocation, data, objects)
     check_fits_data(run, spec)
+    autotune_convolutions(run.device, fixed_shapes=spec.fixed, device=device)
     values = data_info.derive(spec, data)
     nodes = {
         key: data_info.bind(getattr(run, key), values, key) for key in ("model", "task") if key not in objects.nodes()
