@@ -102,31 +102,37 @@ def test_mfu_against_the_detected_gpus_peak_never_borrowed_never_over_100_percen
     assert "MFU: no peak known for this GPU" in text
 
 
-# The names NVML and torch.cuda.get_device_name report for each card in the table, and the card's
-# dense peaks (bf16, fp32) from its data sheet
+# The names NVML and torch.cuda.get_device_name report for each card in the table, and the
+# card's dense peaks in TFLOP/s from its data sheet: bf16 (- where it has none), fp32
 NVML_NAMES = {
-    "NVIDIA H100 80GB HBM3": (989.0, 67.0),
-    "NVIDIA H100 PCIe": (756.0, 51.0),
-    "NVIDIA H100 NVL": (835.0, 60.0),
-    "NVIDIA H200": (989.0, 67.0),
-    "NVIDIA H200 NVL": (835.0, 60.0),
-    "NVIDIA GH200 480GB": (989.0, 67.0),
-    "NVIDIA A100-SXM4-80GB": (312.0, 19.5),
-    "NVIDIA A100-SXM4-40GB": (312.0, 19.5),
-    "NVIDIA A100 80GB PCIe": (312.0, 19.5),
-    "NVIDIA A100-PCIE-40GB": (312.0, 19.5),
-    "NVIDIA A10G": (70.0, 31.2),
-    "NVIDIA A10": (125.0, 31.2),
-    "NVIDIA L40S": (362.0, 91.6),
-    "NVIDIA L40": (181.0, 90.5),
-    "NVIDIA L4": (121.0, 30.3),
-    "NVIDIA GeForce RTX 4090": (165.0, 82.6),
-    "Tesla V100-SXM2-16GB": (None, 15.7),
-    "Tesla V100-SXM2-32GB": (None, 15.7),
-    "Tesla V100-PCIE-16GB": (None, 14.0),
-    "Tesla V100-PCIE-32GB": (None, 14.0),
-    "Tesla V100S-PCIE-32GB": (None, 16.4),
-    "Tesla T4": (None, 8.1),
+    name.strip(): (None if bf16.strip() == "-" else float(bf16), float(fp32))
+    for name, bf16, fp32 in (
+        line.split("|")
+        for line in """
+        NVIDIA H100 80GB HBM3 | 989 | 67
+        NVIDIA H100 PCIe | 756 | 51
+        NVIDIA H100 NVL | 835 | 60
+        NVIDIA H200 | 989 | 67
+        NVIDIA H200 NVL | 835 | 60
+        NVIDIA GH200 480GB | 989 | 67
+        NVIDIA A100-SXM4-80GB | 312 | 19.5
+        NVIDIA A100-SXM4-40GB | 312 | 19.5
+        NVIDIA A100 80GB PCIe | 312 | 19.5
+        NVIDIA A100-PCIE-40GB | 312 | 19.5
+        NVIDIA A10G | 70 | 31.2
+        NVIDIA A10 | 125 | 31.2
+        NVIDIA L40S | 362 | 91.6
+        NVIDIA L40 | 181 | 90.5
+        NVIDIA L4 | 121 | 30.3
+        NVIDIA GeForce RTX 4090 | 165 | 82.6
+        Tesla V100-SXM2-16GB | - | 15.7
+        Tesla V100-SXM2-32GB | - | 15.7
+        Tesla V100-PCIE-16GB | - | 14.0
+        Tesla V100-PCIE-32GB | - | 14.0
+        Tesla V100S-PCIE-32GB | - | 16.4
+        Tesla T4 | - | 8.1
+        """.strip().splitlines()
+    )
 }
 
 
