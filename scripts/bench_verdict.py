@@ -226,6 +226,15 @@ CASES = [
         ["loader=resident", "loader.batch_size=4", "trainer.max_steps=400"],
         cuda=True,
     ),
+    Case(
+        "compute-bound-host-read-cuda",
+        "compute-bound",
+        "a convolutional network in fp16 with a non-fused optimizer: one host read per step (GPU only)",
+        "images",
+        "cnn",
+        ["loader=resident", "loader.batch_size=256", "precision=fp16", "optim.optimizer.fused=false"],
+        cuda=True,
+    ),
 ]
 
 

@@ -52,6 +52,16 @@ def built(tmp_path, *overrides: str):
     return run, build_parts(run, Invocation(), UserObjects(), Dist(None), CPU, show_images=None)
 
 
+def test_the_search_leaves_the_runs_grad_scaler_as_it_was(tmp_path):
+    """fp16: the search's trial steps ran through the run's own GradScaler, whose update()
+    after each trial step moved its growth tracker (and halved the scale on overflow): the
+    run started from the state the trials left, although the search is to change nothing."""
+    searched = ["loader.batch_size=auto", "batch_search.min=8", "batch_search.max=32", "batch_search.cache="]
+    run, parts = built(tmp_path, "precision=fp16", "batch_search.steps=1", *searched)
+    fresh = torch.amp.GradScaler("cpu", init_scale=run.precision.init_scale)
+    assert parts.trials and parts.precision.scaler.state_dict() == fresh.state_dict()
+
+
 def test_a_search_returns_the_batch_size_it_chose_and_leaves_the_config_as_given(tmp_path):
     searched = ["loader.batch_size=auto", "batch_search.min=8", "batch_search.max=32", "batch_search.cache="]
     run, parts = built(tmp_path, *searched)

@@ -16,6 +16,7 @@ from saturate.data.augment import (
     SampleAugment,
     SampleParams,
     Schedule,
+    Transforms,
     apply_params,
     augment_sample,
     kornia_pipeline,
@@ -147,6 +148,24 @@ def test_batched_draws_are_keyed_and_leave_the_global_generator_alone():
     assert torch.equal(torch.rand(3), after)  # the augmentation consumed nothing from it
     assert torch.equal(aug(x.clone(), epoch=1, batch=4), a)
     assert not torch.equal(aug(x.clone(), epoch=1, batch=5), a)
+
+
+def test_the_users_kornia_transforms_draw_from_the_seeded_generator_whatever_the_device():
+    """Moving the user's transforms to the batch's device moved Kornia's parameter samplers
+    there too: on a GPU they drew from the CUDA generator, which the seeding does not touch (a
+    resumed run augmented differently, and dropout's CUDA stream shifted). The `meta` device
+    stands in for the GPU (a GPU cannot exist here): a sampler left on it cannot draw at all."""
+    import kornia.augmentation as K
+
+    affine = K.RandomAffine(degrees=30, translate=(0.1, 0.1), p=1.0)
+    augment = BatchAugment(Transforms([affine]), seed=7)
+    x = torch.rand(4, 3, 8, 8, device="meta")
+    drawn = []
+    for batch in (0, 0, 1):
+        assert augment(x, epoch=2, batch=batch).device.type == "meta"
+        drawn.append(affine._params["angle"])
+    assert affine.device.type == "cpu" and drawn[0].device.type == "cpu"
+    assert torch.equal(drawn[0], drawn[1]) and not torch.equal(drawn[0], drawn[2])  # keyed by (seed, epoch, batch)
 
 
 def test_schedule_picks_the_stage_by_epoch():

@@ -102,6 +102,55 @@ def test_mfu_against_the_detected_gpus_peak_never_borrowed_never_over_100_percen
     assert "MFU: no peak known for this GPU" in text
 
 
+# The names NVML and torch.cuda.get_device_name report for each card in the table, and the
+# card's dense peaks in TFLOP/s from its data sheet: bf16 (- where it has none), fp32
+NVML_NAMES = {
+    name.strip(): (None if bf16.strip() == "-" else float(bf16), float(fp32))
+    for name, bf16, fp32 in (
+        line.split("|")
+        for line in """
+        NVIDIA H100 80GB HBM3 | 989 | 67
+        NVIDIA H100 PCIe | 756 | 51
+        NVIDIA H100 NVL | 835 | 60
+        NVIDIA H200 | 989 | 67
+        NVIDIA H200 NVL | 835 | 60
+        NVIDIA GH200 480GB | 989 | 67
+        NVIDIA A100-SXM4-80GB | 312 | 19.5
+        NVIDIA A100-SXM4-40GB | 312 | 19.5
+        NVIDIA A100 80GB PCIe | 312 | 19.5
+        NVIDIA A100-PCIE-40GB | 312 | 19.5
+        NVIDIA A10G | 70 | 31.2
+        NVIDIA A10 | 125 | 31.2
+        NVIDIA L40S | 362 | 91.6
+        NVIDIA L40 | 181 | 90.5
+        NVIDIA L4 | 121 | 30.3
+        NVIDIA GeForce RTX 4090 | 165 | 82.6
+        Tesla V100-SXM2-16GB | - | 15.7
+        Tesla V100-SXM2-32GB | - | 15.7
+        Tesla V100-PCIE-16GB | - | 14.0
+        Tesla V100-PCIE-32GB | - | 14.0
+        Tesla V100S-PCIE-32GB | - | 16.4
+        Tesla T4 | - | 8.1
+        """.strip().splitlines()
+    )
+}
+
+
+@pytest.mark.parametrize("name", list(NVML_NAMES))
+def test_each_card_gets_its_own_peak_by_its_whole_name(name):
+    """A fragment of a name matched its neighbours: "NVIDIA L40" took the L4's peak (MFU 1.5x
+    too high in bf16), "NVIDIA H200 NVL" the SXM's, the V100 PCIe and V100S the SXM2's."""
+    bf16, fp32 = NVML_NAMES[name]
+    assert peak_tflops(name, "bf16") == bf16 and peak_tflops(name, "fp32") == fp32
+
+
+@pytest.mark.parametrize(
+    "name", ["NVIDIA GeForce RTX 4090 D", "NVIDIA A100-SXM4-40GB MIG 1g.5gb", "NVIDIA H100", "NVIDIA L4 Max"]
+)
+def test_a_name_not_in_the_table_gets_no_peak_rather_than_a_neighbours(name):
+    assert peak_tflops(name, "bf16") is None and peak_tflops(name, "fp32") is None
+
+
 def test_a_steps_flops_are_counted_on_real_samples_and_leave_the_model_as_it_was():
     """Linear(10 -> 5) on 8 samples: forward 2*8*10*5 = 800 FLOPs, backward 800 more (the
     weight's gradient; the input needs none); scaled to a batch of 32: 6400."""
@@ -117,60 +166,132 @@ def test_a_steps_flops_are_counted_on_real_samples_and_leave_the_model_as_it_was
     assert all(p.grad is None for p in model.parameters())
 
 
-class FakeEvent:
-    """A CUDA event on a made-up device clock: `record()` takes the time `FakeEvent.now`."""
+class SimulatedGpu:
+    """A device that cannot exist here, simulated: kernels run one after another in launch
+    order, each starting when launched or when the one before ends, whichever is later;
+    CUDA's launch queue holds `queue` pending kernels, and a launch into a full queue waits
+    for a slot. The host's clock advances by each launch's cost and by its waits. Events
+    complete when the device reaches them; `query()` asks without waiting, as CUDA's does."""
 
-    now = 0.0
-    reads = 0
+    def __init__(self, queue: int = 1024):
+        self.host, self.queue = 0.0, queue
+        self.ends: list[float] = []  # device end times of the kernels launched so far
+        self.reads = 0  # event timings read (CUDA: only after a synchronise)
 
-    def __init__(self, enable_timing=True):
-        self.at = None
+    @property
+    def free(self) -> float:
+        return self.ends[-1] if self.ends else 0.0
 
-    def record(self):
-        self.at = FakeEvent.now
+    def launch(self, host_s: float, device_s: float, count: int = 1) -> None:
+        for _ in range(count):
+            pending = [e for e in self.ends[-self.queue :] if e > self.host]
+            if len(pending) >= self.queue:
+                self.host = pending[0]  # a full queue: the launch waits for the oldest kernel to end
+            self.host += host_s
+            self.ends.append(max(self.host, self.free) + device_s)
 
-    def elapsed_time(self, other) -> float:
-        FakeEvent.reads += 1
-        return (other.at - self.at) * 1000  # ms
+    def wait(self, seconds: float) -> None:
+        self.host += seconds
+
+    def read(self) -> None:
+        """A host read of a device value: the host waits for everything launched."""
+        self.host = max(self.host, self.free)
+
+    def install(self, monkeypatch) -> None:
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing=True):
+                self.at = None
+
+            def record(self):
+                self.at = max(gpu.host, gpu.free)
+
+            def query(self) -> bool:
+                return self.at <= gpu.host
+
+            def elapsed_time(self, other) -> float:
+                gpu.reads += 1
+                return (other.at - self.at) * 1000  # ms
+
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: gpu.read())
+        monkeypatch.setattr(timing.time, "perf_counter", lambda: gpu.host)
 
 
-def test_gpu_idle_gaps_are_split_and_launch_bound_steps_counted_without_reading_per_step(monkeypatch):
-    """Three steps on a made-up device timeline: between steps the device idles 4 ms; the host
-    waited 3 ms of it for the batch. Step compute takes the device 2 ms; the host needs 1.9 ms
-    to enqueue steps 1 and 2 (launch-bound: the device is never ahead), 0.5 ms for step 3."""
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    clock = [0.0]
-    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+def simulated_steps(gpu: SimulatedGpu, step, steps: int = 12, wait_s: float = 0.0):
+    """`steps` training steps timed by a StepTimer on the simulated GPU; `step(gpu, timer)`
+    launches one step's compute. Returns the window flushed after them."""
     timer = StepTimer(torch.device("cuda"))
     timer.cuda = True
-    enqueue = [0.0019, 0.0019, 0.0005]
 
     def batches():
-        for _ in range(3):
+        for _ in range(steps):
+            gpu.wait(wait_s)  # the host waits for the batch
             yield None
 
-    for i, _ in enumerate(timer.fetch(_waiting(batches(), clock, 0.003))):
+    for _ in timer.fetch(batches()):
         with timer.phase("copy"):
-            pass
+            gpu.launch(5e-6, 20e-6)
         with timer.phase("compute"):
-            clock[0] += enqueue[i]
-        FakeEvent.now += 0.002  # the device's compute
-        timer._timed["compute"][-1][1].at = FakeEvent.now
+            step(gpu, timer)
         timer.step_done(32)
-        FakeEvent.now += 0.004  # idle until the next step's copy
-    assert FakeEvent.reads == 0  # nothing read while the steps ran
-    window = timer.flush()
-    assert window.timed_steps == 3 and window.launch_steps == 2
-    assert window.gap_s == pytest.approx(0.008) and window.gap_data_s == pytest.approx(0.006)
-    assert window.enqueue_s == pytest.approx(0.0043)
+        gpu.wait(50e-6)  # the loop's own work between steps
+    assert gpu.reads == 0  # nothing read while the steps ran
+    return timer.flush()
 
 
-def _waiting(batches, clock, seconds):
-    for batch in batches:
-        clock[0] += seconds  # the host waits for each batch
-        FakeEvent.now = max(FakeEvent.now, 0.0)
-        yield batch
+def launch_bound_step(gpu, timer):
+    """A tiny model: 200 kernels a step, each launched in 10 us and run in 4."""
+    gpu.launch(10e-6, 4e-6, count=200)
+
+
+def compute_bound_step_reading_the_device(gpu, timer):
+    """fp16's non-finite check: forward and backward (launched in 2 ms, run in 10 ms), a host
+    read that waits for them, then the optimizer's update."""
+    gpu.launch(10e-6, 50e-6, count=200)
+    timer.host_read()
+    gpu.read()
+    gpu.launch(10e-6, 20e-6, count=20)
+
+
+def compute_bound_step_filling_the_queue(gpu, timer):
+    """A ResNet-sized step, no read: 800 kernels launched in 10 us, run in 50 us each; the
+    launch queue fills in the second step, and from then on each launch waits for a slot."""
+    gpu.launch(10e-6, 50e-6, count=800)
+
+
+@pytest.mark.parametrize(
+    ("step", "launch_bound"),
+    [
+        (launch_bound_step, True),
+        (compute_bound_step_reading_the_device, False),
+        (compute_bound_step_filling_the_queue, False),
+    ],
+)
+def test_launch_bound_steps_are_those_the_device_waited_on_launches_for(monkeypatch, step, launch_bound):
+    """The host's time inside the compute phase equals the device's in all three: the tiny
+    model's because the device keeps pace with the launches, the read's because the host
+    waits for the device inside the phase, the full queue's because each launch waits for a
+    slot. Only the first is launch-bound: its device had finished the previous step when
+    the host began this one, and kept pace with what was launched before any host read."""
+    gpu = SimulatedGpu(queue=1024)
+    gpu.install(monkeypatch)
+    window = simulated_steps(gpu, step)
+    assert window.timed_steps == 11  # the first step after a flush follows a synchronise: not judged
+    assert window.enqueue_s > 0
+    frac = window.metrics()["perf/launch_bound_frac"]
+    assert (frac >= 0.5) is launch_bound, frac
+
+
+def test_gpu_idle_gaps_are_split_between_data_and_the_hosts_own_work(monkeypatch):
+    """Between steps the device idles while the host waits 3 ms for each batch and does
+    50 us of its own work; the split counts the wait as data, the rest as the host's."""
+    gpu = SimulatedGpu()
+    gpu.install(monkeypatch)
+    window = simulated_steps(gpu, launch_bound_step, steps=4, wait_s=0.003)
+    assert window.gap_s > window.gap_data_s == pytest.approx(3 * 0.003, rel=1e-6)
+    assert window.gap_s - window.gap_data_s == pytest.approx(3 * 50e-6, rel=0.2)
 
 
 def test_the_run_cpu_share_counts_its_workers_and_not_other_processes():

@@ -116,6 +116,69 @@ def test_amp_picks_bf16_only_where_the_gpu_has_it_natively(fake_cuda, monkeypatc
     assert resolve_mode(mode, torch.device("cuda", 0)) == expected
 
 
+@pytest.mark.parametrize(("capability", "expected"), [((8, 0), "bf16"), ((7, 5), "fp16")])
+def test_amp_decides_on_a_torch_whose_bf16_question_takes_no_keyword(fake_cuda, monkeypatch, capability, expected):
+    """torch 2.3 (which pyproject.toml allows) has is_bf16_supported() without
+    `including_emulation` and counts emulation: native bf16 is compute capability 8.0 and newer,
+    the test torch 2.4 makes itself. Faked: that older signature, and the GPU's capability."""
+    from saturate.parts.precision import resolve_mode
+
+    fake_cuda(1)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert resolve_mode("auto", torch.device("cuda", 0)) == expected
+
+
+def test_the_resident_budget_on_a_torch_without_the_memory_fraction_getter(monkeypatch):
+    """torch.cuda.get_per_process_memory_fraction exists from torch 2.6 on; before, the budget
+    is the device's free memory and the allocator's unused blocks (faked: the older module)."""
+    from saturate.data.loader import memory_budget
+
+    gib = 2**30
+    monkeypatch.delattr(torch.cuda, "get_per_process_memory_fraction")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 30 * gib)
+    assert memory_budget(torch.device("cuda", 0)) == 30 * gib
+
+
+def test_out_of_memory_is_recognised_on_a_torch_without_the_device_agnostic_error(monkeypatch):
+    """torch.OutOfMemoryError is torch 2.4's name; torch 2.3 has torch.cuda.OutOfMemoryError
+    only (faked: the name removed), and every failed step asks is_oom."""
+    from saturate.parts.device import is_oom
+
+    cuda_error = torch.cuda.OutOfMemoryError
+    monkeypatch.delattr(torch, "OutOfMemoryError")
+    assert is_oom(cuda_error("CUDA error: out of memory (injected)")) and not is_oom(ValueError("a bug"))
+
+
+@pytest.mark.parametrize(
+    ("setting", "fixed", "deterministic", "expected"),
+    [
+        ("auto", True, False, True),
+        ("auto", False, False, False),
+        (True, False, False, True),
+        (False, True, False, False),
+        ("auto", True, True, False),
+    ],
+)
+def test_cudnn_autotuning_follows_whether_the_samples_have_fixed_shapes(
+    fake_cuda, monkeypatch, setting, fixed, deterministic, expected
+):
+    """cudnn.benchmark times every convolution algorithm for each new input shape: with
+    samples of varying length (a padding collate) every new length is tuned again. auto
+    tunes only fixed shapes; true and false are the user's; deterministic mode never tunes."""
+    from saturate.parts.device import autotune_convolutions
+
+    fake_cuda(1)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # put back after the test
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: deterministic)
+    cfg = DeviceConfig(type="cuda", cudnn_benchmark=setting)
+    device = setup_device(cfg)
+    assert autotune_convolutions(cfg, fixed_shapes=fixed, device=device) is expected
+    assert torch.backends.cudnn.benchmark is expected
+
+
 def test_bf16_asked_on_a_gpu_that_only_emulates_it_is_a_clear_error(fake_cuda, monkeypatch):
     from saturate.errors import UserError
     from saturate.parts.precision import resolve_mode

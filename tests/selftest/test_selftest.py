@@ -42,6 +42,11 @@ def test_on_the_cpu_every_check_runs_or_is_skipped_with_its_reason(tmp_path):
         "out-of-memory",
         "nvml",
         "copy-bandwidth",
+        "guard-launches",
+        "augmentation-syncs",
+        "cudnn-shapes",
+        "ddp-agreement",
+        "nvml-uuids",
     }
 
 

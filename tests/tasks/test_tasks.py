@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import TensorDataset
 
 import saturate
@@ -363,3 +364,51 @@ def test_float_images_take_every_image_option(tmp_path):
         )
         assert metrics["progress/step"] == 3
     assert json.loads((tmp_path / "augmentation-gpu" / "metrics.json").read_text())["status"] == "completed"
+
+
+class DeviceLengths(TorchDispatchMode):
+    """Counts the length tensors that reach PyTorch's CTC operators from the device: its
+    Tensor overload (LossCTC.cpp, ctc_loss_tensor) copies each to the host with a blocking copy,
+    a synchronisation every step. The `meta` device stands in for the GPU (none can exist
+    here), and this mode answers for CTC's forward and backward, which have no meta kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in ("_ctc_loss", "_ctc_loss_backward"):
+            lengths = args[2:4] if name == "_ctc_loss" else args[3:5]
+            self.copies += sum(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in lengths)
+            log_probs = args[0] if name == "_ctc_loss" else args[1]
+            if name == "_ctc_loss_backward":
+                return torch.zeros_like(log_probs)
+            batch = log_probs.shape[1]
+            return torch.zeros(batch, device=log_probs.device), torch.zeros(batch, 1, device=log_probs.device)
+        return func(*args, **(kwargs or {}))
+
+
+def test_ctc_lengths_stay_on_the_host_so_the_loss_copies_nothing_back(make_cfg):
+    """The run's pipeline (built from the run's data description, for a `meta` device) leaves
+    the lengths CTC reads on the host; the loss then copies nothing from the device."""
+    from saturate.compose.build import UserObjects, build_parts
+    from saturate.config.invocation import Invocation
+    from saturate.config.schema import validate
+    from saturate.data.loader import build_pipeline
+    from saturate.data.policy import PRESETS
+    from saturate.scale.distributed import Dist
+    from tests.loop.test_hygiene import example
+
+    run = validate(make_cfg(*example("sign"), "monitor.costs=false"), presets=tuple(PRESETS))
+    parts = build_parts(run, Invocation(), UserObjects(), Dist(None), torch.device("cpu"), show_images=None)
+    host = next(iter(parts.loaders.train.epoch(0)))
+    meta = torch.device("meta")
+    batch = build_pipeline(run.loader, parts.spec, meta, run.trainer)(host)
+    assert batch["input"].device == meta and batch["target"].device == meta
+    assert batch["input_length"].device.type == batch["target_length"].device.type == "cpu"
+    model = torch.nn.Linear(batch["input"].shape[-1], parts.task.num_classes).to(meta)
+    with DeviceLengths() as counted:
+        loss, _ = parts.task.forward(model, batch)
+        loss.backward()
+    assert counted.copies == 0

@@ -36,6 +36,7 @@ from saturate.loop.step import TrainStep
 from saturate.observe.costs import COST_SAMPLES, scaling, step_cost
 from saturate.observe.environment import cpu_name
 from saturate.parts.batch_size import Trial, TrialSetup, choose
+from saturate.parts.device import autotune_convolutions
 from saturate.parts.model import Models, make, setup_model
 from saturate.parts.optim import prime_state, setup_optimizer
 from saturate.parts.precision import Precision, setup_precision
@@ -266,8 +267,9 @@ def search_batch_size(made: Ingredients, models: Models, transforms) -> tuple[in
     augment = device_augment(run.augmentation, run.trainer.seed, transforms)
     pipeline = build_pipeline(run.loader, spec, device, run.trainer, augment=augment)
     order = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(run.trainer.seed))
+    own = precision.detached()  # the trials' loss-scale updates stay theirs
     trial = TrialSetup(
-        make_step=lambda: make_step(run, models, optimizer, precision, task, device, dist, search=True),
+        make_step=lambda: make_step(run, models, optimizer, own, task, device, dist, search=True),
         optimizer=optimizer,
         pipeline=pipeline,
         fetch=lambda size: host_batch(data, order[:size].tolist()),
@@ -349,12 +351,14 @@ def build_parts(
     data = objects.data if objects.data is not None else build_datasets(run.data)
     spec = _describe(run, invocation, data, objects)
     check_fits_data(run, spec)
+    autotune_convolutions(run.device, fixed_shapes=spec.fixed, device=device)
     values = data_info.derive(spec, data)
     nodes = {
         key: data_info.bind(getattr(run, key), values, key) for key in ("model", "task") if key not in objects.nodes()
     }
     task = build_task(nodes.get("task"), values, objects)
     checkpointing = run.checkpoint.resolved(task, spec.has_val)  # the monitored metric, its direction
+    spec = dataclasses.replace(spec, host_keys=tuple(getattr(task, "host_keys", ())))  # CTC's lengths
     precision = setup_precision(run.precision, device)
     transforms = build_transforms(run.augmentation.transforms)
     made = Ingredients(run, data, spec, task, precision, device, dist)

@@ -64,7 +64,7 @@ class DeviceConfig:
     type: str = "auto"  # auto: CUDA when present, else CPU
     index: int = 0  # CUDA device index, counted within CUDA_VISIBLE_DEVICES
     tf32: bool = True  # TF32 matmuls and convolutions on Ampere and newer
-    cudnn_benchmark: bool = True
+    cudnn_benchmark: Any = "auto"  # true/false, or "auto": when the samples have fixed shapes (no retuning per length)
     memory_fraction: float = 1.0  # cap on this process's share of device memory
     # glibc malloc keeps freed blocks up to 32 MiB (no page faults per step; saturate.parts.device)
     keep_host_memory: bool = True
@@ -73,6 +73,8 @@ class DeviceConfig:
         yield from _choice("type", self.type, ("auto", "cpu", "cuda"))
         yield from _at_least("index", self.index, 0)
         yield from _unit_interval("memory_fraction", self.memory_fraction, open_low=True)
+        if self.cudnn_benchmark not in (True, False, "auto"):
+            yield "cudnn_benchmark", self.cudnn_benchmark, "true, false or 'auto' (when the samples have fixed shapes)"
 
 
 @dataclass

@@ -147,6 +147,18 @@ def build_transforms(nodes: list) -> Transforms | None:
     return Transforms(modules)
 
 
+def _on_device(pipeline: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The user's transforms with their tensors on `device` and Kornia's parameter samplers
+    kept on the CPU, as the presets' are. Moving a Kornia module moves its samplers too: on a
+    GPU they would draw from the CUDA generator, which the per-batch seeding does not fork
+    (a resumed run would augment differently, and dropout's stream would shift)."""
+    pipeline = pipeline.to(device)
+    for module in pipeline.modules():
+        if callable(getattr(module, "set_rng_device_and_dtype", None)):
+            module.set_rng_device_and_dtype(torch.device("cpu"), getattr(module, "dtype", torch.get_default_dtype()))
+    return pipeline
+
+
 class BatchAugment:
     """The device placement: `augment(x, epoch, batch)` for a batch already on the device,
     floats in [0, 1]: the epoch's policy as Kornia modules, or the user's transforms. With
@@ -162,7 +174,7 @@ class BatchAugment:
                 pipeline = policy.with_masks() if masks else policy.pipeline
             else:
                 pipeline = kornia_pipeline(policy, masks)
-            self._pipelines[(policy, masks)] = pipeline.to(device) if pipeline is not None else None
+            self._pipelines[(policy, masks)] = _on_device(pipeline, device) if pipeline is not None else None
         return self._pipelines[(policy, masks)]
 
     @torch.no_grad()

@@ -138,6 +138,7 @@ class DataSpec:
     sample_s: float | None = None  # seconds to read one sample in this process (the num_workers=auto rule)
     input_shapes: tuple[tuple[int, ...], ...] = ()  # every input tensor's shape (several inputs: a tuple or dict)
     target_dtype: torch.dtype | None = None
+    host_keys: tuple[str, ...] = ()  # dict entries the loaders leave on the host: the task reads them there
 
     @property
     def image(self) -> bool:

@@ -62,16 +62,20 @@ def auto_workers(per_sample_work: bool, cap: int = 8) -> int:
     return max(1, min(cap, cpus_per_process() - 1))
 
 
-def move(batch, device: torch.device, non_blocking: bool):
-    """Every tensor of a batch (any structure: torch's pytree) on `device`; float64 becomes
-    float32, the model's dtype. Host tensors are pinned by the loader on CUDA, so the copies
-    run asynchronously."""
+def move(batch, device: torch.device, non_blocking: bool, keep: tuple[str, ...] = ()):
+    """Every tensor of a batch (any structure: torch's pytree) on `device`, but a dict's
+    entries named in `keep` (what the task reads on the host: CTC's lengths, which PyTorch's
+    loss would otherwise copy back with a blocking copy); float64 becomes float32, the
+    model's dtype. Host tensors are pinned by the loader on CUDA, so the copies run
+    asynchronously."""
 
     def to(leaf):
         if not isinstance(leaf, torch.Tensor):
             return leaf
         return leaf.to(device, dtype=torch.float32 if leaf.dtype == torch.float64 else None, non_blocking=non_blocking)
 
+    if keep and isinstance(batch, dict):
+        return {k: v if k in keep else tree_map(to, v) for k, v in batch.items()}
     return tree_map(to, batch)
 
 
@@ -80,14 +84,14 @@ class PlainPipeline:
     model as the dataset gave them (float64 becomes float32, the model's dtype); the task
     casts the targets it reads."""
 
-    def __init__(self, device: torch.device, *, non_blocking: bool):
-        self.device, self.non_blocking = device, non_blocking
+    def __init__(self, device: torch.device, *, non_blocking: bool, keep: tuple[str, ...] = ()):
+        self.device, self.non_blocking, self.keep = device, non_blocking, keep
 
     def begin_epoch(self, epoch: int, start: int) -> None:
         pass
 
     def __call__(self, batch):
-        return move(batch, self.device, self.non_blocking)
+        return move(batch, self.device, self.non_blocking, self.keep)
 
 
 class DevicePipeline:
@@ -113,9 +117,10 @@ class DevicePipeline:
         entry=0,
         normalise: bool = True,
         mask_entry=None,
+        keep: tuple[str, ...] = (),
     ):
         self.device, self.non_blocking, self.augment, self.preview = device, non_blocking, augment, preview
-        self.entry, self.normalise, self.mask_entry = entry, normalise, mask_entry
+        self.entry, self.normalise, self.mask_entry, self.keep = entry, normalise, mask_entry, keep
         if normalise:
             std = torch.tensor(std, device=device).view(1, -1, 1, 1)
             # (x - mean) / std
@@ -131,7 +136,7 @@ class DevicePipeline:
         self.epoch, self.batch = epoch, start
 
     def __call__(self, batch):
-        batch = move(batch, self.device, self.non_blocking)
+        batch = move(batch, self.device, self.non_blocking, self.keep)
         x = batch[self.entry]
         uint8 = x.dtype == torch.uint8
         if self.augment is None:
@@ -426,12 +431,15 @@ def memory_budget(device: torch.device) -> int:
     """Bytes of memory on `device` this process could still take. On CUDA: the device's free
     memory plus what this process's caching allocator holds unused (after the batch search
     and the compile warm-up it keeps their blocks: free to us, not to mem_get_info), and never
-    past device.memory_fraction's cap on the allocator. On the CPU: the host's available memory."""
+    past device.memory_fraction's cap on the allocator (torch 2.6 and newer: before, torch
+    cannot say what the cap is, and the whole device counts). On the CPU: the host's
+    available memory."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         allocated = torch.cuda.memory_allocated(device)
         held = torch.cuda.memory_reserved(device) - allocated
-        cap = torch.cuda.get_per_process_memory_fraction(device) * total - allocated
+        fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0)(device)
+        cap = fraction * total - allocated
         return int(max(0, min(free + held, cap)))
     import psutil
 
@@ -543,7 +551,7 @@ def build_pipeline(
 ) -> DevicePipeline | PlainPipeline:
     """Images: normalised (uint8) and augmented on the device; anything else: unchanged."""
     if not spec.image:
-        return PlainPipeline(device, non_blocking=cfg.non_blocking)
+        return PlainPipeline(device, non_blocking=cfg.non_blocking, keep=spec.host_keys)
     return DevicePipeline(
         device,
         spec.mean,
@@ -555,6 +563,7 @@ def build_pipeline(
         entry=spec.image_entry,
         normalise=not spec.float_image,
         mask_entry=spec.target_entry if augment is not None and spec.mask_target else None,
+        keep=spec.host_keys,
     )
 
 

@@ -147,6 +147,7 @@ class Engine:
         self.clock = watch.clock  # evaluation, checkpoints, logging: the run's time besides the steps
         self.evaluated_at: int | None = None  # the step of the last evaluation (saved with it)
         self.evaluated_inside: dict[str, float] = {}  # this epoch's last evaluation inside it (trainer.eval_every)
+        training.step.on_host_read = watch.timer.host_read  # where the step waits for the device
 
     def finished(self, state: TrainState) -> bool:
         """Whether `state` is already at max_epochs or max_steps (a finished run resumed)."""

@@ -60,6 +60,9 @@ class Timer(Protocol):
 
     def phase(self, name: str) -> AbstractContextManager: ...
 
+    def host_read(self) -> None:
+        """The step is about to read the device on the host."""
+
     def step_done(self, samples: int) -> None: ...
 
     def flush(self) -> Any: ...

@@ -63,9 +63,67 @@ def split(batch, count: int) -> list:
     return [tree_unflatten([p[i] for p in parts], spec) for i in range(count)]
 
 
+class Buffers:
+    """A model's buffers, kept before each step so that a step that must not count (skipped as
+    non-finite, or retried after an out-of-memory) leaves them as they were: by then the
+    forward pass has moved BatchNorm's running statistics and counters (NaN in, NaN kept).
+
+    Kept as one flat tensor per dtype and device, allocated once. A foreach copy over a list
+    that mixes float32 statistics with int64 counters runs as one copy per buffer, and a
+    `where` and a `copy_` per buffer put them back: about 180 launches per ResNet-18 step on
+    a GPU. Here keeping them is one `cat` per dtype; putting them back is one foreach copy
+    per dtype (one list of one dtype: torch's fused kernel), after one `cat` and one `where`
+    when the device decides (tests/loop/test_step.py counts them)."""
+
+    def __init__(self, buffers: list[torch.Tensor]):
+        groups: dict[tuple, list[torch.Tensor]] = {}
+        for b in buffers:
+            groups.setdefault((b.dtype, b.device, b.is_contiguous()), []).append(b)
+        self.groups = []  # (the buffers, flat views of them, kept, scratch, kept and scratch shaped as the buffers)
+        self.loose: list[tuple[torch.Tensor, torch.Tensor]] = []  # non-contiguous buffers: kept one by one
+        for (_, _, contiguous), members in groups.items():
+            if not contiguous:
+                self.loose += [(b, b.detach().clone()) for b in members]
+                continue
+            flat = [b.detach().view(-1) for b in members]
+            kept, scratch = torch.cat(flat), torch.cat(flat)
+            sizes = [f.numel() for f in flat]
+            shaped = [[p.view(b.shape) for p, b in zip(t.split(sizes), members, strict=True)] for t in (kept, scratch)]
+            self.groups.append((members, flat, kept, scratch, *shaped))
+
+    def __bool__(self) -> bool:
+        return bool(self.groups or self.loose)
+
+    def keep(self) -> None:
+        for _, flat, kept, *_ in self.groups:
+            torch.cat(flat, out=kept)
+        for buffer, kept in self.loose:
+            kept.copy_(buffer)
+
+    def restore(self) -> None:
+        """Back to what `keep` saw."""
+        for members, _, _, _, kept, _ in self.groups:
+            torch._foreach_copy_(members, kept)
+        for buffer, kept in self.loose:
+            buffer.copy_(kept)
+
+    def restore_unless(self, finite: torch.Tensor) -> None:
+        """Back to what `keep` saw where `finite` (a device bool) is False, with nothing read."""
+        for members, flat, kept, scratch, _, shaped in self.groups:
+            torch.cat(flat, out=scratch)
+            torch.where(finite, scratch, kept, out=scratch)
+            torch._foreach_copy_(members, shaped)
+        for buffer, kept in self.loose:
+            buffer.copy_(torch.where(finite, buffer, kept))
+
+
 def _alone(ok: bool) -> bool:
     """The agreement of a single process: its own answer."""
     return ok
+
+
+def _unwatched() -> None:
+    """No one times the step's host reads."""
 
 
 class TrainStep:
@@ -84,8 +142,11 @@ class TrainStep:
     ):
         self.model, self.optimizer, self.precision, self.guard, self.loss = model, optimizer, precision, guard, loss
         self.distributed = dist is not None and dist.world_size > 1
-        self.agree = dist.agree if self.distributed else _alone  # True only if every rank's answer is True
+        self.agree = self._agreed if self.distributed else _alone  # True only if every rank's answer is True
         self.dist = dist
+        # called before each read of the device on the host (the loop's step timer judges
+        # launch-boundness by what the step launched before it waited for the device)
+        self.on_host_read: Callable[[], None] = _unwatched
         # torch's fused optimizers skip a step on the device when told `found_inf` (GradScaler's
         # protocol): the guard's decision then needs no host read (fp16 keeps the scaler's own)
         guard.on_device = self.on_device = (
@@ -95,14 +156,15 @@ class TrainStep:
             and bool(getattr(optimizer, "_step_supports_amp_scaling", False))
         )
         self.params = [p for p in model.parameters() if p.requires_grad]
-        # A skipped step must leave the buffers as they were too: the forward pass has
-        # already moved BatchNorm's running statistics (NaN in, NaN kept). They are copied
-        # before each step into tensors allocated once, and copied back when the guard skips.
-        self.buffers = [b for b in model.buffers()] if guard.skip else []
-        self.kept = [b.detach().clone() for b in self.buffers]
+        # a skipped step and a step retried after an out-of-memory leave the buffers as they were
+        self.buffers = Buffers(list(model.buffers()) if guard.skip or recover_oom else [])
         self.max_norm = grad_clip if grad_clip > 0 else float("inf")  # inf: measure the norm, never clip
         self.micro_batches, self.recover_oom = micro_batches, recover_oom
         self.oom_recoveries = 0
+        # the update's host reads: the guard's scalar, and GradScaler's check where the
+        # optimizer cannot skip a step on the device
+        fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        self.update_reads = not self.on_device and (guard.skip or (precision.scaler.is_enabled() and not fused))
 
     size = staticmethod(batch_size)
     parts = staticmethod(named_parts)
@@ -112,7 +174,7 @@ class TrainStep:
         whether the guard let it through (a bool, or a device tensor when the step decided
         on the device); whether the caller advances the LR schedule)."""
         if self.buffers:
-            torch._foreach_copy_(self.kept, self.buffers)
+            self.buffers.keep()
         while (loss := self.forward_backward(batch)) is None:
             self._after_oom(step, batch_size(batch))
         try:
@@ -196,9 +258,11 @@ class TrainStep:
         self.precision.scaler.unscale_(self.optimizer)
         norm = self.grad_norm()
         self.clip(norm)
+        if self.update_reads:
+            self.on_host_read()
         applied = self.guard.ok(loss, norm, step)
-        if not applied and self.buffers:
-            torch._foreach_copy_(self.buffers, self.kept)
+        if not applied:
+            self.buffers.restore()
         stepped = self.precision.step(self.optimizer, applied)
         return (loss if applied else torch.zeros_like(loss)), applied, stepped
 
@@ -212,12 +276,16 @@ class TrainStep:
         finite = self.guard.finite(loss, norm)
         if self.distributed:
             finite = self.dist.all_true(finite)
-        for buffer, kept in zip(self.buffers, self.kept, strict=True):
-            buffer.copy_(torch.where(finite, buffer, kept))
+        self.buffers.restore_unless(finite)
         self.optimizer.grad_scale, self.optimizer.found_inf = None, (~finite).to(torch.float32)
         self.optimizer.step()
         self.guard.skipped_on_device(finite, step)
         return torch.where(finite, loss, torch.zeros_like(loss)), finite, True
+
+    def _agreed(self, ok: bool) -> bool:
+        """Every rank's answer (one all-reduce and one host read: announced)."""
+        self.on_host_read()
+        return self.dist.agree(ok)
 
     # -- out of memory
 
@@ -233,6 +301,7 @@ class TrainStep:
 
     def _after_oom(self, step: int, batch: int) -> None:
         self.optimizer.zero_grad(set_to_none=True)  # drop what the failed pieces accumulated
+        self.buffers.restore()  # and what their forward passes did to BatchNorm's statistics
         free_device_memory()
         piece = math.ceil(batch / self.micro_batches)
         if piece <= 1:

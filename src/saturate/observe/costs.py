@@ -32,23 +32,39 @@ from saturate import names
 
 log = logging.getLogger(__name__)
 
-# Dense peak TFLOP/s (no sparsity) by GPU name fragment and dtype: NVIDIA data sheets. The first
-# fragment found in torch.cuda.get_device_name() wins, so longer names come first.
-PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
-    ("H200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
-    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0}),
-    ("H100 NVL", {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0}),
-    ("H100", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),  # SXM
-    ("GH200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
-    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    ("A10G", {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": 31.2}),
-    ("A10", {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),
-    ("L40S", {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6}),
-    ("L4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
-    ("RTX 4090", {"bf16": 165.0, "fp16": 165.0, "tf32": 82.6, "fp32": 82.6}),
-    ("V100", {"fp16": 125.0, "fp32": 15.7}),
-    ("T4", {"fp16": 65.0, "fp32": 8.1}),
-]
+# Dense peak TFLOP/s (no sparsity) by dtype, from NVIDIA's data sheets, keyed by the whole name
+# torch.cuda.get_device_name() and NVML report. Whole names, not fragments: "NVIDIA L40" is not
+# an L4 (half its peak), "NVIDIA H200 NVL" not an H200 SXM; a name missing here (a MIG slice, a
+# variant such as "RTX 4090 D") gets no MFU rather than a neighbour's.
+_H100_SXM = {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}
+_NVL = {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0}  # H100 NVL, H200 NVL
+_A100 = {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}
+_V100_SXM2 = {"fp16": 125.0, "fp32": 15.7}
+_V100_PCIE = {"fp16": 112.0, "fp32": 14.0}
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "NVIDIA H100 80GB HBM3": _H100_SXM,
+    "NVIDIA H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
+    "NVIDIA H100 NVL": _NVL,
+    "NVIDIA H200": _H100_SXM,
+    "NVIDIA H200 NVL": _NVL,
+    "NVIDIA GH200 480GB": _H100_SXM,
+    "NVIDIA A100-SXM4-80GB": _A100,
+    "NVIDIA A100-SXM4-40GB": _A100,
+    "NVIDIA A100 80GB PCIe": _A100,
+    "NVIDIA A100-PCIE-40GB": _A100,
+    "NVIDIA A10G": {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": 31.2},
+    "NVIDIA A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},
+    "NVIDIA L40S": {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6},
+    "NVIDIA L40": {"bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5},
+    "NVIDIA L4": {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
+    "NVIDIA GeForce RTX 4090": {"bf16": 165.0, "fp16": 165.0, "tf32": 82.6, "fp32": 82.6},
+    "Tesla V100-SXM2-16GB": _V100_SXM2,
+    "Tesla V100-SXM2-32GB": _V100_SXM2,
+    "Tesla V100-PCIE-16GB": _V100_PCIE,
+    "Tesla V100-PCIE-32GB": _V100_PCIE,
+    "Tesla V100S-PCIE-32GB": {"fp16": 130.0, "fp32": 16.4},
+    "Tesla T4": {"fp16": 65.0, "fp32": 8.1},
+}
 
 
 @dataclass
@@ -82,11 +98,8 @@ class StepCost:
 
 def peak_tflops(device_name: str, dtype: str) -> float | None:
     """The dense peak of this GPU for `dtype` (bf16, fp16, fp32; fp32 with TF32 matmuls is
-    "tf32"), or None when the GPU is not in the table."""
-    for fragment, peaks in PEAK_TFLOPS:
-        if fragment in device_name:
-            return peaks.get(dtype)
-    return None
+    "tf32"), or None when its whole name is not in the table."""
+    return PEAK_TFLOPS.get(device_name.strip(), {}).get(dtype)
 
 
 def batch_size(batch) -> int:

@@ -13,8 +13,9 @@ A verdict is decided by measured figures, in this order (the first that holds):
 4. input-bound: waiting for the next batch took at least INPUT_BOUND of step time;
 5. copy-bound (CUDA): copying the batch and preparing it on the device took at least
    COPY_BOUND of step time;
-6. launch-bound: on CUDA the device waited on kernel launches (its compute time within
-   10 % of the host's time to enqueue it) in at least LAUNCH_BOUND of the steps; on the CPU
+6. launch-bound: on CUDA the device waited on kernel launches in at least LAUNCH_BOUND of the
+   steps (it had finished the previous step when the host began launching the next, and then
+   kept pace with the launches made before any host read: saturate.observe.timing); on the CPU
    the part of the measured step compute that does not grow with the batch (forward and
    backward timed on 1 and on 8 samples at start-up) is at least LAUNCH_BOUND, judged only
    while other processes take less than OTHER_BUSY of the host (their load stretches the

@@ -8,10 +8,19 @@ of the device, so host clocks would measure kernel launches) and with the host c
 CPU. On a GPU the same events also give the device's idle gap between one step's compute
 and the next step's copy, split as Holistic Trace Analysis splits idle time: the part the
 host spent waiting for the batch (data), and the rest (the host's own work between steps:
-Python, logging, a synchronisation). The host's time to enqueue each step's compute is
-kept beside the device's time for it: when the device is never ahead of the host (device
-compute time within 10 % of the host's enqueue time) the GPU waits on kernel launches:
-launch-bound. Nothing here synchronises the device except `flush()`, which the engine calls
+Python, logging, a synchronisation).
+
+A step is launch-bound when the device waits on the host's kernel launches: it had finished
+the previous step's work before the host began launching this one (a non-blocking `query()`
+of the previous step's end event as this step's compute begins), and then kept pace with the
+launches (its time for them within LAUNCH_RATIO of the host's time to launch them). Neither
+alone says it: the host's time equals the device's in a compute-bound step too, once CUDA's
+launch queue (about a thousand launches) is full and each launch waits for a free slot, and
+a device idle at a step's start may have waited on data. A step that reads the device on the
+host (fp16's non-finite check, GradScaler's with an optimizer that cannot skip on the device,
+the DDP agreement) waits for the device inside the phase, which makes the two times equal by
+construction: it calls `host_read()` before reading, and only what it launched before that
+is compared. Nothing here synchronises the device except `flush()`, which the engine calls
 only at log steps and epoch ends.
 """
 
@@ -26,7 +35,7 @@ import torch
 
 from saturate import names
 
-LAUNCH_RATIO = 1.1  # device compute within this factor of the host's enqueue time: the device waited on launches
+LAUNCH_RATIO = 1.1  # device time within this factor of the host's time to launch the same work: it kept pace
 
 
 @dataclass
@@ -43,9 +52,8 @@ class Window:
     gap_s: float = 0.0  # device idle between a step's compute and the next step's copy
     gap_data_s: float = 0.0  # the part of it the host spent waiting for the batch
     enqueue_s: float = 0.0  # host time spent enqueuing the compute phases
-    # steps whose device compute took no longer than 1.1x its host enqueue: the GPU waited on launches
-    launch_steps: int = 0
-    timed_steps: int = 0  # steps with device figures
+    launch_steps: int = 0  # steps the device began idle and then kept pace with the launches: it waited on them
+    timed_steps: int = 0  # steps with device figures (the first after a flush has no previous step to judge by)
 
     def add(self, other: Window) -> None:
         for name in self.__dataclass_fields__:
@@ -85,6 +93,11 @@ class StepTimer:
         self._spare: list = []  # events kept for reuse, so no step allocates one
         self._waits: list[float] = []  # host wait before each step (CUDA: to split the device's idle gaps)
         self._enqueue: list[float] = []  # host time enqueuing each step's compute (CUDA)
+        # CUDA, per step: whether the device had finished the previous step as this one began
+        # (None: no previous step in the window), and (event, host seconds) at its first host read
+        self._idle: list[bool | None] = []
+        self._read: list[tuple | None] = []
+        self._host_start: float | None = None  # host clock at the current compute phase's start
 
     def fetch(self, batches: Iterable) -> Iterator:
         """Yield from `batches`, adding the time spent waiting for each to the window."""
@@ -111,17 +124,30 @@ class StepTimer:
         """Time a phase of the step ("copy" or "compute") without synchronising."""
         if self.cuda:
             begin, end = self._event(), self._event()
+            if name == "compute":
+                computed = self._timed["compute"]
+                self._idle.append(computed[-1][1].query() if computed else None)  # non-blocking
+                self._read.append(None)
             begin.record()
-            host = time.perf_counter()
+            host = self._host_start = time.perf_counter()
             yield
             if name == "compute":
                 self._enqueue.append(time.perf_counter() - host)
+                self._host_start = None
             end.record()
             self._timed[name].append((begin, end))
         else:
             start = time.perf_counter()
             yield
             setattr(self.window, f"{name}_s", getattr(self.window, f"{name}_s") + time.perf_counter() - start)
+
+    def host_read(self) -> None:
+        """The step is about to read the device on the host (it will wait for the device):
+        the launches before this point are what its launch-boundness is judged by."""
+        if self.cuda and self._host_start is not None and self._read and self._read[-1] is None:
+            mark = self._event()
+            mark.record()
+            self._read[-1] = (mark, time.perf_counter() - self._host_start)
 
     def step_done(self, samples: int) -> None:
         self.window.steps += 1
@@ -137,8 +163,9 @@ class StepTimer:
                 setattr(self.window, f"{name}_s", sum(seconds[name]))
                 self._spare += [event for pair in pairs for event in pair]
                 pairs.clear()
-            self._waits.clear()
-            self._enqueue.clear()
+            self._spare += [read[0] for read in self._read if read is not None]
+            for kept in (self._waits, self._enqueue, self._idle, self._read):
+                kept.clear()
         window, opened = self.window, self._opened
         self.window, self._opened = Window(), None
         if window.steps == 0 or opened is None:
@@ -156,10 +183,13 @@ class StepTimer:
         copies, computes = self._timed["copy"], self._timed["compute"]
         w = self.window
         for i, (device, enqueue) in enumerate(zip(computed, self._enqueue, strict=False)):
-            compute_end = computes[i][1]
+            begin, compute_end = computes[i]
             w.enqueue_s += enqueue
-            w.timed_steps += 1
-            w.launch_steps += device <= LAUNCH_RATIO * enqueue
+            if self._idle[i] is not None:  # the first step after a flush follows a synchronise
+                read = self._read[i]
+                launched = (begin.elapsed_time(read[0]) / 1000, read[1]) if read else (device, enqueue)
+                w.timed_steps += 1
+                w.launch_steps += launch_bound(self._idle[i], *launched)
             if i + 1 < len(copies) and i + 1 < len(self._waits):
                 gap = max(0.0, compute_end.elapsed_time(copies[i + 1][0]) / 1000)
                 w.gap_s += gap
@@ -169,6 +199,12 @@ class StepTimer:
         """The run's steady state: every window after the first, or the first if it was the
         only one."""
         return self.rest if self.rest.steps else (self.first or Window())
+
+
+def launch_bound(idle: bool, device_s: float, host_s: float) -> bool:
+    """A step the device waited on launches for: it was idle when the host began launching
+    (`idle`), then took no longer than LAUNCH_RATIO x the host's time to launch the same work."""
+    return idle and device_s <= LAUNCH_RATIO * host_s
 
 
 @dataclass

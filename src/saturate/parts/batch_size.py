@@ -6,9 +6,10 @@ run's model, precision, compile, channels_last and device augmentation). Growing
 the first out-of-memory (then the memory limit is bisected), when samples/s improves by no
 more than `min_gain`, or at `max` (never above the training set). The pick is the
 highest-throughput size; after an out-of-memory, only among sizes at most `safety` times
-the largest that fit, so a run does not live on the edge of memory. Model, optimizer and
-RNG state are put back afterwards. The choice is cached in a JSON file keyed by what
-decides it, and reused by later runs with the same key.
+the largest that fit, so a run does not live on the edge of memory. Model and RNG state
+are put back afterwards; the trials step an optimizer and a GradScaler of their own. The
+choice is cached in a JSON file keyed by what decides it, and reused by later runs with the
+same key.
 """
 
 from __future__ import annotations

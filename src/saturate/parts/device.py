@@ -47,7 +47,7 @@ def setup_device(cfg: DeviceConfig, local_rank: int = 0) -> torch.device:
     torch.cuda.set_device(index)
     torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
     torch.backends.cudnn.allow_tf32 = cfg.tf32
-    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark is True  # auto: decided once the data is known
     if cfg.memory_fraction < 1.0:
         torch.cuda.set_per_process_memory_fraction(cfg.memory_fraction, index)
     log.info(
@@ -58,6 +58,21 @@ def setup_device(cfg: DeviceConfig, local_rank: int = 0) -> torch.device:
         cfg.cudnn_benchmark,
     )
     return torch.device("cuda", index)
+
+
+def autotune_convolutions(cfg: DeviceConfig, *, fixed_shapes: bool, device: torch.device) -> bool:
+    """cudnn.benchmark, decided once the data is known: it times every convolution algorithm
+    for each new input shape, which pays off when the shapes are fixed and is paid again for
+    every new length when they vary (a padding collate). auto: on for fixed shapes; true and
+    false are the user's; never in deterministic mode (its algorithms are chosen, not timed).
+    Returns the choice."""
+    on = device.type == "cuda" and (cfg.cudnn_benchmark is True or (cfg.cudnn_benchmark == "auto" and fixed_shapes))
+    on = on and not torch.are_deterministic_algorithms_enabled()
+    torch.backends.cudnn.benchmark = on
+    if device.type == "cuda" and cfg.cudnn_benchmark == "auto":
+        shapes = "fixed" if fixed_shapes else "varying"
+        log.info("cudnn.benchmark=%s (device.cudnn_benchmark=auto: %s shapes)", on, shapes)
+    return on
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt() parameters
@@ -98,10 +113,14 @@ ALLOCATION_FAILED = (
 )
 
 
+# torch.OutOfMemoryError from torch 2.4 on; torch 2.3 names it torch.cuda.OutOfMemoryError only
+_OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
 def is_oom(error: BaseException) -> bool:
     """CUDA's out-of-memory error (current form, or the older RuntimeError), or a cuBLAS or
     cuDNN allocation failure, which are the same shortage by another name."""
-    return isinstance(error, torch.OutOfMemoryError) or (
+    return isinstance(error, _OUT_OF_MEMORY) or (
         isinstance(error, RuntimeError) and any(s in str(error) for s in ALLOCATION_FAILED)
     )
 

@@ -3,6 +3,7 @@ no-op unless the run computes in fp16. The training loop never asks which mode i
 
 from __future__ import annotations
 
+import inspect
 import logging
 import weakref
 from contextlib import AbstractContextManager
@@ -51,14 +52,28 @@ class Precision:
         self.scaler.update()  # also after a skipped step: it resets the scaler's per-step state
         return self._ran
 
+    def detached(self) -> Precision:
+        """The same policy with a GradScaler of its own, in this one's state: for trial steps
+        (the batch-size search) whose updates of the loss scale must not reach the run."""
+        scaler = torch.amp.GradScaler(self.device_type, enabled=self.scaler.is_enabled())
+        if scaler.is_enabled():
+            scaler.load_state_dict(self.scaler.state_dict())
+        return Precision(self.name, self.device_type, self.dtype, scaler)
+
     def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
         self._ran = True
 
 
 def _cuda_bf16(device: torch.device) -> bool:
     """Native bf16 (Ampere and newer). Pre-Ampere GPUs emulate it, far slower than fp16:
-    torch's default answer counts emulation, so it is asked for native support only."""
-    return device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+    torch's default answer counts emulation, so it is asked for native support only. torch
+    2.3 has no such question (the keyword came in 2.4): there native is compute capability
+    8.0 and newer, torch 2.4's own test."""
+    if device.type != "cuda":
+        return False
+    if "including_emulation" in inspect.signature(torch.cuda.is_bf16_supported).parameters:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def native_bf16(device: torch.device) -> bool:

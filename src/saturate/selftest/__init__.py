@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from saturate.selftest import checks, measure  # noqa: F401  (they register the checks)
+from saturate.selftest import checks, measure, risks  # noqa: F401  (they register the checks)
 from saturate.selftest.base import REGISTRY, Context
 from saturate.selftest.runner import Row, run_all, run_one, selected
 

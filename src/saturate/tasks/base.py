@@ -15,6 +15,8 @@ ask which task runs: they call these, and nothing else.
   for the validation loss.
 - `predictions(outputs, batch) -> {name: tensor}` (optional): per-sample values for
   `trainer.predict`, each with the batch as its first dimension.
+- `host_keys` (optional): the dict entries of a batch that the task reads on the host (CTC's
+  lengths); the loaders leave them there instead of copying them to the device.
 
 A user's task is any object with these (a `_target_` in the `task` group, or an object given
 to `saturate.fit`); subclassing `Task` gives the user's metrics, the pair-or-dict batch
@@ -44,6 +46,7 @@ class Task:
 
     name = "task"
     main: str | None = None  # checkpoint.monitor=auto: val/<main>, or val/loss when None
+    host_keys: tuple[str, ...] = ()  # batch entries left on the host for the task (see the module)
     class_targets = False  # describe the targets as class indices (and count the classes)
 
     def __init__(

@@ -32,9 +32,14 @@ TOKEN_BASE = 0x4E00  # tokens become characters from here (CJK ideographs: one c
 
 
 def to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """Integer tensors copied to the host together: one synchronisation, not one each."""
-    flat = torch.cat([t.reshape(-1).long() for t in tensors]).cpu()
-    return [part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors, strict=True)]
+    """Integer tensors on the host, those on a device copied together: one synchronisation,
+    not one each (those on the host already, CTC's lengths, stay as they are)."""
+    away = [t for t in tensors if t.device.type != "cpu"]
+    copied = iter([])
+    if away:
+        flat = torch.cat([t.reshape(-1).long() for t in away]).cpu()
+        copied = (part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in away]), away, strict=True))
+    return [next(copied) if t.device.type != "cpu" else t.long() for t in tensors]
 
 
 class Sequence(Task):
@@ -67,6 +72,9 @@ class Sequence(Task):
         self.input_length_key, self.target_length_key = input_length_key, target_length_key
         self.main = "ter" if mode == "ctc" else "acc"
         self._takes_lengths: bool | None = None
+        # CTC reads the lengths on the host: on the device PyTorch's loss copies them back, a
+        # synchronisation every step (the loaders leave these entries where they are)
+        self.host_keys = (input_length_key, target_length_key) if mode == "ctc" else ()
 
     def _entry(self, batch, key: str):
         if not isinstance(batch, dict) or key not in batch:
@@ -103,7 +111,12 @@ class Sequence(Task):
             return loss, (logits, lengths)
         log_probs = logits.float().log_softmax(-1).transpose(0, 1)  # (T', B, C), as ctc_loss takes it
         target_lengths = self._entry(batch, self.target_length_key).long()
-        loss = F.ctc_loss(log_probs, target, lengths, target_lengths, blank=0, reduction="mean", zero_infinity=True)
+        per_sample = F.ctc_loss(
+            log_probs, target, lengths, target_lengths, blank=0, reduction="none", zero_infinity=True
+        )
+        # reduction="mean" as torch computes it, with the host lengths brought to the loss (torch
+        # divides by them where they are: a GPU loss by host lengths is a device mismatch)
+        loss = (per_sample / target_lengths.clamp_min(1).to(per_sample.device, non_blocking=True)).mean()
         return loss, (logits, lengths)
 
     def own_metrics(self) -> dict:
@@ -163,7 +176,7 @@ class Sequence(Task):
         """Per sample: `output` (per_step: the class per frame; ctc: the decoded labels), padded
         with -1 past `output_length`; `target` and `target_length` as the batch gave them."""
         target = self._entry(batch, self.target_key).long()
-        target_length = self._entry(batch, self.target_length_key).long()
+        target_length = self._entry(batch, self.target_length_key).long().to(target.device, non_blocking=True)
         given = {
             "target": torch.where(
                 torch.arange(target.shape[1], device=target.device) < target_length[:, None], target, -1
