@@ -36,7 +36,7 @@ from saturate.loop.step import TrainStep
 from saturate.observe.costs import COST_SAMPLES, scaling, step_cost
 from saturate.observe.environment import cpu_name
 from saturate.parts.batch_size import Trial, TrialSetup, choose
-from saturate.parts.device import autotune_convolutions
+from saturate.parts.device import autotune_convolutions, untouched_rng
 from saturate.parts.model import Models, make, setup_model
 from saturate.parts.optim import prime_state, setup_optimizer
 from saturate.parts.precision import Precision, setup_precision
@@ -307,11 +307,13 @@ def _step_costs(made: Ingredients, batch_size: int, model):
     run = made.run
     if not run.monitor.costs:
         return None, None
-    # counted on up to COST_SAMPLES real samples, scaled to the batch (conv and matmul FLOPs are linear in it)
-    samples = host_batch(made.data, range(min(len(made.data.train), COST_SAMPLES)))
-    counted = build_pipeline(run.loader, made.spec, made.device, run.trainer)(samples)
-    cost = step_cost(model, counted, made.task, made.precision, batch=batch_size)
-    return cost, scaling(model, counted, made.task, made.precision, made.device)
+    # counted on up to COST_SAMPLES real samples, scaled to the batch (conv and matmul FLOPs are
+    # linear in it); the probes run the user's model and task: they draw nothing training sees
+    with untouched_rng():
+        samples = host_batch(made.data, range(min(len(made.data.train), COST_SAMPLES)))
+        counted = build_pipeline(run.loader, made.spec, made.device, run.trainer)(samples)
+        cost = step_cost(model, counted, made.task, made.precision, batch=batch_size)
+        return cost, scaling(model, counted, made.task, made.precision, made.device)
 
 
 def _search(made: Ingredients, models: Models, transforms):
@@ -334,9 +336,10 @@ def _model(made: Ingredients, node: dict | None, values: dict, given):
     size = 2
     if run.trainer.compile:
         size = run.loader.batch_size if run.loader.batch_size != "auto" else run.batch_search.min
-    example = build_pipeline(run.loader, made.spec, made.device, run.trainer)(
-        host_batch(data, range(min(len(data.train), size)))
-    )
+    with untouched_rng():  # a dataset or augmentation that draws: the same whatever the size
+        example = build_pipeline(run.loader, made.spec, made.device, run.trainer)(
+            host_batch(data, range(min(len(data.train), size)))
+        )
     raw = make(node, values, given, run.pretrained)
     trainer, device = run.trainer, made.device
     return setup_model(

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from saturate.parts.device import OutOfMemory, free_device_memory, is_oom
+from saturate.parts.device import OutOfMemory, free_device_memory, is_oom, untouched_rng
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,7 @@ def measure_with(
 def restoring(model: torch.nn.Module, run: Callable[[], tuple[int, list[Trial]]]) -> tuple[int, list[Trial]]:
     """Run the search, then put the model's weights and buffers and every RNG back."""
     saved = copy.deepcopy(model.state_dict())
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
+    with untouched_rng():
         try:
             return run()
         finally:

@@ -159,3 +159,20 @@ def seeded(cfg: TrainerConfig, device: torch.device):
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.benchmark = before[1]
+
+
+@contextlib.contextmanager
+def untouched_rng():
+    """Every global generator (Python's `random`, NumPy's, torch's CPU and CUDA ones) as it was
+    before the block, whatever the block drew: for what runs the user's model or task only to
+    look at it (the start-up checks, the cost probes, the batch-size search). Dropout, or a
+    task that draws its own mixup weights, would otherwise move the streams training then
+    sees, and a measurement setting would change what the run learns."""
+    python, numpy = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)

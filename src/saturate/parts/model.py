@@ -25,6 +25,7 @@ from torch import nn
 from saturate.config.data_info import arguments
 from saturate.config.instantiate import build
 from saturate.errors import ConfigError, DataError, Problem, UserError, named_parts
+from saturate.parts.device import untouched_rng
 
 log = logging.getLogger(__name__)
 
@@ -255,14 +256,16 @@ def setup_model(raw: nn.Module, spec, task, precision, *, device: torch.device, 
 
     raw = place(raw, device=device, trainer=trainer, dist=dist)
     two = _first_two(batch)
-    try:
-        check(raw, two, task, precision, spec)
-    except UserError as e:
-        raise _cause(raw, two, task, precision, trainer) or e from None
-    layout_ok = trainer.channels_last or not spec.image
-    layout_ok = layout_ok or accepts(raw, two, task, autocast=precision.autocast(), channels_last=True, convert=True)
-    amp = device.type == "cuda" and precision.dtype is None  # the report and tune propose precision=amp there
-    amp_ok = not amp or accepts(raw, two, task, autocast=_amp_autocast(device))
+    with untouched_rng():  # the checks run the user's model and task: training's streams stay where they were
+        try:
+            check(raw, two, task, precision, spec)
+        except UserError as e:
+            raise _cause(raw, two, task, precision, trainer) or e from None
+        layout_ok = trainer.channels_last or not spec.image
+        convert = {"channels_last": True, "convert": True}
+        layout_ok = layout_ok or accepts(raw, two, task, autocast=precision.autocast(), **convert)
+        amp = device.type == "cuda" and precision.dtype is None  # the report and tune propose precision=amp there
+        amp_ok = not amp or accepts(raw, two, task, autocast=_amp_autocast(device))
     n_params = sum(p.numel() for p in raw.parameters())
     log.info(
         "model: %s, %.2fM parameters%s",
@@ -271,7 +274,8 @@ def setup_model(raw: nn.Module, spec, task, precision, *, device: torch.device, 
         ", channels_last" if trainer.channels_last else "",
     )
     wrapped = wrap(raw, dist, device)
-    trained = compiled(wrapped, raw, batch, precision, task) if trainer.compile else wrapped
+    with untouched_rng():  # the compile warm-up
+        trained = compiled(wrapped, raw, batch, precision, task) if trainer.compile else wrapped
     return Models(trained, raw, raw, channels_last_ok=layout_ok, amp_ok=amp_ok)
 
 
