@@ -33,6 +33,11 @@ LAUNCH_BOUND_FRAC = "perf/launch_bound_frac"  # CUDA: steps the host's launches 
 # -- time and memory
 WALL_S = "time/wall_s"  # the whole run, start-up included
 LOOP_S = "time/loop_s"  # the training loop: steps, evaluation, checkpoints, logging
+# from the start: train.py's process start (the interpreter and imports count), or saturate.fit's call
+FIRST_STEP_S = "time/first_step_s"  # the end of the first optimizer step
+EVAL_AT_S = "time/eval_at_s"  # each evaluation's end
+TO_TARGET_S = "time/to_target_s"  # the end of the evaluation that first met target.metric's target.value
+TO_TARGET_STEP = "progress/target_step"  # the step of that evaluation
 PEAK_MB = "memory/peak_mb"  # device (CUDA) or process (CPU) peak memory
 
 # -- resources, sampled in the background (the window's mean at log steps; *_mean over the run)
@@ -68,6 +73,7 @@ MFU = "cost/mfu"
 FIXED_FRAC = "cost/fixed_frac"  # CPU: the share of a step that does not grow with the batch
 PER_SAMPLE_MS = "cost/per_sample_ms"
 COST_DEVICE = "cost/device"
+COST_PROBE_S = "time/cost_probes_s"  # counting them, after training (off the way to the first step)
 
 # -- other records
 SKIPPED_FILES = "data/skipped_files"  # broken files an image folder skipped

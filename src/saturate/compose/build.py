@@ -35,6 +35,7 @@ from saturate.loop.faults import NonFiniteGuard
 from saturate.loop.step import TrainStep
 from saturate.observe.costs import COST_SAMPLES, scaling, step_cost
 from saturate.observe.environment import cpu_name
+from saturate.observe.timing import Startup
 from saturate.parts.batch_size import Trial, TrialSetup, choose
 from saturate.parts.device import autotune_convolutions, untouched_rng
 from saturate.parts.model import Models, make, setup_model
@@ -80,8 +81,6 @@ class Parts:
     nodes: dict[str, dict]  # the model and task nodes as built (the data's values bound), for the record
     trials: list[Trial] | None = None  # batch-size search, when loader.batch_size=auto searched
     search_s: float = 0.0  # how long it took (0 when the cache had the answer)
-    cost: Any = None  # saturate.observe.costs.StepCost: FLOPs and launches of one step (None: not counted)
-    scaling: tuple | None = None  # CPU: a step's time on 1 and on COST_SAMPLES samples (saturate.observe.costs)
     checkpointing: Any = None  # checkpoint.monitor and mode resolved for this task and data (CheckpointConfig)
 
 
@@ -302,18 +301,29 @@ def _describe(run: RunConfig, invocation: Invocation, data: Data, objects: UserO
     return spec
 
 
-def _step_costs(made: Ingredients, batch_size: int, model):
-    """A step's FLOPs and launches, and its batch scaling (saturate.observe.costs), or (None, None)."""
-    run = made.run
+def _total_steps(trainer, steps_per_epoch: int) -> int:
+    total = steps_per_epoch * trainer.max_epochs
+    return min(total, trainer.max_steps) if trainer.max_steps > 0 else total
+
+
+def _unmarked(name: str) -> None:
+    """No start-up clock (a caller that builds parts alone)."""
+
+
+def step_costs(run: RunConfig, parts: Parts, device: torch.device):
+    """A step's FLOPs and launches, and its batch scaling (saturate.observe.costs), or (None,
+    None). Counted after training, for the report: off the way to the first step (the count
+    needs no trained weights, and the timings are steadier with warm caches)."""
     if not run.monitor.costs:
         return None, None
+    data, spec, task, precision, model = parts.data, parts.spec, parts.task, parts.precision, parts.models.raw
     # counted on up to COST_SAMPLES real samples, scaled to the batch (conv and matmul FLOPs are
-    # linear in it); the probes run the user's model and task: they draw nothing training sees
+    # linear in it); the probes run the user's model and task: they draw nothing the run sees
     with untouched_rng():
-        samples = host_batch(made.data, range(min(len(made.data.train), COST_SAMPLES)))
-        counted = build_pipeline(run.loader, made.spec, made.device, run.trainer)(samples)
-        cost = step_cost(model, counted, made.task, made.precision, batch=batch_size)
-        return cost, scaling(model, counted, made.task, made.precision, made.device)
+        samples = host_batch(data, range(min(len(data.train), COST_SAMPLES)))
+        counted = build_pipeline(run.loader, spec, device, run.trainer)(samples)
+        cost = step_cost(model, counted, task, precision, batch=parts.batch_size)
+        return cost, scaling(model, counted, task, precision, device)
 
 
 def _search(made: Ingredients, models: Models, transforms):
@@ -348,11 +358,21 @@ def _model(made: Ingredients, node: dict | None, values: dict, given):
 
 
 def build_parts(
-    run: RunConfig, invocation: Invocation, objects: UserObjects, dist: Dist, device: torch.device, show_images
+    run: RunConfig,
+    invocation: Invocation,
+    objects: UserObjects,
+    dist: Dist,
+    device: torch.device,
+    show_images,
+    *,
+    startup: Startup | None = None,
 ) -> Parts:
-    """data -> task -> precision -> model -> (batch-size search) -> loaders -> optimizer and schedule."""
+    """data -> task -> precision -> model -> (batch-size search) -> loaders -> optimizer and
+    schedule; each marked on `startup`."""
+    mark = startup.mark if startup is not None else _unmarked
     data = objects.data if objects.data is not None else build_datasets(run.data)
     spec = _describe(run, invocation, data, objects)
+    mark("data")
     check_fits_data(run, spec)
     autotune_convolutions(run.device, fixed_shapes=spec.fixed, device=device)
     values = data_info.derive(spec, data)
@@ -366,7 +386,9 @@ def build_parts(
     transforms = build_transforms(run.augmentation.transforms)
     made = Ingredients(run, data, spec, task, precision, device, dist)
     models = _model(made, nodes.get("model"), values, objects.model)
+    mark("model and its checks")
     batch_size, trials, search_s = _search(made, models, transforms)
+    mark("batch-size search")  # none: 0 s
     loaders = build_loaders(
         dataclasses.replace(run.loader, batch_size=batch_size),
         run.augmentation,
@@ -380,10 +402,8 @@ def build_parts(
         mix=batch_mix(run, spec, task, dist.rank),
     )
     check_last_batch(run, batch_size, models.raw, data.train, dist)
-    cost, fixed = _step_costs(made, batch_size, models.raw)
-    total_steps = len(loaders.train) * run.trainer.max_epochs
-    if run.trainer.max_steps > 0:
-        total_steps = min(total_steps, run.trainer.max_steps)
+    mark("loaders")
+    total_steps = _total_steps(run.trainer, len(loaders.train))
     optimizer, scheduler = setup_optimizer(
         run.optim,
         models.raw,
@@ -392,6 +412,7 @@ def build_parts(
         global_batch=batch_size * dist.world_size,
         monitor=(checkpointing.monitor, checkpointing.mode),
     )
+    mark("optimizer")  # torch.optim's first optimizer imports torch._dynamo: a second, in any loop
     parts = Parts(data, spec, task, precision, models, loaders, optimizer, scheduler, batch_size, total_steps, nodes)
-    chosen = {"trials": trials, "search_s": search_s, "cost": cost, "scaling": fixed, "checkpointing": checkpointing}
+    chosen = {"trials": trials, "search_s": search_s, "checkpointing": checkpointing}
     return dataclasses.replace(parts, **chosen)

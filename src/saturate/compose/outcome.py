@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from saturate import names
 from saturate.callbacks import Observers, Run
-from saturate.compose.build import Parts, UserObjects
+from saturate.compose.build import Parts, UserObjects, step_costs
 from saturate.config.invocation import Invocation
 from saturate.config.schema import RunConfig
 from saturate.data.loader import cpus_per_process
@@ -26,6 +26,7 @@ from saturate.loop.engine import Engine, Summary, TrainState
 from saturate.loop.evaluate import Evaluator
 from saturate.observe.monitor import device_memory_mb
 from saturate.observe.report import RunFacts, diagnose, render
+from saturate.observe.timing import Startup
 from saturate.observe.tracking import Tracker, hparams_columns, review_hint
 from saturate.parts.checkpoint import load
 from saturate.parts.precision import emulated
@@ -61,6 +62,7 @@ class Session:
     device: torch.device
     outcome: dict  # how the run was set up, for metrics.json
     start_time: float
+    startup: Startup  # where the time to the first step went
 
 
 def write(session: Session, record: dict) -> None:
@@ -73,6 +75,7 @@ def finish(session: Session, summary: Summary) -> Metrics:
     the report, the HParams entry and metrics.json."""
     metrics = {**summary.metrics(), **session.parts.spec.notes, **costs(session, summary.steady), **tested(session)}
     metrics[names.WALL_S] = time.perf_counter() - session.start_time
+    metrics.update(session.startup.metrics(session.engine.timer.first_step_at))
     if session.dist.world_size > 1:  # every rank must end with the same weights
         metrics[names.PARAMS_IDENTICAL] = float(session.dist.params_identical(session.parts.models.raw))
     stopped = {"stopped_early": session.view.stop_reason} if session.view.stop_reason else {}
@@ -98,6 +101,7 @@ def record(session: Session, summary: Summary, metrics: dict, stopped: dict) -> 
         names.DATA_WAIT_FRAC,
         names.PEAK_MB,
         *([names.GPU_UTIL_MEAN] if names.GPU_UTIL_MEAN in metrics else []),
+        *([names.TO_TARGET_S] if names.TO_TARGET_S in metrics else []),
     ]
     ran = {
         "model": type(parts.models.raw).__name__,
@@ -197,19 +201,33 @@ def already_done(run: RunConfig, state: TrainState, saved: dict, writes: bool, m
     return metrics
 
 
+def _target_note(session: Session, metrics: dict) -> str | None:
+    """When the run met target.metric's value, beside when its first step ended; or that it did not."""
+    target = session.engine.control.target
+    if target is None:
+        return None
+    if target.reached_s is None:
+        last = metrics.get(target.metric)
+        return f"target {target.said()}: not met" + (f" (last {last:.4f})" if last is not None else "")
+    first = metrics.get(names.FIRST_STEP_S)
+    since = f"; the first step ended at {first:.1f} s" if first is not None else ""
+    return f"target {target.said()}: met {target.reached_s:.1f} s after the start (step {target.reached_step}{since})"
+
+
 def costs(session: Session, steady: dict) -> dict:
     """FLOPs, MFU and launches of the steady-state step (saturate.observe.costs), when counted."""
-    cost = session.parts.cost
-    if cost is None or names.STEP_MS not in steady:
+    if names.STEP_MS not in steady:
+        return {}
+    started = time.perf_counter()
+    cost, fixed = step_costs(session.config, session.parts, session.device)
+    if cost is None:
         return {}
     name = torch.cuda.get_device_name(session.device) if session.device.type == "cuda" else None
     dtype = session.parts.precision.name
     if dtype == "fp32" and session.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
         dtype = "tf32"
-    figures = cost.figures(
-        steady[names.STEP_MS] / 1000, name, dtype, session.parts.scaling, steady.get(names.COMPUTE_MS, 0.0) / 1000
-    )
-    return {**figures, names.COST_DEVICE: session.device.type}
+    figures = cost.figures(steady[names.STEP_MS] / 1000, name, dtype, fixed, steady.get(names.COMPUTE_MS, 0.0) / 1000)
+    return {**figures, names.COST_DEVICE: session.device.type, names.COST_PROBE_S: time.perf_counter() - started}
 
 
 def report(session: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, dict]:
@@ -258,7 +276,7 @@ def report(session: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, di
         gpu=gpu,
         facts=facts,
         stopped=session.view.stop_reason,
-        notes=[parts.loaders.workers_note],
+        notes=[parts.loaders.workers_note, _target_note(session, metrics)],
     )
     (Path(run.run_dir) / "report.md").write_text(text)
     session.tracker.text("bottleneck_report", text)  # TensorBoard sorts text by tag: the report before the config

@@ -45,9 +45,10 @@ from saturate.errors import UserError
 from saturate.loop.engine import Control, Engine, Training, TrainState, Watch
 from saturate.loop.evaluate import Evaluator
 from saturate.loop.faults import NotRequeued, Preempted, StopSignal, TrainingDiverged
+from saturate.loop.target import Target
 from saturate.observe.environment import fingerprint
 from saturate.observe.monitor import ResourceMonitor, peak_memory
-from saturate.observe.timing import RunClock, StepTimer
+from saturate.observe.timing import RunClock, Startup, StepTimer
 from saturate.observe.tracking import Tracker
 from saturate.parts.checkpoint import Checkpointer
 from saturate.parts.device import seeded, setup_device
@@ -84,6 +85,7 @@ def train(cfg: DictConfig, invocation: Invocation | None = None, objects: UserOb
 
 def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Metrics:
     start_time, started_at = time.perf_counter(), datetime.now().astimezone().isoformat(timespec="seconds")
+    startup = Startup(from_process=bool(invocation.app))  # train.py's process (not saturate.fit's call)
     run = validate(cfg, presets=tuple(PRESETS), given=objects.nodes())
     if run.tune.enabled:  # train.py hands tune=true to saturate.tune before any training
         raise UserError(
@@ -100,7 +102,8 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
     lock = hold(run_dir, resume=run.trainer.resume, restart=run.trainer.restart, enabled=dist.is_main, agree=dist.agree)
     with lock, seeded(run.trainer, device), StopSignal() as stop:
         stop.listeners.append(observers.stop_requested)
-        parts = build_parts(run, invocation, objects, dist, device, tracker.images)
+        startup.mark("config and run dir")
+        parts = build_parts(run, invocation, objects, dist, device, tracker.images, startup=startup)
         checkpointing = parts.checkpointing
         tracker.shown = (
             checkpointing.monitor if checkpointing.monitor not in (names.TRAIN_LOSS, names.VAL_LOSS) else names.VAL_LOSS
@@ -121,7 +124,9 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
         monitor = ResourceMonitor(run.monitor.interval_s, device, enabled=run.monitor.enabled)
         watch = Watch(tracker, timer, monitor, peak_memory(device), RunClock())
         hint = resume_hint(run.run_dir, dist.world_size, invocation)
-        control = Control(run.trainer.max_epochs, run.trainer.max_steps, stop, dist, start_time, hint)
+        target = _target(run, parts)
+        limits = (run.trainer.max_epochs, run.trainer.max_steps)
+        control = Control(*limits, stop, dist, start_time, hint, target, origin=startup.origin)
         training, evaluator = _training(run, parts, device, dist), _evaluator(run, parts)
         engine = Engine(training, evaluator, checkpointer, watch, observers, view, control)
         if engine.finished(state):  # a finished run resumed: nothing to train
@@ -130,8 +135,11 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
         observers.call("on_run_start", view)
         checkpointer.restore_run(view)
         start_records(run, invocation, parts, tracker, config, env, dist)
+        startup.mark("loggers and records")
         outcome = _outcome(parts, checkpointing.monitor, started_at, list(invocation.overrides), env)
-        session = Session(run, invocation, parts, engine, view, tracker, observers, dist, device, outcome, start_time)
+        session = Session(
+            run, invocation, parts, engine, view, tracker, observers, dist, device, outcome, start_time, startup
+        )
         return _drive(session, state)
 
 
@@ -236,6 +244,12 @@ def _drive(session: Session, state: TrainState) -> Metrics:
         if record is not None and record["status"] == "completed":
             session.dist.barrier()  # the ranks leave together: one tearing gloo down as another writes can abort
     raise failure  # out here, so the frames holding the loader's workers are freed
+
+
+def _target(run: RunConfig, parts: Parts) -> Target | None:
+    """target.metric and target.value, checked against what the evaluations log, or None."""
+    aim = run.target.resolved(parts.task, parts.spec.has_val)
+    return Target(aim[0], float(run.target.value), aim[1], run.target.stop) if aim else None
 
 
 def _training(run: RunConfig, parts: Parts, device: torch.device, dist: Dist) -> Training:

@@ -300,7 +300,7 @@ class TrainerConfig:
 class MonitorConfig:
     enabled: bool = True  # sample GPU (NVML) and CPU (psutil) use in a background thread
     interval_s: float = 1.0
-    # count a step's FLOPs and launches, and time its batch scaling, at start-up (a few passes on 8 samples)
+    # count a step's FLOPs and launches, and time its batch scaling, after training (a few passes on 8 samples)
     costs: bool = True
 
     def problems(self) -> Issues:
@@ -405,6 +405,39 @@ class CheckpointConfig:
 
 
 @dataclass
+class TargetConfig:
+    """The figure a user trains for: the run records the wall time at which an evaluation
+    first met it (time/to_target_s), and may stop there."""
+
+    metric: str | None = None  # a metric an evaluation logs: val/acc, val/loss, val/<a metric of the task>
+    value: float | None = None  # met when the metric is at least this (higher is better) or at most this
+    stop: bool = False  # stop the run once the target is met (a success: last.pt and best.pt saved)
+
+    def problems(self) -> Issues:
+        if self.metric is None and self.value is not None:
+            yield "metric", None, f"the metric target.value={self.value:g} is for, e.g. target.metric=val/acc"
+        if self.value is None and self.metric is not None:
+            yield "value", None, f"the value of {self.metric} to reach, e.g. target.value=0.95"
+        elif self.value is not None and not (isinstance(self.value, (int, float)) and math.isfinite(self.value)):
+            yield "value", self.value, "a finite number"
+        if self.stop and self.metric is None:
+            yield "stop", self.stop, "false, or true with target.metric and target.value set"
+
+    def resolved(self, task, has_val: bool) -> tuple[str, str] | None:
+        """(the metric, its direction: max or min), or None without a target; a metric no
+        evaluation logs is a ConfigError."""
+        if self.metric is None:
+            return None
+        logged = tuple(f"val/{name}" for name in ("loss", *task.names())) if has_val else ()
+        if self.metric not in logged:
+            allowed = (
+                f"a metric an evaluation logs: {', '.join(logged)}" if logged else "none: there is no validation set"
+            )
+            raise ConfigError([Problem("target.metric", self.metric, allowed)])
+        return self.metric, "min" if self.metric.endswith("/loss") else task.better(self.metric.split("/", 1)[1])
+
+
+@dataclass
 class RunConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
@@ -419,6 +452,7 @@ class RunConfig:
     mix: MixConfig = field(default_factory=MixConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
     batch_search: BatchSearchConfig = field(default_factory=BatchSearchConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
@@ -442,6 +476,7 @@ GROUPS = (
     "mix",
     "trainer",
     "checkpoint",
+    "target",
     "batch_search",
     "monitor",
     "tune",

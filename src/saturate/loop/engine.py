@@ -44,6 +44,7 @@ from saturate.loop.protocols import (
     Tracker,
 )
 from saturate.loop.step import TrainStep
+from saturate.loop.target import Target
 from saturate.parts.device import OutOfMemory, free_device_memory, is_oom
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class Control:
     dist: Ranks
     start_time: float
     resume_hint: str = "trainer.resume=auto"
+    target: Target | None = None  # target.metric and target.value: the time they were met (and maybe a stop)
+    origin: float | None = None  # what time/eval_at_s and time/to_target_s count from (None: start_time)
 
 
 @dataclass
@@ -230,9 +233,22 @@ class Engine:
                 tested = test.run(self.run.eval_model)
             self.tracker.log(tested, state.step)
         self.training.scheduler.evaluated(evaluated)
+        self.timed_evaluation(evaluated, state.step)
         self.observers.call("on_eval_end", self.run, evaluated)
         self.evaluated_at = state.step
         return evaluated
+
+    def timed_evaluation(self, evaluated: dict[str, float], step: int) -> None:
+        """When the evaluation ended, and whether it met the target (target.stop: the run stops)."""
+        origin = self.control.origin if self.control.origin is not None else self.control.start_time
+        seconds, target = time.perf_counter() - origin, self.control.target
+        timed = {names.EVAL_AT_S: seconds}
+        if target is not None and target.met(evaluated, step, seconds):
+            timed.update(target.metrics())
+            log.info("target %s met at step %d, %.1f s after the start", target.said(), step, seconds)
+            if target.stop:
+                self.run.request_stop(f"target {target.said()} met")
+        self.tracker.log(timed, step)
 
     def evaluate_inside(self, state: TrainState, steps_per_epoch: int) -> bool:
         """An evaluation inside the epoch (trainer.eval_every): logged, saved (last.pt, best.pt),

@@ -17,9 +17,9 @@ A verdict is decided by measured figures, in this order (the first that holds):
    steps (it had finished the previous step when the host began launching the next, and then
    kept pace with the launches made before any host read: saturate.observe.timing); on the CPU
    the part of the measured step compute that does not grow with the batch (forward and
-   backward timed on 1 and on 8 samples at start-up) is at least LAUNCH_BOUND, judged only
+   backward timed on 1 and on 8 samples after training) is at least LAUNCH_BOUND, judged only
    while other processes take less than OTHER_BUSY of the host (their load stretches the
-   step's long timings and not the start-up's short ones: a compute-bound CNN beside two
+   step's long timings and not the probe's short ones: a compute-bound CNN beside two
    CPU-burning processes measured 51 % "fixed");
 7. compute-bound: waiting for data took at most COMPUTE_BOUND of step time; else balanced.
 
@@ -329,9 +329,9 @@ def render(
     lines += _cost_lines(perf, host_busy=facts is not None and _host_busy(facts))
     if facts is not None and facts.cpu_util is not None:
         lines.append(_cpu_line(facts))
-    loop = _loop_line(perf)
-    if loop:
-        lines.append(loop)
+    for line in (_startup_line(perf), _loop_line(perf)):
+        if line:
+            lines.append(line)
     lines += [f"- {note}" for note in notes if note]
     if stopped:
         lines.append(f"- stopped early: {stopped}")
@@ -405,7 +405,7 @@ def _cost_lines(perf: dict, host_busy: bool = False) -> list[str]:
             f"the optimizer's update; each sample adds {perf[names.PER_SAMPLE_MS]:.3f} ms)"
         )
         if host_busy:
-            line += " (not judged: other processes' load stretched the step's timings, not the start-up's)"
+            line += " (not judged: other processes' load stretched the step's timings, not the probe's)"
     return [line]
 
 
@@ -419,6 +419,19 @@ def _cpu_line(f: RunFacts) -> str:
             "run's doing: no advice about its workers follows from it; its step times are slower for it)"
         )
     return line
+
+
+def _startup_line(perf: dict) -> str | None:
+    """Where the time to the end of the first optimizer step went, the spans of 0.05 s and more
+    in the order they ran (saturate.observe.timing.Startup)."""
+    total = perf.get(names.FIRST_STEP_S)
+    if total is None:
+        return None
+    spans = [
+        (k[len("startup/") : -len("_s")].replace("_", " "), v) for k, v in perf.items() if k.startswith("startup/")
+    ]
+    said = ", ".join(f"{name} {v:.2f} s" for name, v in spans if v >= 0.05)
+    return f"- start-up: {total:.1f} s to the end of the first step" + (f": {said}" if said else "")
 
 
 def _loop_line(perf: dict) -> str | None:

@@ -87,6 +87,7 @@ class StepTimer:
         self.cuda = device.type == "cuda"
         self.window = Window()
         self.first: Window | None = None  # carries the start-up costs (workers, compile, caches)
+        self.first_step_at: float | None = None  # perf_counter at the end of the first step (host time)
         self.rest = Window()  # every later window: the steady state
         self._opened: float | None = None
         self._timed: dict[str, list] = {"copy": [], "compute": []}  # (begin, end) event pairs
@@ -150,6 +151,8 @@ class StepTimer:
             self._read[-1] = (mark, time.perf_counter() - self._host_start)
 
     def step_done(self, samples: int) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = time.perf_counter()
         self.window.steps += 1
         self.window.samples += samples
 
@@ -227,3 +230,43 @@ class RunClock:
 
     def metrics(self) -> dict[str, float]:
         return {f"time/{name}": value for name, value in vars(self).items()}
+
+
+class Startup:
+    """Where the time from the command to the end of the first optimizer step went: spans
+    marked in order as the run builds its parts (`mark(name)`: the time since the previous
+    mark), the first step's end taken by the step timer. From the process's start when the
+    run is the process's own (train.py's first run: the interpreter and the imports count),
+    else from the call (saturate.fit in a notebook, a sweep's later jobs, tune's trials)."""
+
+    runs = 0  # runs started in this process
+
+    def __init__(self, from_process: bool):
+        now = time.perf_counter()
+        self.origin = now
+        from_process = from_process and Startup.runs == 0
+        Startup.runs += 1
+        if from_process:
+            import psutil
+
+            self.origin = now - max(0.0, time.time() - psutil.Process().create_time())
+        self.last = self.origin
+        self.spans: dict[str, float] = {}
+        if from_process:
+            self.mark("interpreter and imports")
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.spans[name] = self.spans.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def metrics(self, first_step_at: float | None) -> dict[str, float]:
+        """`startup/<span>_s` for each span, the first step (loader workers, the first batch, the
+        step) as the last, and `time/first_step_s`: all of it (none when no step ran)."""
+        if first_step_at is None:
+            return {}
+        spans = {**self.spans, "first step": first_step_at - self.last}
+        return {
+            **{f"startup/{name.replace(' ', '_')}_s": s for name, s in spans.items()},
+            names.FIRST_STEP_S: first_step_at - self.origin,
+        }

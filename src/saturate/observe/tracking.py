@@ -97,8 +97,9 @@ class Tracker:
             self.observers.call(
                 "on_hparams", self.run, {k: _plain(v) for k, v in params.items()}, chosen, sorted(varied)
             )
-        # latest: what was logged
-        self.log({k: v for k, v in finite.items() if k in self.latest or k.startswith("test/")}, step)
+        # latest: what was logged; a moment's time (an evaluation's, the target's) is not a curve to end
+        ended = {k: v for k, v in finite.items() if (k in self.latest and k not in MOMENTS) or k.startswith("test/")}
+        self.log(ended, step)
 
     def close(self) -> None:
         self.bar.close()
@@ -149,6 +150,9 @@ def settings(run) -> dict:
         if group not in ("run_dir", "tune", "hydra"):
             walk(group, node)
     return out
+
+
+MOMENTS = (names.EVAL_AT_S, names.TO_TARGET_S, names.TO_TARGET_STEP)
 
 
 def hparams_columns(run, invocation, ran: dict[str, Any]) -> dict[str, Any]:

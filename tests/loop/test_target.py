@@ -1,0 +1,125 @@
+"""Time to target (target.metric, target.value, target.stop) and where the time to the first
+step went (startup/*): recorded in metrics.json, TensorBoard and the report."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import saturate
+from saturate import names
+from saturate.errors import ConfigError
+from saturate.loop.target import Target
+from tests.conftest import read_metrics, run_cli
+
+EPOCHS = ["trainer.max_epochs=3", "trainer.limit_train_batches=-1", "trainer.limit_val_batches=-1"]
+
+
+def scalars(run_dir, tag: str) -> list[tuple[int, float]]:
+    acc = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+def test_the_time_an_evaluation_first_met_the_target_is_in_metrics_tensorboard_and_the_report(make_cfg):
+    cfg = make_cfg(*EPOCHS, "target.metric=val/acc", "target.value=0.5")
+    metrics = saturate.train(cfg)
+    on_disk = read_metrics(cfg.run_dir)
+    evaluations = scalars(cfg.run_dir, names.EVAL_AT_S)
+    # 1,400 digits, batch 32, drop_last: 44 steps an epoch (the final metrics repeat the last at the end)
+    assert sorted({step for step, _ in evaluations}) == [44, 88, 132]
+    reached = scalars(cfg.run_dir, names.TO_TARGET_S)
+    assert len(reached) == 1 and reached[0][0] == on_disk[names.TO_TARGET_STEP]
+    # met at an evaluation: its time is that evaluation's time, after the first step
+    assert (reached[0][0], pytest.approx(reached[0][1])) in [(s, pytest.approx(v)) for s, v in evaluations]
+    assert on_disk[names.FIRST_STEP_S] < on_disk[names.TO_TARGET_S] == pytest.approx(reached[0][1])
+    assert metrics[names.TO_TARGET_S] == on_disk[names.TO_TARGET_S]
+    report = (Path(cfg.run_dir) / "report.md").read_text()
+    assert f"target val/acc >= 0.5: met {on_disk[names.TO_TARGET_S]:.1f} s after the start" in report
+    assert on_disk["status"] == "completed" and "stopped_early" not in on_disk  # target.stop is off
+
+
+def test_target_stop_ends_the_run_at_the_evaluation_that_met_it(make_cfg):
+    cfg = make_cfg(*EPOCHS, "target.metric=val/loss", "target.value=5.0", "target.stop=true")
+    saturate.train(cfg)  # any first evaluation's loss is below 5
+    on_disk = read_metrics(cfg.run_dir)
+    assert on_disk[names.TO_TARGET_STEP] == 44 and on_disk[names.STEP] == 44
+    assert on_disk["stopped_early"] == "target val/loss <= 5 met" and on_disk["status"] == "completed"
+    assert {p.name for p in (Path(cfg.run_dir) / "checkpoints").iterdir()} >= {"last.pt", "best.pt"}
+
+
+def test_a_target_not_met_is_said_and_has_no_time(make_cfg):
+    cfg = make_cfg("target.metric=val/acc", "target.value=1.01")
+    saturate.train(cfg)
+    on_disk = read_metrics(cfg.run_dir)
+    assert names.TO_TARGET_S not in on_disk and not scalars(cfg.run_dir, names.TO_TARGET_S)
+    assert (
+        f"target val/acc >= 1.01: not met (last {on_disk['val/acc']:.4f})"
+        in (Path(cfg.run_dir) / "report.md").read_text()
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "allowed"),
+    [
+        (
+            ["target.metric=val/f1", "target.value=0.9"],
+            "target.metric",
+            "a metric an evaluation logs: val/loss, val/acc",
+        ),
+        (["target.value=0.9"], "target.metric", "the metric target.value=0.9 is for"),
+        (["target.metric=val/acc"], "target.value", "the value of val/acc to reach"),
+        (["target.stop=true"], "target.stop", "with target.metric and target.value set"),
+        (["target.metric=train/loss", "target.value=0.1"], "target.metric", "a metric an evaluation logs"),
+    ],
+)
+def test_a_target_that_cannot_be_met_is_refused_before_training(make_cfg, overrides, key, allowed):
+    with pytest.raises(ConfigError) as raised:
+        saturate.train(make_cfg(*overrides))
+    assert key in str(raised.value) and allowed in str(raised.value)
+
+
+def test_a_target_is_met_once_in_its_direction_and_never_by_nan():
+    lower = Target("val/loss", 0.5, "min")
+    assert not lower.met({"val/loss": math.nan}, 10, 1.0)
+    assert not lower.met({"val/loss": 0.6}, 20, 2.0)
+    assert lower.met({"val/loss": 0.5}, 30, 3.0)
+    assert not lower.met({"val/loss": 0.1}, 40, 4.0)  # the first time is kept
+    assert lower.metrics() == {names.TO_TARGET_S: 3.0, names.TO_TARGET_STEP: 30.0}
+    higher = Target("val/acc", 0.9, "max")
+    assert not higher.met({"val/acc": 0.89}, 1, 1.0) and higher.met({"val/acc": 0.95}, 2, 2.0)
+
+
+def test_the_start_up_spans_add_up_to_the_first_step_and_the_report_names_them(tmp_path):
+    import torch
+    from sklearn.datasets import load_digits
+    from torch import nn
+
+    digits = load_digits()
+    x, y = torch.tensor(digits.data, dtype=torch.float32) / 16, torch.tensor(digits.target)
+    data = list(zip(x, y, strict=True))
+    saturate.fit(
+        lambda: nn.Linear(64, 10), data[:1400], data[1400:], overrides=["trainer.max_epochs=1"], run_dir=tmp_path
+    )
+    on_disk = read_metrics(tmp_path)
+    spans = {k: v for k, v in on_disk.items() if k.startswith("startup/")}
+    assert set(spans) >= {"startup/data_s", "startup/model_and_its_checks_s", "startup/optimizer_s"}
+    assert "startup/interpreter_and_imports_s" not in spans  # saturate.fit: from the call
+    assert all(v >= 0 for v in spans.values())
+    assert sum(spans.values()) == pytest.approx(on_disk[names.FIRST_STEP_S], rel=1e-6)
+    assert on_disk[names.FIRST_STEP_S] < on_disk[names.WALL_S]
+    report = (tmp_path / "report.md").read_text()
+    assert f"- start-up: {on_disk[names.FIRST_STEP_S]:.1f} s to the end of the first step" in report
+
+
+@pytest.mark.slow
+def test_train_py_counts_the_interpreter_and_imports(tmp_path):
+    done = run_cli("trainer.max_epochs=1", "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    on_disk = read_metrics(tmp_path / "run")
+    assert on_disk["startup/interpreter_and_imports_s"] > 0.1  # torch alone takes longer to import
+    spans = sum(v for k, v in on_disk.items() if k.startswith("startup/"))
+    assert spans == pytest.approx(on_disk[names.FIRST_STEP_S], rel=1e-6)
