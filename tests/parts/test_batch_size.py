@@ -46,6 +46,41 @@ def test_search_stops_growing_when_throughput_stops_improving():
     assert chosen == 64  # within the 5% margin of the best, the smaller wins
 
 
+def test_one_outlier_measurement_does_not_choose_the_size():
+    """Issue 35: under load the search measured 26, 50, 96, 3,609 and 341 samples/s for
+    batches of 16 to 256 and chose 128 on the outlier. Each size that fits is measured again
+    in interleaved rounds and the median decides; the spread is reported."""
+    tried: list[int] = []
+    first = {16: 26.0, 32: 50.0, 64: 96.0, 128: 3609.0, 256: 341.0}  # the issue's figures, one outlier
+    steady = {16: 30.0, 32: 55.0, 64: 100.0, 128: 180.0, 256: 330.0}
+
+    def rate(size: int) -> float:
+        return first[size] if tried.count(size) == 1 else steady[size]
+
+    chosen, trials = search(fake_measure(10**6, rate, tried), low=16, high=256, min_gain=0.05, safety=0.9, repeats=3)
+    assert chosen == 256  # one measurement each: 128
+    assert tried[:5] == [16, 32, 64, 128, 256]  # the doubling stopped at the bound
+    assert [tried.count(s) for s in first] == [3] * 5  # then two interleaved rounds over every size
+    assert tried[5:10] == [256, 128, 64, 32, 16] and tried[10:] == [16, 32, 64, 128, 256]
+    median_128 = next(t for t in trials if t.size == 128)
+    assert median_128.samples_per_s == 180.0 and median_128.spread == pytest.approx((3609 - 180) / 180)
+    one, _ = search(fake_measure(10**6, lambda s: first[s], []), low=16, high=256, min_gain=0.05, safety=0.9)
+    assert one == 128  # what a single measurement chose
+
+
+def test_a_size_that_runs_out_of_memory_when_measured_again_is_dropped():
+    calls: list[int] = []
+
+    def measure(size: int) -> Trial:
+        calls.append(size)
+        if size == 64 and calls.count(64) > 1:
+            return Trial(size, False)
+        return Trial(size, True, float(size))
+
+    chosen, trials = search(measure, low=16, high=64, min_gain=0.0, safety=0.9, repeats=2)
+    assert chosen == 32 and [t.size for t in trials if t.fit and t.spread is not None] == [16, 32]
+
+
 def test_search_respects_the_bounds():
     tried: list[int] = []
     chosen, _ = search(fake_measure(10**6, float, tried), low=24, high=100, min_gain=0.0, safety=0.9)

@@ -267,6 +267,7 @@ def report(session: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, di
         amp_ok=parts.models.amp_ok,
         memory_headroom=metrics[names.PEAK_MB] < 0.5 * device_memory_mb(device),
         emulated_precision=emulated(parts.precision.name, device),
+        cpu_bf16=device.type == "cpu" and not emulated("bf16", device),
     )
     verdict = diagnose(metrics, facts, steps=steps)
     text = render(

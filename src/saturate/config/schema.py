@@ -68,9 +68,11 @@ class DeviceConfig:
     memory_fraction: float = 1.0  # cap on this process's share of device memory
     # glibc malloc keeps freed blocks up to 32 MiB (no page faults per step; saturate.parts.device)
     keep_host_memory: bool = True
+    threads: Any = "auto"  # torch's intra-op CPU threads: an integer, or auto (SLURM's CPUs per task, else torch's)
 
     def problems(self) -> Issues:
         yield from _choice("type", self.type, ("auto", "cpu", "cuda"))
+        yield from _int_or_auto("threads", self.threads, 1)
         yield from _at_least("index", self.index, 0)
         yield from _unit_interval("memory_fraction", self.memory_fraction, open_low=True)
         if self.cudnn_benchmark not in (True, False, "auto"):
@@ -315,6 +317,7 @@ class BatchSearchConfig:
     min: int = 16  # first candidate
     max: int = 4096  # never above this, nor above the training set
     steps: int = 3  # timed training steps per candidate, after one warm-up step
+    repeats: int = 3  # each size that fits is measured this many times, interleaved: the median decides
     min_gain: float = 0.05  # stop growing when samples/s improves by this share or less
     safety: float = 0.9  # after an out-of-memory: at most this share of the largest size that fit
     cache: str = "outputs/batch_size_cache.json"  # earlier choices, reused for the same key; "" disables
@@ -324,6 +327,7 @@ class BatchSearchConfig:
         if self.max < self.min:
             yield "max", self.max, f"an integer >= batch_search.min ({self.min})"
         yield from _at_least("steps", self.steps, 1)
+        yield from _at_least("repeats", self.repeats, 1)
         yield from _at_least("min_gain", self.min_gain, 0.0)
         yield from _unit_interval("safety", self.safety, open_low=True)
 

@@ -79,6 +79,7 @@ class RunFacts:
     # probe at start-up): what is not proposed otherwise
     channels_last_ok: bool = True
     amp_ok: bool = True
+    cpu_bf16: bool = False  # a CPU with native bf16 kernels (AVX512-BF16, AMX): bf16 autocast may pay there
 
 
 @dataclass

@@ -20,6 +20,7 @@ import fcntl
 import json
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,12 +39,13 @@ log = logging.getLogger(__name__)
 class Trial:
     size: int
     fit: bool
-    samples_per_s: float | None = None
+    samples_per_s: float | None = None  # the median of its measurements
     peak_mb: float | None = None  # peak allocated device memory (CUDA only)
+    spread: float | None = None  # (highest - lowest) / median of its measurements, when measured more than once
 
 
 def search(
-    measure: Callable[[int], Trial], *, low: int, high: int, min_gain: float, safety: float
+    measure: Callable[[int], Trial], *, low: int, high: int, min_gain: float, safety: float, repeats: int = 1
 ) -> tuple[int, list[Trial]]:
     """The search itself, given `measure(size) -> Trial`. Returns (chosen size, trials)."""
     trials: list[Trial] = []
@@ -77,6 +79,8 @@ def search(
                 smallest_oom = middle
     limit = int(safety * largest_fit) if smallest_oom is not None else high
     allowed = [t for t in trials if t.fit and t.size <= limit]
+    if repeats > 1:
+        allowed = measured_again(measure, allowed, repeats)
     if not allowed:
         log.warning(
             "batch_search: %g x the largest size that fit (%d) is below batch_search.min; using %d",
@@ -89,6 +93,28 @@ def search(
     # it generalises at least as well and leaves memory to spare.
     best = max(t.samples_per_s for t in allowed)
     return min(t.size for t in allowed if t.samples_per_s * (1 + min_gain) >= best), trials
+
+
+def measured_again(measure: Callable[[int], Trial], trials: list[Trial], repeats: int) -> list[Trial]:
+    """Each trial's size measured until it has `repeats` measurements, in rounds over all the
+    sizes (alternating their order: a machine that slows down slows them all alike), each
+    trial's figure then the median: one outlier (a batch of 128 once measured 3,609 samples/s
+    between sizes at 96 and 341, and was chosen) no longer decides. A size that runs out of
+    memory when measured again is dropped."""
+    rates = {t.size: [t.samples_per_s] for t in trials}
+    for round_ in range(repeats - 1):
+        for t in trials if round_ % 2 else trials[::-1]:
+            if t.size in rates:
+                again = measure(t.size)
+                if again.fit:
+                    rates[t.size].append(again.samples_per_s)
+                else:
+                    del rates[t.size]
+    kept = [t for t in trials if t.size in rates]
+    for t in kept:
+        t.samples_per_s = statistics.median(rates[t.size])
+        t.spread = (max(rates[t.size]) - min(rates[t.size])) / t.samples_per_s
+    return kept
 
 
 def measure_with(
@@ -171,7 +197,10 @@ def choose(cfg, *, key: dict, samples: int, trial: TrialSetup, model: torch.nn.M
     )
     with alone(model, dist):  # SyncBatchNorm: each rank's trials are its own
         chosen, trials = restoring(
-            model, lambda: search(measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety)
+            model,
+            lambda: search(
+                measure, low=cfg.min, high=high, min_gain=cfg.min_gain, safety=cfg.safety, repeats=cfg.repeats
+            ),
         )
     chosen = dist.minimum(chosen)
     if compiled:  # each trial's size was a new shape: from the second on, a graph with a dynamic batch dimension
@@ -190,12 +219,13 @@ def choose(cfg, *, key: dict, samples: int, trial: TrialSetup, model: torch.nn.M
 
 
 def table(trials: list[Trial], chosen: int) -> str:
-    lines = ["| batch size | samples/s | peak MB | result |", "|---:|---:|---:|---|"]
+    lines = ["| batch size | samples/s (median) | spread | peak MB | result |", "|---:|---:|---:|---:|---|"]
     for t in trials:
         rate = f"{t.samples_per_s:,.0f}" if t.samples_per_s else "-"
+        spread = f"{t.spread:.0%}" if t.spread is not None else "-"
         peak = f"{t.peak_mb:,.0f}" if t.peak_mb is not None else "-"
         lines.append(
-            f"| {t.size} | {rate} | {peak} | "
+            f"| {t.size} | {rate} | {spread} | {peak} | "
             f"{'fit' if t.fit else 'out of memory'}{' **chosen**' if t.size == chosen else ''} |"
         )
     return "\n".join(lines)
@@ -272,13 +302,13 @@ def valid_choice(entry: dict) -> bool:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1 or not isinstance(trials, list):
         return False
     for t in trials:
-        if not isinstance(t, dict) or set(t) != {"size", "fit", "samples_per_s", "peak_mb"}:
+        if not isinstance(t, dict) or set(t) != {"size", "fit", "samples_per_s", "peak_mb", "spread"}:
             return False
         if type(t["size"]) is not int or type(t["fit"]) is not bool:
             return False
         if not all(
             t[k] is None or (isinstance(t[k], (int, float)) and not isinstance(t[k], bool))
-            for k in ("samples_per_s", "peak_mb")
+            for k in ("samples_per_s", "peak_mb", "spread")
         ):
             return False
     return True

@@ -19,18 +19,34 @@ from saturate.scale.ranks import cpus_per_task, cuda_index
 log = logging.getLogger(__name__)
 
 
+_THREADS = {"default": torch.get_num_threads(), "set": False}  # torch's own choice; whether a run changed it
+
+
+def set_threads(threads) -> None:
+    """device.threads: a number; or auto: SLURM's CPUs per task in a SLURM job, else what
+    torch chose, put back after an earlier run in this process set another (tune's trials)
+    and otherwise left as the caller has it."""
+    chosen = threads if threads != "auto" else cpus_per_task()
+    if chosen is None and _THREADS["set"]:
+        chosen = _THREADS["default"]
+    if chosen is not None:
+        torch.set_num_threads(chosen)
+        _THREADS["set"] = chosen != _THREADS["default"]
+
+
 def setup_device(cfg: DeviceConfig, local_rank: int = 0) -> torch.device:
     """Resolve `cfg.type` to a device and apply the CUDA switches; says what it chose.
 
     Under torchrun each process takes the device `index + local_rank` when it sees several
     GPUs; a process that sees one (one GPU per rank: SLURM's --gpus-per-task, Kubernetes)
     takes that one. `index` counts within CUDA_VISIBLE_DEVICES, which CUDA itself honours.
-    In a SLURM job torch takes as many threads as SLURM gave the task CPUs.
+    `threads`: torch's intra-op threads; auto: as many as SLURM gave the task CPUs in a SLURM
+    job, else torch's own default (its cores, or OMP_NUM_THREADS), also after an earlier run
+    of this process set another number (tune's trials).
     """
     if cfg.keep_host_memory:
         keep_host_memory()
-    if threads := cpus_per_task():
-        torch.set_num_threads(threads)
+    set_threads(cfg.threads)
     has_cuda = torch.cuda.is_available()
     if cfg.type == "cuda" and not has_cuda:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")

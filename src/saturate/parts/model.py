@@ -26,6 +26,7 @@ from saturate.config.data_info import arguments
 from saturate.config.instantiate import build
 from saturate.errors import ConfigError, DataError, Problem, UserError, named_parts
 from saturate.parts.device import untouched_rng
+from saturate.parts.precision import emulated
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +265,8 @@ def setup_model(raw: nn.Module, spec, task, precision, *, device: torch.device, 
         layout_ok = trainer.channels_last or not spec.image
         convert = {"channels_last": True, "convert": True}
         layout_ok = layout_ok or accepts(raw, two, task, autocast=precision.autocast(), **convert)
-        amp = device.type == "cuda" and precision.dtype is None  # the report and tune propose precision=amp there
+        # the report and tune propose precision=amp on a GPU, and tune bf16 on a CPU with native bf16 kernels
+        amp = precision.dtype is None and (device.type == "cuda" or not emulated("bf16", device))
         amp_ok = not amp or accepts(raw, two, task, autocast=_amp_autocast(device))
     n_params = sum(p.numel() for p in raw.parameters())
     log.info(
