@@ -1,12 +1,19 @@
-"""How fast a newcomer's first answers come, measured side by side with `import torch`.
+"""How fast a newcomer's first answers come, measured side by side with `import torch`, and
+how soon the default run's first optimizer step ends, beside a plain loop's.
 
-    python scripts/bench_startup.py [--rounds 5]
+    python scripts/bench_startup.py [--rounds 5] [--first-step]
 
 Times, in fresh processes, alternately: `python -c "import torch"`, `python train.py --help`,
 a misspelt key (`trainer.max_epoch=3`) and an out-of-range value (`loader.num_workers=-1`),
 and prints each one's median and its ratio to `import torch`. The target (issue 27): --help
 and the misspelt key at most 0.5x. An out-of-range value is checked against the model's and
 the data's constructors, which imports them (and so torch): it is printed for the record.
+
+With `--first-step`, also alternately: the default run (`python train.py`, one epoch) and
+PLAIN_LOOP (the same digits, model, optimizer and batch in a hand-written loop), each timed
+from its process's start to the end of its first optimizer step (the run's
+`time/first_step_s`; the loop prints its own), medians, the ratio and the run's start-up
+spans (`startup/*`: where the difference goes).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from saturate import names
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = {
@@ -32,9 +41,57 @@ COMMANDS = {
 }
 
 
+# The default run as its user would write it by hand: digits, SmallCNN, SGD, batch 128.
+PLAIN_LOOP = """
+import time, psutil
+start = psutil.Process().create_time()
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+from saturate.models.small_cnn import SmallCNN
+digits = load_digits()
+x = torch.tensor(digits.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16
+y = torch.tensor(digits.target)
+model = SmallCNN(1, 10)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+loss = nn.functional.cross_entropy(model(x[:128]), y[:128])
+loss.backward()
+optimizer.step()
+print(time.time() - start)
+"""
+
+
+def first_steps(rounds: int) -> None:
+    """The default run's first step against the plain loop's, alternately, from process start."""
+    import json
+    import tempfile
+
+    loop, run, spans = [], [], []
+    for _ in range(rounds):
+        done = subprocess.run([sys.executable, "-c", PLAIN_LOOP], capture_output=True, text=True, cwd=ROOT)
+        loop.append(float(done.stdout.strip().splitlines()[-1]))
+        with tempfile.TemporaryDirectory() as out:
+            args = ["trainer.max_epochs=1", "trainer.progress=false", f"hydra.run.dir={out}"]
+            subprocess.run([sys.executable, str(ROOT / "train.py"), *args], capture_output=True, cwd=ROOT)
+            metrics = json.loads((Path(out) / "metrics.json").read_text())
+        run.append(metrics[names.FIRST_STEP_S])
+        spans.append({k: v for k, v in metrics.items() if k.startswith("startup/")})
+    a, b = statistics.median(loop), statistics.median(run)
+    print(f"\n| to the end of the first step ({rounds} rounds) | median s | vs the plain loop |")
+    print("|---|---:|---:|")
+    print(f"| plain loop | {a:.2f} | 1.00x |")
+    print(f"| python train.py | {b:.2f} | {b / a:.2f}x |")
+    spanned = list(spans[0])
+    print(
+        "\nthe run's start-up spans, median s: "
+        + ", ".join(f"{n[8:-2]} {statistics.median(s.get(n, 0.0) for s in spans):.2f}" for n in spanned)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--first-step", action="store_true", help="also the default run's first step vs a plain loop")
     args = parser.parse_args()
     times: dict[str, list[float]] = {name: [] for name in COMMANDS}
     for _ in range(args.rounds):
@@ -47,6 +104,8 @@ def main() -> None:
     print("|---|---:|---:|")
     for name, values in times.items():
         print(f"| {name} | {statistics.median(values):.2f} | {statistics.median(values) / base:.2f}x |")
+    if args.first_step:
+        first_steps(args.rounds)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from saturate.observe.environment import cpu_name
 from saturate.observe.timing import Startup
 from saturate.parts.batch_size import Trial, TrialSetup, choose
 from saturate.parts.device import autotune_convolutions, untouched_rng
-from saturate.parts.model import Models, make, setup_model
+from saturate.parts.model import Models, make, setup_model, takes_advice
 from saturate.parts.optim import prime_state, setup_optimizer
 from saturate.parts.precision import Precision, setup_precision
 from saturate.scale.distributed import Dist
@@ -316,14 +316,30 @@ def step_costs(run: RunConfig, parts: Parts, device: torch.device):
     needs no trained weights, and the timings are steadier with warm caches)."""
     if not run.monitor.costs:
         return None, None
-    data, spec, task, precision, model = parts.data, parts.spec, parts.task, parts.precision, parts.models.raw
+    task, precision, model = parts.task, parts.precision, parts.models.raw
     # counted on up to COST_SAMPLES real samples, scaled to the batch (conv and matmul FLOPs are
     # linear in it); the probes run the user's model and task: they draw nothing the run sees
     with untouched_rng():
-        samples = host_batch(data, range(min(len(data.train), COST_SAMPLES)))
-        counted = build_pipeline(run.loader, spec, device, run.trainer)(samples)
+        counted = probe_batch(run, parts, device, COST_SAMPLES)
         cost = step_cost(model, counted, task, precision, batch=parts.batch_size)
         return cost, scaling(model, counted, task, precision, device)
+
+
+def probe_batch(run: RunConfig, parts: Parts, device: torch.device, size: int):
+    """Up to `size` real training samples on the device, as a step gets them (for the probes
+    after training)."""
+    with untouched_rng():
+        samples = host_batch(parts.data, range(min(len(parts.data.train), size)))
+        return build_pipeline(run.loader, parts.spec, device, run.trainer)(samples)
+
+
+def advice_checks(run: RunConfig, parts: Parts, device: torch.device) -> tuple[bool, bool]:
+    """(channels_last_ok, amp_ok) of the trained model, for the report and tune (saturate.parts.model.takes_advice)."""
+    batch = probe_batch(run, parts, device, 2)
+    image = parts.spec.image
+    return takes_advice(
+        parts.models.raw, batch, parts.task, parts.precision, image=image, trainer=run.trainer, device=device
+    )
 
 
 def _search(made: Ingredients, models: Models, transforms):

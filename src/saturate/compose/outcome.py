@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from saturate import names
 from saturate.callbacks import Observers, Run
-from saturate.compose.build import Parts, UserObjects, step_costs
+from saturate.compose.build import Parts, UserObjects, advice_checks, step_costs
 from saturate.config.invocation import Invocation
 from saturate.config.schema import RunConfig
 from saturate.data.loader import cpus_per_process
@@ -241,6 +241,7 @@ def report(session: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, di
         {n: metrics.get(f"time/{n}_s", 0.0) / loop for n in ("evaluation", "checkpoint", "logging")} if loop > 0 else {}
     )
     launch = metrics.get(names.LAUNCH_BOUND_FRAC) if device.type == "cuda" else metrics.get(names.FIXED_FRAC)
+    layout_ok, amp_ok = advice_checks(run, parts, device)
     facts = RunFacts(
         device=device.type,
         batch_size=parts.batch_size,
@@ -263,8 +264,8 @@ def report(session: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, di
         precision=parts.precision.name,
         compile=run.trainer.compile,
         channels_last=run.trainer.channels_last,
-        channels_last_ok=parts.models.channels_last_ok,
-        amp_ok=parts.models.amp_ok,
+        channels_last_ok=layout_ok,
+        amp_ok=amp_ok,
         memory_headroom=metrics[names.PEAK_MB] < 0.5 * device_memory_mb(device),
         emulated_precision=emulated(parts.precision.name, device),
         cpu_bf16=device.type == "cpu" and not emulated("bf16", device),

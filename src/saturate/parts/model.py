@@ -36,8 +36,6 @@ class Models:
     train: nn.Module  # what the loop calls: DDP-wrapped and/or compiled
     eval: nn.Module  # what the evaluator calls: never DDP (ranks evaluate different numbers of batches), never compiled
     raw: nn.Module  # the plain module: optimizer, checkpoints
-    channels_last_ok: bool = True  # it accepts channels-last inputs (what the report and tune may propose)
-    amp_ok: bool = True  # it computes under autocast (on a GPU in fp32: what the report and tune may propose)
 
 
 def make(node: dict | None, values: dict[str, Any], given: nn.Module | Callable | None, pretrained=None) -> nn.Module:
@@ -262,12 +260,6 @@ def setup_model(raw: nn.Module, spec, task, precision, *, device: torch.device, 
             check(raw, two, task, precision, spec)
         except UserError as e:
             raise _cause(raw, two, task, precision, trainer) or e from None
-        layout_ok = trainer.channels_last or not spec.image
-        convert = {"channels_last": True, "convert": True}
-        layout_ok = layout_ok or accepts(raw, two, task, autocast=precision.autocast(), **convert)
-        # the report and tune propose precision=amp on a GPU, and tune bf16 on a CPU with native bf16 kernels
-        amp = precision.dtype is None and (device.type == "cuda" or not emulated("bf16", device))
-        amp_ok = not amp or accepts(raw, two, task, autocast=_amp_autocast(device))
     n_params = sum(p.numel() for p in raw.parameters())
     log.info(
         "model: %s, %.2fM parameters%s",
@@ -278,7 +270,22 @@ def setup_model(raw: nn.Module, spec, task, precision, *, device: torch.device, 
     wrapped = wrap(raw, dist, device)
     with untouched_rng():  # the compile warm-up
         trained = compiled(wrapped, raw, batch, precision, task) if trainer.compile else wrapped
-    return Models(trained, raw, raw, channels_last_ok=layout_ok, amp_ok=amp_ok)
+    return Models(trained, raw, raw)
+
+
+def takes_advice(model: nn.Module, batch, task, precision, *, image: bool, trainer, device: torch.device):
+    """(channels_last_ok, amp_ok): whether the model computes two samples of `batch` in
+    channels-last layout and under autocast, what the report and tune may propose (precision=amp
+    on a GPU, bf16 on a CPU with native bf16 kernels). Asked after training, for the report:
+    nothing on the way to the first step depends on it. Every generator is left as it was."""
+    two = _first_two(batch)
+    with untouched_rng():
+        layout_ok = trainer.channels_last or not image
+        convert = {"channels_last": True, "convert": True}
+        layout_ok = layout_ok or accepts(model, two, task, autocast=precision.autocast(), **convert)
+        amp = precision.dtype is None and (device.type == "cuda" or not emulated("bf16", device))
+        amp_ok = not amp or accepts(model, two, task, autocast=_amp_autocast(device))
+    return layout_ok, amp_ok
 
 
 def _cause(model, batch, task, precision, trainer) -> UserError | None:
