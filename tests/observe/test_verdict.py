@@ -386,3 +386,15 @@ def test_every_constructed_cpu_case_gets_its_verdict(tmp_path):
     }, done.stdout
     assert done.returncode == 0 and len(results) == 9
     assert not any("num_workers" in o for o in results["cpu-contention"]["suggestions"])
+
+
+def test_the_report_names_the_settings_that_change_the_numerics():
+    """precision, channels_last and compile change what a run computes (issue 35): said as such."""
+    plain = render(perf(0.01), diagnose(perf(0.01), facts()), steps=100, facts=facts())
+    assert "- numerics:" not in plain
+    changed = facts(precision="bf16", channels_last=True, compile=True)
+    text = render(perf(0.01), diagnose(perf(0.01), changed), steps=100, facts=changed)
+    assert (
+        "- numerics: bf16 autocast, channels_last (other convolution kernels), compile (fused kernels): the same seed "
+        "gives other float results than fp32 eager"
+    ) in text

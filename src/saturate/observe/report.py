@@ -330,7 +330,7 @@ def render(
     lines += _cost_lines(perf, host_busy=facts is not None and _host_busy(facts))
     if facts is not None and facts.cpu_util is not None:
         lines.append(_cpu_line(facts))
-    for line in (_startup_line(perf), _loop_line(perf)):
+    for line in (_startup_line(perf), _loop_line(perf), _numerics_line(facts)):
         if line:
             lines.append(line)
     lines += [f"- {note}" for note in notes if note]
@@ -420,6 +420,22 @@ def _cpu_line(f: RunFacts) -> str:
             "run's doing: no advice about its workers follows from it; its step times are slower for it)"
         )
     return line
+
+
+def _numerics_line(f: RunFacts | None) -> str | None:
+    """The settings on that change what the run computes, not only how fast: its metrics are
+    not the fp32 default's, bit for bit, with the same seed (measurement and loader settings
+    never change them: docs/configuration.md)."""
+    if f is None:
+        return None
+    changed = [
+        *([f"{f.precision} autocast"] if f.precision != "fp32" else []),
+        *(["channels_last (other convolution kernels)"] if f.channels_last else []),
+        *(["compile (fused kernels)"] if f.compile else []),
+    ]
+    if not changed:
+        return None
+    return f"- numerics: {', '.join(changed)}: the same seed gives other float results than fp32 eager"
 
 
 def _startup_line(perf: dict) -> str | None:
