@@ -292,6 +292,8 @@ def checkpoint_command(name: str, argv: list[str]) -> int:
     from pathlib import Path
 
     args = checkpoint_parser(name).parse_intermixed_args(argv)  # overrides before and after flags
+    if os.getcwd() not in sys.path:  # a _target_ in the working dir imports, as it does for python train.py there
+        sys.path.insert(0, os.getcwd())
     out = Path(args.out or Path("outputs") / name / datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")).absolute()
     try:
         from saturate.compose.evaluation import find_checkpoint

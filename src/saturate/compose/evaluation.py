@@ -148,9 +148,12 @@ def open_checkpoint(cfg: DictConfig, path: Path, command: str) -> Opened:
     around its weights (a checkpoint of another model: one line)."""
     run = validate(cfg, presets=tuple(PRESETS))
     checkpoint = load(path, what=command)
+    saved = checkpoint.get("config") or {}
+    target = saved.get("model", {}).get("_target_") if isinstance(saved.get("model"), dict) else None
+    trained = f" (trained as {target})" if target and target != run.model.get("_target_") else ""
     device = setup_device(run.device)
     with seeded(run.trainer, device):
-        built = build_evaluation(run, Invocation(), device, checkpoint["model"], f"{command}: {path}")
+        built = build_evaluation(run, Invocation(), device, checkpoint["model"], f"{command}: {path}{trained}")
     return Opened(path, checkpoint, run, built)
 
 
@@ -195,7 +198,7 @@ def table(record: dict, metrics: dict[str, float], out: Path) -> str:
     """The printed result: what was evaluated, then one row per metric."""
     head = (
         f"saturate eval: {record['checkpoint']} (epoch {record['epoch']}, step {record['step']}) on "
-        f"{record['data']} {record['split']} ({record['batches']} batches of {record['samples']} samples), "
+        f"{record['data']} {record['split']} ({record['batches']} batches; {record['samples']} samples in the split), "
         f"{record['seconds']:.1f} s"
     )
     width = max(len(k) for k in metrics)

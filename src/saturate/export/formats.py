@@ -46,7 +46,9 @@ class Made:
 @contextlib.contextmanager
 def quiet():
     """The exporters' progress lines, warnings and log records kept off the console."""
-    levels = {name: logging.getLogger(name).level for name in ("torch.onnx", "torch.export", "torch._dynamo")}
+    levels = {
+        name: logging.getLogger(name).level for name in ("torch.onnx", "torch.export", "torch._export", "torch._dynamo")
+    }
     for name in levels:
         logging.getLogger(name).setLevel(logging.ERROR)
     sink = io.StringIO()
@@ -101,8 +103,9 @@ def to_program(model, example: tuple, dynamic: dict, names: list[str], out: Path
     except Exception as e:  # noqa: BLE001 (whatever the exporter raises is named in one line)
         raise ExportFailed(explain(e, model, example)) from None
     path = out / "model.pt2"
-    torch.export.save(program, str(path))
-    loaded = torch.export.load(str(path)).module()
+    with quiet():  # loading logs a warning per data-dependent symbol the graph no longer holds
+        torch.export.save(program, str(path))
+        loaded = torch.export.load(str(path)).module()
 
     def run(args: tuple) -> list:
         with torch.no_grad():
