@@ -102,6 +102,54 @@ def test_a_model_that_cannot_be_exported_gets_one_line_naming_the_construct(tmp_
     assert len(lines) == 2, printed
 
 
+UNEXPORTABLE = """
+    import torch
+    from torch import nn
+
+
+    class Kth(nn.Module):  # an operator ONNX has no translation for
+        def __init__(self, in_channels: int, num_classes: int, **unused):
+            super().__init__()
+            self.fc = nn.Linear(in_channels * 64, num_classes)
+
+        def forward(self, x):
+            return torch.kthvalue(self.fc(x.flatten(1)), 2, dim=1)[0][:, None].expand(-1, 10)
+
+
+    class Sized(nn.Module):  # a buffer of the training batch's size makes the batch fixed
+        def __init__(self, in_channels: int, num_classes: int, **unused):
+            super().__init__()
+            self.fc = nn.Linear(in_channels * 64, num_classes)
+            self.register_buffer("offset", torch.zeros(32, num_classes))
+
+        def forward(self, x):
+            return self.fc(x.flatten(1)) + self.offset
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, form, says",
+    [
+        ("Kth", "onnx", "operator aten.kthvalue.default has no ONNX translation, at unexportable.py:"),
+        ("Sized", "onnx", "input x, dimension 0 (exported as 32): the model makes this dimension fixed"),
+        ("Sized", "program", "dimension batch is asked to be dynamic, but the model makes it 32"),
+    ],
+)
+def test_an_operator_without_onnx_and_a_batch_made_fixed_are_named(name, form, says, tmp_path, capsys, monkeypatch):
+    (tmp_path / "unexportable.py").write_text(textwrap.dedent(UNEXPORTABLE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import unexportable
+
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    weights = getattr(unexportable, name)(1, 10).state_dict()
+    torch.save({"model": weights, "step": 0}, tmp_path / "run" / "checkpoints" / "last.pt")
+    model = f"model._target_=unexportable.{name}"
+    code, report, printed = exported(capsys, tmp_path / "run", tmp_path / "out", *TINY, model, "--to", form)
+    error = report["formats"][form]["error"]
+    assert code == 1 and "\n" not in error and error.startswith(says), error
+
+
 def test_an_unknown_form_is_one_line(tmp_path, capsys):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)

@@ -32,6 +32,11 @@ PATTERNS = [
         r"Could not extract specialized integer from data-dependent expression (\S+)",
         "a tensor's value used as a Python number ({0}, .item() or int()): the graph would depend on the data",
     ),
+    (
+        r"You marked (\w+) as dynamic but your code specialized it to be a constant \((\d+)\)",
+        "dimension {0} is asked to be dynamic, but the model makes it {1} (a tensor of the example's size in forward, "
+        "e.g. a buffer sized to the batch)",
+    ),
     (r"Constraints violated \((\w+)\)!.*?\n\s*- ([^\n]+)", "dynamic dimension {0}: {1}"),
     (r"(\.numpy\(\) is not supported[^\n]*)", "{0} (a call out of torch in forward)"),
     (r"Unsupported FX nodes: \{'call_function': \[([^\]]+)\]", "operators without an ONNX translation: {0}"),
