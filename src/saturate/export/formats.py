@@ -30,17 +30,22 @@ class Made:
     file: Path
     run: Callable[[tuple], list]  # the export's outputs on these arguments, flattened
 
-    def difference(self, model: torch.nn.Module, args: tuple) -> float:
-        with torch.no_grad():
-            expected = [t for t in tree_leaves(model(*args)) if isinstance(t, torch.Tensor)]
+    def difference(self, args: tuple, expected: list[torch.Tensor]) -> float:
+        """The largest absolute difference from `expected`, the model's outputs on `args`."""
         got = self.run(args)
         if len(got) != len(expected):
             return float("inf")
         diffs = [
-            (torch.as_tensor(g).to(e.dtype) - e.detach().cpu()).abs().max().item() if e.numel() else 0.0
+            (torch.as_tensor(g).to(e.dtype).cpu() - e).abs().max().item() if e.numel() else 0.0
             for g, e in zip(got, expected, strict=True)
         ]
         return max(diffs, default=0.0)
+
+
+def outputs(model: torch.nn.Module, args: tuple) -> list[torch.Tensor]:
+    """The PyTorch model's outputs on `args`, flattened, on the CPU: what each export is held to."""
+    with torch.no_grad():
+        return [t.detach().cpu() for t in tree_leaves(model(*args)) if isinstance(t, torch.Tensor)]
 
 
 @contextlib.contextmanager
@@ -72,10 +77,15 @@ def clear_rnn_caches() -> None:
 
 
 @contextlib.contextmanager
-def rnn_while_loops():
+def rnn_while_loops(enabled: bool = True):
     """nn.LSTM/GRU as a while_loop (the decomposition torch.onnx uses itself, from a private
     module): without it torch.export unrolls them over the example's length, which makes
-    that length fixed (pytorch/pytorch#115092)."""
+    that length fixed (pytorch/pytorch#115092). Only for a dynamic length (`enabled`): an
+    unrolled program of a fixed length runs faster than the loop, step by step in Python."""
+    if not enabled:
+        clear_rnn_caches()
+        yield
+        return
     try:
         from torch.export._patches import (
             register_gru_while_loop_decomposition,
@@ -98,7 +108,7 @@ def tensors(args: tuple) -> list[torch.Tensor]:
 def to_program(model, example: tuple, dynamic: dict, names: list[str], out: Path, opened) -> Made:
     """model.pt2: a torch.export program, saved and loaded back for the check."""
     try:
-        with quiet(), rnn_while_loops():
+        with quiet(), rnn_while_loops(any(d != 0 for dims in dynamic.values() if dims for d in dims)):
             program = torch.export.export(model, example, dynamic_shapes=dynamic)
     except Exception as e:  # noqa: BLE001 (whatever the exporter raises is named in one line)
         raise ExportFailed(explain(e, model, example)) from None
