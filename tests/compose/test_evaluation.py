@@ -102,6 +102,27 @@ def test_a_run_dirs_saved_config_is_used_only_when_asked(finished, tmp_path, cap
     capsys.readouterr()
 
 
+def test_a_config_saved_before_the_restructuring_is_read(finished, tmp_path, capsys):
+    """A real run dir's config from before issue 33 (norm: group there; this run's model has
+    BatchNorm, given on top as a run's own override would be)."""
+    run_dir = tmp_path / "old"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / "checkpoints").symlink_to(finished / "checkpoints")
+    (run_dir / ".hydra" / "config.yaml").write_text((ROOT / "tests" / "compose" / "old_run_config.yaml").read_text())
+    args = [
+        str(run_dir),
+        "--run-saved-config",
+        "model.norm=batch",
+        "loader.num_workers=0",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert checkpoint_command("eval", args) == 0, capsys.readouterr()
+    got = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert got["batches"] == 12 and 0 <= got["val/acc"] <= 1  # the whole validation set at the old batch size, 32
+    capsys.readouterr()
+
+
 def test_old_module_names_map_to_modules_that_exist_now():
     assert moved("saturate.checkpoint.load") == "saturate.parts.checkpoint.load"
     assert moved("saturate.models.SmallCNN") == "saturate.models.SmallCNN"  # never moved
