@@ -4,6 +4,7 @@ dir's saved config is used only when asked, old module names read as today's."""
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import json
 import subprocess
@@ -82,6 +83,11 @@ def test_no_checkpoint_and_a_split_the_data_lacks_are_one_line_each(finished, tm
     assert checkpoint_command("eval", [str(finished), *RUN, "--split", "test", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has no test split" in err, err
+    # read as data only: a file that needs arbitrary unpickling is refused, never loaded
+    torch.save({"model": {}, "step": 0, "when": datetime.date(2026, 11, 27)}, tmp_path / "pickled.pt")
+    assert checkpoint_command("eval", [str(tmp_path / "pickled.pt"), *RUN, "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refusing" in err and "arbitrary unpickling" in err, err
 
 
 def test_a_run_dirs_saved_config_is_used_only_when_asked(finished, tmp_path, capsys):
