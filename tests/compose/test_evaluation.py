@@ -90,6 +90,7 @@ def test_no_checkpoint_and_a_split_the_data_lacks_are_one_line_each(finished, tm
     assert err.count("\n") == 1 and "refusing" in err and "arbitrary unpickling" in err, err
 
 
+@pytest.mark.slow  # evaluates the whole validation set
 def test_a_run_dirs_saved_config_is_used_only_when_asked(finished, tmp_path, capsys):
     from tests.conftest import compose_config
 
@@ -108,6 +109,7 @@ def test_a_run_dirs_saved_config_is_used_only_when_asked(finished, tmp_path, cap
     capsys.readouterr()
 
 
+@pytest.mark.slow  # evaluates the whole validation set
 def test_a_config_saved_before_the_restructuring_is_read(finished, tmp_path, capsys):
     """A real run dir's config from before issue 33 (norm: group there; this run's model has
     BatchNorm, given on top as a run's own override would be)."""
