@@ -229,3 +229,109 @@ def _given(key: str, argv: list[str]) -> str:
         if eq and name.lstrip("+~") == key:
             return value
     return "?"
+
+
+COMMANDS = {
+    "selftest": "every CUDA path checked on this machine, the fast path measured",
+    "eval": "a checkpoint evaluated on the val or test split",
+    "export": "a checkpoint to ONNX, a torch.export program and safetensors, each checked",
+}
+
+
+def command() -> None:
+    """The `saturate` console command: `saturate selftest|eval|export [...]`."""
+    name, argv = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else (None, [])
+    if name not in COMMANDS:
+        listed = "\n".join(f"  saturate {n:<9} {what}" for n, what in COMMANDS.items())
+        sys.exit(f"usage: saturate <command> [--help]\n{listed}\n(training: python train.py; see the README)")
+    if name == "selftest":
+        from saturate.selftest import main
+
+        sys.exit(main(argv))
+    sys.exit(checkpoint_command(name, argv))
+
+
+def checkpoint_parser(name: str):
+    """`saturate eval` and `saturate export`: a checkpoint, flags, and overrides as for train.py."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog=f"saturate {name}",
+        description=f"saturate {name} CHECKPOINT [overrides ...]: {COMMANDS[name]}. The config is composed from conf/ "
+        "and the overrides as for python train.py (give the ones the run was trained with: model, data, loader ...).",
+    )
+    p.add_argument("checkpoint", help="a checkpoint file, or a run dir (its checkpoints/best.pt, else last.pt)")
+    p.add_argument("overrides", nargs="*", help="key=value and group=option, as for train.py")
+    p.add_argument("--out", default=None, help=f"where the results go (default outputs/{name}/<date>/<time>)")
+    p.add_argument(
+        "--run-saved-config",
+        action="store_true",
+        help="use the run dir's saved .hydra/config.yaml instead of conf/: this instantiates and runs the classes "
+        "that config names (only for run dirs you trust)",
+    )
+    if name == "eval":
+        p.add_argument("--split", choices=["val", "test"], default="val", help="the data's split to evaluate")
+        p.add_argument("--name", default=None, help="the metrics' prefix (a new test set: name/acc); default: split")
+        p.add_argument("--predict", action="store_true", help="also write predictions/<name>.npz (numpy.load)")
+    else:
+        p.add_argument(
+            "--to",
+            default="onnx,program,safetensors",
+            help="comma-separated: onnx, program (torch.export), torchscript, safetensors (default: all but "
+            "torchscript)",
+        )
+        p.add_argument("--batches", type=int, default=3, help="validation batches each export is checked on")
+        p.add_argument("--tolerance", type=float, default=1e-4, help="largest difference from PyTorch allowed")
+    return p
+
+
+def checkpoint_command(name: str, argv: list[str]) -> int:
+    """Parse, compose the config, run `saturate eval` or `saturate export`; a user's mistake
+    is one line (exit 1), never a traceback."""
+    from datetime import datetime
+    from pathlib import Path
+
+    args = checkpoint_parser(name).parse_intermixed_args(argv)  # overrides before and after flags
+    if os.getcwd() not in sys.path:  # a _target_ in the working dir imports, as it does for python train.py there
+        sys.path.insert(0, os.getcwd())
+    out = Path(args.out or Path("outputs") / name / datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")).absolute()
+    try:
+        from saturate.compose.evaluation import find_checkpoint
+
+        path = find_checkpoint(args.checkpoint)
+        cfg = _checkpoint_config(args, path, out)
+        if name == "eval":
+            from saturate.compose.evaluation import evaluate_checkpoint
+
+            evaluate_checkpoint(cfg, path, split=args.split, name=args.name, out=out, predict=args.predict)
+            return 0
+        from saturate.export import export_checkpoint
+
+        report = export_checkpoint(
+            cfg, path, out=out, to=args.to.split(","), batches=args.batches, tolerance=args.tolerance
+        )
+        return 0 if report["ok"] else 1
+    except CompactHydraException as e:  # UserError (ConfigError, CheckpointError, ...) and composition errors
+        print(f"error: {describe(e, args.overrides)}", file=sys.stderr)
+        return 1
+
+
+def _checkpoint_config(args, path, out) -> DictConfig:
+    """conf/ composed with the overrides, or (--run-saved-config) the run dir's saved config."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from saturate.api import config_dir
+
+    register()
+    hydra_args = [o for o in args.overrides if o.startswith("hydra.")]
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        if not args.run_saved_config:
+            return compose("config", overrides=[*args.overrides, f"run_dir={out}"])
+        from saturate.compose.evaluation import saved_config
+
+        base = compose("config", overrides=hydra_args)
+    run_dir = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else path.parent.parent
+    rest = [o for o in args.overrides if o not in hydra_args]
+    return saved_config(run_dir, [*rest, f"run_dir={out}"], base)

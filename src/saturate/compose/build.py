@@ -38,7 +38,7 @@ from saturate.observe.environment import cpu_name
 from saturate.observe.timing import Startup
 from saturate.parts.batch_size import Trial, TrialSetup, choose
 from saturate.parts.device import autotune_convolutions, untouched_rng
-from saturate.parts.model import Models, make, setup_model, takes_advice
+from saturate.parts.model import Models, load_weights, make, place, setup_model, takes_advice
 from saturate.parts.optim import prime_state, setup_optimizer
 from saturate.parts.precision import Precision, setup_precision
 from saturate.scale.distributed import Dist
@@ -373,6 +373,63 @@ def _model(made: Ingredients, node: dict | None, values: dict, given):
     )
 
 
+def _data_and_task(run: RunConfig, invocation: Invocation, objects: UserObjects, device: torch.device):
+    """The data, what one look at it said, its values for the model and task nodes, the
+    nodes as bound, and the task."""
+    data = objects.data if objects.data is not None else build_datasets(run.data)
+    spec = _describe(run, invocation, data, objects)
+    check_fits_data(run, spec)
+    autotune_convolutions(run.device, fixed_shapes=spec.fixed, device=device)
+    values = data_info.derive(spec, data)
+    nodes = {
+        key: data_info.bind(getattr(run, key), values, key) for key in ("model", "task") if key not in objects.nodes()
+    }
+    task = build_task(nodes.get("task"), values, objects)
+    spec = dataclasses.replace(spec, host_keys=tuple(getattr(task, "host_keys", ())))  # CTC's lengths
+    return data, spec, values, nodes, task
+
+
+@dataclass
+class Evaluation:
+    """What evaluating or exporting a checkpoint needs: the data and its batches (never
+    augmented), the task, the precision policy, and the model holding the checkpoint's
+    weights, on the device, in eval mode."""
+
+    data: Data
+    spec: DataSpec
+    task: Any
+    precision: Precision
+    model: nn.Module
+    loaders: Loaders
+    nodes: dict[str, dict]  # the model and task nodes as built (the data's values bound)
+
+
+def build_evaluation(
+    run: RunConfig, invocation: Invocation, device: torch.device, weights: dict, source: str
+) -> Evaluation:
+    """The parts of a run that evaluation reads, built as build_parts builds them (same data,
+    task, precision, model node and loaders: the same batches in the same order), with the
+    model's weights from `weights` (a checkpoint's `model`; one of another model is refused
+    in one line naming `source`). No optimizer, no batch-size search, no augmentation."""
+    data, spec, values, nodes, task = _data_and_task(run, invocation, UserObjects(), device)
+    precision = setup_precision(run.precision, device)
+    raw = make(nodes["model"], values, None)  # pretrained weights are not loaded: the checkpoint's replace them
+    load_weights(raw, weights, source, node=nodes["model"])
+    model = place(raw, device=device, trainer=run.trainer, dist=Dist(None)).eval()
+    if run.loader.batch_size == "auto":
+        raise ConfigError([Problem("loader.batch_size", "auto", "the batch size to evaluate with (an integer)")])
+    loaders = build_loaders(
+        run.loader,
+        dataclasses.replace(run.augmentation, placement="none"),
+        data,
+        spec,
+        device=device,
+        trainer=run.trainer,
+        shard=Shard(run.trainer.seed, 0, 1),
+    )
+    return Evaluation(data, spec, task, precision, model, loaders, nodes)
+
+
 def build_parts(
     run: RunConfig,
     invocation: Invocation,
@@ -386,18 +443,9 @@ def build_parts(
     """data -> task -> precision -> model -> (batch-size search) -> loaders -> optimizer and
     schedule; each marked on `startup`."""
     mark = startup.mark if startup is not None else _unmarked
-    data = objects.data if objects.data is not None else build_datasets(run.data)
-    spec = _describe(run, invocation, data, objects)
+    data, spec, values, nodes, task = _data_and_task(run, invocation, objects, device)
     mark("data")
-    check_fits_data(run, spec)
-    autotune_convolutions(run.device, fixed_shapes=spec.fixed, device=device)
-    values = data_info.derive(spec, data)
-    nodes = {
-        key: data_info.bind(getattr(run, key), values, key) for key in ("model", "task") if key not in objects.nodes()
-    }
-    task = build_task(nodes.get("task"), values, objects)
     checkpointing = run.checkpoint.resolved(task, spec.has_val)  # the monitored metric, its direction
-    spec = dataclasses.replace(spec, host_keys=tuple(getattr(task, "host_keys", ())))  # CTC's lengths
     precision = setup_precision(run.precision, device)
     transforms = build_transforms(run.augmentation.transforms)
     made = Ingredients(run, data, spec, task, precision, device, dist)

@@ -87,14 +87,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def load(path: Path) -> dict[str, Any]:
+def load(path: Path, what: str = "trainer.resume") -> dict[str, Any]:
     """A checkpoint, read with `torch.load(weights_only=True)`: tensors, numbers, strings and
-    containers only. A file that would need anything else (arbitrary unpickling, which can
+    containers only (`what`: the key or command
+    reading it, for the messages). A file that would need anything else (arbitrary unpickling, which can
     run code) is refused, never loaded."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise CheckpointError(f"trainer.resume: no checkpoint at {path}") from None
+        raise CheckpointError(f"{what}: no checkpoint at {path}") from None
     except pickle.UnpicklingError as e:
         if "global" not in str(e).lower():  # not a refused object: a damaged or foreign file
             lines = [line.strip() for line in str(e).splitlines() if line.strip()]
@@ -103,17 +104,17 @@ def load(path: Path) -> dict[str, Any]:
                 lines[-1] if lines else "",
             )
             raise CheckpointError(
-                f"trainer.resume: cannot read {path} as a checkpoint (damaged or not a checkpoint: {cause})"
+                f"{what}: cannot read {path} as a checkpoint (damaged or not a checkpoint: {cause})"
             ) from None
         first = next((line.strip() for line in str(e).splitlines() if "global" in line.lower()), "")
         raise UnsafeCheckpoint(
-            f"trainer.resume: refusing {path}: it holds objects that only arbitrary unpickling could load, which can "
+            f"{what}: refusing {path}: it holds objects that only arbitrary unpickling could load, which can "
             f"run code; saturate loads tensors and plain values only ({first})"
         ) from None
     except Exception as e:
-        raise CheckpointError(f"trainer.resume: cannot read {path} as a checkpoint ({type(e).__name__}: {e})") from None
+        raise CheckpointError(f"{what}: cannot read {path} as a checkpoint ({type(e).__name__}: {e})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "step" not in ckpt:
-        raise CheckpointError(f"trainer.resume: {path} is not a saturate checkpoint (no model and step in it)")
+        raise CheckpointError(f"{what}: {path} is not a saturate checkpoint (no model and step in it)")
     return ckpt
 
 

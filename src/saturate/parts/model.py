@@ -103,7 +103,7 @@ def load_pretrained(model: nn.Module, cfg) -> None:
     )
 
 
-def _mismatch(missing: list[str], unexpected: list[str], wrong: list[str]) -> str:
+def _differences(missing: list[str], unexpected: list[str], wrong: list[str]) -> str:
     def few(keys: list[str]) -> str:
         return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
 
@@ -112,8 +112,31 @@ def _mismatch(missing: list[str], unexpected: list[str], wrong: list[str]) -> st
         for what, keys in (("shapes differ", wrong), ("missing", missing), ("unexpected", unexpected))
         if keys
     ]
+    return "; ".join(said)
+
+
+def _mismatch(missing: list[str], unexpected: list[str], wrong: list[str]) -> str:
     fix = "; pretrained.rename maps key prefixes ({'old.': 'new.'}), pretrained.strict=false loads what matches"
-    return "; ".join(said) + fix
+    return _differences(missing, unexpected, wrong) + fix
+
+
+def load_weights(model: nn.Module, state: dict, source: str, *, node: dict | None = None) -> None:
+    """Every weight of a checkpoint's `model` into `model`, or one line saying that `source`
+    holds another model's (the shapes, missing and unexpected names that differ)."""
+    own = model.state_dict()
+    wrong = [
+        f"{k} {tuple(v.shape)} (the model's {tuple(own[k].shape)})"
+        for k, v in state.items()
+        if k in own and isinstance(v, torch.Tensor) and v.shape != own[k].shape
+    ]
+    missing, unexpected = [k for k in own if k not in state], [k for k in state if k not in own]
+    if wrong or missing or unexpected:
+        target = (node or {}).get("_target_", type(model).__name__)
+        raise UserError(
+            f"{source} holds the weights of another model than the config's (model._target_={target}): "
+            f"{_differences(missing, unexpected, wrong)}; give the model=... (and its settings) it was trained with"
+        )
+    model.load_state_dict(state)
 
 
 def freeze(model: nn.Module, patterns: list[str]) -> None:
