@@ -292,11 +292,14 @@ def test_hparams_hold_the_values_used_and_the_compared_metrics(make_cfg):
     # one run in TensorBoard's list: the session sits in the run's own event files, no sub-run
     assert [p.name for p in (Path(cfg.run_dir) / "tb").iterdir() if p.is_dir()] == []
     session = events(cfg.run_dir)
-    # TensorBoard offers every scalar of the session's run as a metric, at its last value: the final ones
+    # TensorBoard offers every scalar of the session's run as a metric, sorted, and shows the first five: the
+    # compared metrics' final values as compare/*, which sort first
     compared = {"val/acc", "val/loss", "train/loss", "perf/samples_per_s", "perf/data_wait_frac", "memory/peak_mb"}
-    assert compared <= set(session.Tags()["scalars"])
+    tags = sorted(session.Tags()["scalars"])
+    assert set(tags[: len(compared)]) == {f"compare/{tag}" for tag in compared}
     for tag in compared:
-        assert session.Scalars(tag)[-1].value == pytest.approx(metrics[tag]), tag
+        assert session.Scalars(f"compare/{tag}") == [session.Scalars(f"compare/{tag}")[0]]  # one point
+        assert session.Scalars(f"compare/{tag}")[0].value == pytest.approx(metrics[tag]), tag
     shown = set(events(cfg.run_dir).Tags()["scalars"])
     assert (
         not {"cpu/util_mean", "time/loop_s", "cost/flops_per_step", "train/micro_batches", "train/nonfinite_steps"}

@@ -45,5 +45,8 @@ def test_a_run_is_one_run_in_tensorboard_holding_its_hparams_session(tmp_path):
             ]
 
         assert values("val/acc")[-1] == (3, pytest.approx(3 * lr))
-        assert values("gpu/mean") == [(3, 50.0)]  # an HParams metric needs a scalar in the session's run
+        # the HParams table's metric columns: compare/*, sorted before cpu/ and memory/ (it shows the first five)
+        assert values("compare/gpu/mean") == [(3, 50.0)] and values("compare/val/acc") == [(3, pytest.approx(3 * lr))]
         assert [s for s, _ in values("train/loss")] == [1, 2, 3]  # no extra point from the session
+        scalars = sorted(multiplexer.PluginRunToTagToContent("scalars")[f"{name}/tb"])
+        assert scalars == ["compare/gpu/mean", "compare/val/acc", "train/loss", "val/acc"]

@@ -7,8 +7,10 @@ from every run's own values (the union of keys, each marked as differing when it
 do), so a sweep's keys show whichever run it reads first; with an experiment summary it
 took the first one found, and a plain run read first hid every swept key. The session sits
 in the run's own event files (a sub-run of its own made every run appear twice, and drew
-the final values as extra points on the loss charts); TensorBoard then offers every scalar
-the run plotted as a metric column, each at its last value: the final ones."""
+the final values as extra points on the loss charts). TensorBoard offers every scalar of a
+session's run as a metric column, sorted by name, and shows the first five: the compared
+metrics' final values are written once more as `compare/<metric>` (one point each, at the
+last step), which sorts before `cpu/` and `memory/`, so the table opens on them."""
 
 from __future__ import annotations
 
@@ -53,18 +55,18 @@ class TensorBoardLogger:
         exact = {title: ["Multiline", [f"^{re.escape(tag)}$" for tag in tags]] for title, tags in charts.items()}
         self.writer.add_custom_scalars({"saturate": exact})
 
+    COMPARE = "compare/"  # the HParams table's metric columns (see above)
+
     def on_hparams(self, run, params: dict[str, Any], metrics: dict[str, float], varied: list[str]) -> None:
-        """This run's session (its values of `params`), in its own event files at its last step;
-        the compared `metrics` not plotted during training (a GPU's mean utilisation) join its
-        scalars. TensorBoard computes the columns and what differs itself."""
+        """This run's session (its values of `params`) and the final values of `metrics`, in its
+        own event files at its last step; TensorBoard computes the columns and what differs itself."""
         from torch.utils.tensorboard.summary import hparams
 
         _, session_start, session_end = hparams(params, metrics)  # the experiment summary is left out (see above)
         for summary in (session_start, session_end):
             self.writer.file_writer.add_summary(summary, run.step)
         for tag, value in metrics.items():
-            if tag not in run.metrics and tag not in self.HIDDEN:
-                self.writer.add_scalar(tag, value, run.step)
+            self.writer.add_scalar(self.COMPARE + tag, value, run.step)
         self.writer.flush()
 
     def on_run_end(self, run, metrics: dict[str, Any]) -> None:
