@@ -128,7 +128,7 @@ def test_a_resumed_run_continues_its_mlflow_and_wandb_runs(mlflow_store, tmp_pat
     # W&B: offline, each attempt writes its own directory, both with the run's one id (wandb sync joins them)
     assert (run_dir / "wandb" / "run_id").read_text() == wandb_id
     attempts = sorted((run_dir / "wandb").glob("offline-run-*"))
-    assert len(attempts) == 2 and all(p.name.endswith(wandb_id.strip()) for p in attempts)
+    assert len(attempts) == 2 and all((p / f"run-{wandb_id.strip()}.wandb").is_file() for p in attempts)
 
 
 @pytest.mark.slow
