@@ -4,6 +4,7 @@ continues its MLflow run (slow); a real 3-job multirun is one parent with three 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import socket
@@ -16,7 +17,10 @@ import saturate
 from tests.conftest import TINY, compose_config, run_cli
 from tests.observe.test_sweep import QUICK, sweep_dir
 
-mlflow = pytest.importorskip("mlflow", reason="the mlflow extra is not installed (pip install -e '.[mlflow]')")
+# find_spec, not importorskip: collecting (every xdist worker does) should not pay for importing mlflow
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("mlflow") is None, reason="the mlflow extra is not installed (pip install -e '.[mlflow]')"
+)
 
 
 def client(uri: str):
