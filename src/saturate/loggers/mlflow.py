@@ -191,7 +191,7 @@ class MLflowLogger:
     ):
         self.tracking_uri, self.experiment = tracking_uri, experiment
         self.log_checkpoint, self.timeout_s = log_checkpoint, timeout_s
-        self.client, self.run_id, self.sender, self.params = None, None, None, {}
+        self.client, self.run_id, self.sender, self.params, self.uri = None, None, None, {}, None
 
     def on_run_start(self, run) -> None:
         sweep = run.info.get("sweep")
@@ -205,7 +205,7 @@ class MLflowLogger:
                         uri, type(e).__name__, " ".join(str(e).split())[:300])  # fmt: skip
             self.client = None
             return
-        self.sender = Sender(self.client, self.run_id)
+        self.sender, self.uri = Sender(self.client, self.run_id), uri
 
     def _continue(self, run, uri: str) -> str | None:
         """The MLflow run an earlier attempt in this run dir started, reopened (None: none)."""
@@ -279,7 +279,8 @@ class MLflowLogger:
                 folder = "checkpoints" if path.suffix == ".pt" else None
                 self.sender.call(f"upload {path.name}", self.client.log_artifact, self.run_id, str(path), folder)
         self.sender.call("end the run", self.client.set_terminated, self.run_id, STATUS.get(status, "FAILED"))
-        self.sender.close(self.timeout_s)
+        if self.sender.close(self.timeout_s) and not self.sender.failures:
+            log.info("mlflow: run %s in %s; mlflow ui --backend-store-uri %s", self.run_id, self.uri, self.uri)
         self.sender = None
 
     def _send_params(self) -> None:
