@@ -141,7 +141,9 @@ def test_a_three_job_sweep_is_one_parent_run_with_three_children(tmp_path):
     outputs/, read back through MLflow's client from this process."""
     done = run_cli("-m", "optim.optimizer.lr=0.01,0.02,0.05", "logger=[tensorboard,mlflow]", *QUICK, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "Traceback" not in done.stdout + done.stderr and "mlflow:" not in done.stdout + done.stderr
+    said = done.stdout + done.stderr
+    assert "Traceback" not in said and "[WARNING] - mlflow:" not in said
+    assert said.count("mlflow ui --backend-store-uri sqlite:///") == 3  # each job says where it went
     uri = f"sqlite:///{tmp_path / 'outputs' / 'mlflow' / 'mlflow.db'}"
     experiment = client(uri).get_experiment_by_name("train")  # the Hydra job's name
     runs = client(uri).search_runs([experiment.experiment_id])
