@@ -194,8 +194,8 @@ def _events(folder: Path) -> EventAccumulator:
 
 
 def _has_hparams(tb: Path) -> bool:
-    """A trial's HParams session (in its tb/hparams sub-run: saturate.loggers.tensorboard)."""
-    return "_hparams_/session_start_info" in _events(tb / "hparams").PluginTagToContent("hparams")
+    """A trial's HParams session (in its own event files: saturate.loggers.tensorboard)."""
+    return "_hparams_/session_start_info" in _events(tb).PluginTagToContent("hparams")
 
 
 def _cfg_job(args: list[str], cwd: Path) -> str:

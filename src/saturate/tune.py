@@ -606,7 +606,7 @@ def _tensorboard(run_dir: Path, write) -> None:
 
     from saturate.loggers import TensorBoardLogger
 
-    tb, run = TensorBoardLogger(), SimpleNamespace(run_dir=run_dir, start_step=0, step=0)
+    tb, run = TensorBoardLogger(), SimpleNamespace(run_dir=run_dir, start_step=0, step=0, metrics={})
     tb.on_run_start(run)
     try:
         write(tb, run)

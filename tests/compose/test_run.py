@@ -38,8 +38,8 @@ def events(run_dir) -> EventAccumulator:
 
 
 def session_hparams(run_dir) -> dict:
-    """This run's HParams values, from its session (the sub-run tb/hparams)."""
-    acc = EventAccumulator(str(Path(run_dir) / "tb" / "hparams"), size_guidance={"scalars": 0})
+    """This run's HParams values, from its session (in the run's own event files)."""
+    acc = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
@@ -289,19 +289,17 @@ def test_hparams_hold_the_values_used_and_the_compared_metrics(make_cfg):
     assert hp["trainer.channels_last"] == "true" and hp["trainer.compile"] == "false"
     # train(cfg) of a composed config is given none (train.py's: tests/observe/test_sweep.py)
     assert hp["overrides"] == "(none)"
-    session = EventAccumulator(str(Path(cfg.run_dir) / "tb" / "hparams"))
-    session.Reload()
-    # TensorBoard offers every scalar of the session's run as a metric: only these
-    compared = set(session.Tags()["scalars"])
-    assert compared == {
-        "val/acc",
-        "val/loss",
-        "train/loss",
-        "perf/samples_per_s",
-        "perf/data_wait_frac",
-        "memory/peak_mb",
-    }
-    assert session.Scalars("val/acc")[0].value == pytest.approx(metrics["val/acc"])
+    # one run in TensorBoard's list: the session sits in the run's own event files, no sub-run
+    assert [p.name for p in (Path(cfg.run_dir) / "tb").iterdir() if p.is_dir()] == []
+    session = events(cfg.run_dir)
+    # TensorBoard offers every scalar of the session's run as a metric, sorted, and shows the first five: the
+    # compared metrics' final values as compare/*, which sort first
+    compared = {"val/acc", "val/loss", "train/loss", "perf/samples_per_s", "perf/data_wait_frac", "memory/peak_mb"}
+    tags = sorted(session.Tags()["scalars"])
+    assert set(tags[: len(compared)]) == {f"compare/{tag}" for tag in compared}
+    for tag in compared:
+        assert session.Scalars(f"compare/{tag}") == [session.Scalars(f"compare/{tag}")[0]]  # one point
+        assert session.Scalars(f"compare/{tag}")[0].value == pytest.approx(metrics[tag]), tag
     shown = set(events(cfg.run_dir).Tags()["scalars"])
     assert (
         not {"cpu/util_mean", "time/loop_s", "cost/flops_per_step", "train/micro_batches", "train/nonfinite_steps"}

@@ -46,7 +46,15 @@ def test_a_fresh_run_into_a_finished_runs_dir_is_refused_and_changes_nothing(mak
 def test_trainer_restart_starts_the_run_over(make_cfg):
     run_dir, _ = finished(make_cfg)
     (run_dir / "checkpoints" / "top-001-0000003.pt").write_bytes((run_dir / "checkpoints" / "last.pt").read_bytes())
+    # what the trackers leave (logger=mlflow, logger=wandb; a TensorBoard session sub-run of older runs)
+    (run_dir / "mlflow.json").write_text('{"run_id": "earlier"}')
+    (run_dir / "wandb" / "offline-run-1-earlier").mkdir(parents=True)
+    (run_dir / "wandb" / "run_id").write_text("earlier")
+    (run_dir / "tb" / "hparams").mkdir()
+    (run_dir / "tb" / "hparams" / "events.out.tfevents.1.old").write_bytes(b"")
     metrics = saturate.train(make_cfg(f"run_dir={run_dir}", "trainer.restart=true"))
+    assert not (run_dir / "mlflow.json").exists() and not (run_dir / "wandb").exists()
+    assert not list((run_dir / "tb" / "hparams").iterdir())
     # the earlier run's are gone
     assert metrics["progress/step"] == 3 and not (run_dir / "checkpoints" / "top-001-0000003.pt").exists()
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 3

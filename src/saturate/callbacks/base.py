@@ -34,7 +34,9 @@ class Plan:
     total_steps: int = 0
     rank: int = 0
     world_size: int = 1
-    info: dict[str, Any] = field(default_factory=dict)  # data, model, task: names, for the record
+    # data, model, task: names, for the record; name, app, sweep: how trackers name the run
+    # (saturate.config.naming.identity)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 class Run:

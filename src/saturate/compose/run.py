@@ -38,6 +38,7 @@ from saturate.compose.outcome import (
 )
 from saturate.config.instantiate import build
 from saturate.config.invocation import Invocation, from_hydra
+from saturate.config.naming import identity
 from saturate.config.schema import CheckpointConfig, RunConfig, validate
 from saturate.data.loader import loader_failure
 from saturate.data.policy import PRESETS
@@ -120,7 +121,7 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
         resumed = checkpointer.resume(run.trainer.resume)
         state = TrainState(resumed.epoch, resumed.step, resumed.batch_in_epoch)
         timer = StepTimer(device)
-        view = _callback_view(run_dir, parts, checkpointing, dist, state, timer, resumed.lr_scale)
+        view = _callback_view(run_dir, parts, checkpointing, dist, state, timer, resumed.lr_scale, invocation)
         monitor = ResourceMonitor(run.monitor.interval_s, device, enabled=run.monitor.enabled)
         watch = Watch(tracker, timer, monitor, peak_memory(device), RunClock())
         hint = resume_hint(run.run_dir, dist.world_size, invocation)
@@ -144,10 +145,18 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
 
 
 def _callback_view(
-    run_dir: Path, parts: Parts, checkpointing: CheckpointConfig, dist: Dist, state: TrainState, timer, lr_scale: float
+    run_dir: Path,
+    parts: Parts,
+    checkpointing: CheckpointConfig,
+    dist: Dist,
+    state: TrainState,
+    timer,
+    lr_scale: float,
+    invocation: Invocation,
 ) -> Run:
     """What the callbacks see of the run (saturate.callbacks.Run)."""
     info = {"data": parts.spec.name, "model": type(parts.models.raw).__name__, "task": task_name(parts.task)}
+    info.update(identity(invocation, run_dir))
     plan = Plan(run_dir, checkpointing.monitor, checkpointing.mode, parts.total_steps, dist.rank, dist.world_size, info)
     return Run(
         plan,

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 
 # Where a process ran and how it was started: a process started again gets its own
 PLACEMENT = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.mode", "hydra.job.num", "hydra.job.id")
-# Keys that say where or how a run is kept, shown or named, not what it computes
+# Keys that say where or how a run is kept, shown or named, not what it computes (the loggers: where it is
+# recorded; `logger=[tensorboard,mlflow]` does not name the run dir)
 NOT_SETTINGS = ("run_dir", "name", "sweep", "tune", "trainer.resume", "trainer.restart", "trainer.progress")
-NOT_SETTINGS += ("trainer.log_level",)
+NOT_SETTINGS += ("trainer.log_level", "logger")
 # The script the user ran, for the processes that do not run it themselves (a SLURM job runs submitit's)
 SCRIPT = "SATURATE_SCRIPT"
 
@@ -35,7 +36,7 @@ def key_of(override: str) -> str:
 
 def is_setting_key(key: str) -> bool:
     """Whether a config key sets what the run computes."""
-    return not (key in NOT_SETTINGS or key.startswith(("hydra.", "tune.")) or key == "hydra")
+    return not (key in NOT_SETTINGS or key.startswith(("hydra.", "tune.", "logger.")) or key == "hydra")
 
 
 def is_setting(override: str) -> bool:

@@ -54,3 +54,14 @@ def run_name(name: str | None = None, invocation: Invocation | None = None) -> s
     elif invocation is not None:
         name = slug(invocation.overrides, invocation.varied if invocation.multirun else None)
     return f"_{name}" if name else ""
+
+
+def identity(invocation: Invocation, run_dir) -> dict[str, str | None]:
+    """How trackers name a run (saturate.callbacks.Run.info): `name`, what its command line set
+    (a sweep job: what the sweep varied), else its directory's name; `app`, the script's name
+    (`train`: the Hydra job's name); `sweep`, a multirun's directory, else None."""
+    from pathlib import Path
+
+    name = slug(invocation.overrides, invocation.varied if invocation.multirun else None)
+    app = Path(invocation.app).stem if invocation.app else ""
+    return {"name": name or Path(run_dir).name, "app": app or "saturate", "sweep": invocation.sweep_dir}

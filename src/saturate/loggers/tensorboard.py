@@ -1,13 +1,16 @@
 """TensorBoard event files under `<run dir>/tb`: every metric as a scalar, texts (the report,
-the config), image grids, the Custom Scalars overview; and the HParams entry in
-`<run dir>/tb/hparams`.
+the config), image grids, the Custom Scalars overview, and the run's HParams session: one run
+in TensorBoard's run list per run dir.
 
 HParams: no run writes an experiment summary. TensorBoard then builds the table's columns
 from every run's own values (the union of keys, each marked as differing when its values
 do), so a sweep's keys show whichever run it reads first; with an experiment summary it
 took the first one found, and a plain run read first hid every swept key. The session sits
-in its own sub-run holding only the compared metrics' final values (TensorBoard offers
-every scalar of a session's run as a metric)."""
+in the run's own event files (a sub-run of its own made every run appear twice, and drew
+the final values as extra points on the loss charts). TensorBoard offers every scalar of a
+session's run as a metric column, sorted by name, and shows the first five: the compared
+metrics' final values are written once more as `compare/<metric>` (one point each, at the
+last step), which sorts before `cpu/` and `memory/`, so the table opens on them."""
 
 from __future__ import annotations
 
@@ -52,19 +55,19 @@ class TensorBoardLogger:
         exact = {title: ["Multiline", [f"^{re.escape(tag)}$" for tag in tags]] for title, tags in charts.items()}
         self.writer.add_custom_scalars({"saturate": exact})
 
+    COMPARE = "compare/"  # the HParams table's metric columns (see above)
+
     def on_hparams(self, run, params: dict[str, Any], metrics: dict[str, float], varied: list[str]) -> None:
-        """This run's session (its values of `params`) and the final values of `metrics`, in
-        the sub-run `hparams`; TensorBoard computes the columns and what differs itself."""
-        from torch.utils.tensorboard import SummaryWriter
+        """This run's session (its values of `params`) and the final values of `metrics`, in its
+        own event files at its last step; TensorBoard computes the columns and what differs itself."""
         from torch.utils.tensorboard.summary import hparams
 
         _, session_start, session_end = hparams(params, metrics)  # the experiment summary is left out (see above)
-        writer = SummaryWriter(str(run.run_dir / self.subdir / "hparams"))
         for summary in (session_start, session_end):
-            writer.file_writer.add_summary(summary)
+            self.writer.file_writer.add_summary(summary, run.step)
         for tag, value in metrics.items():
-            writer.add_scalar(tag, value, run.step)
-        writer.close()
+            self.writer.add_scalar(self.COMPARE + tag, value, run.step)
+        self.writer.flush()
 
     def on_run_end(self, run, metrics: dict[str, Any]) -> None:
         if self.writer is not None:

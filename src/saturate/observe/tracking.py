@@ -147,7 +147,7 @@ def settings(run) -> dict:
             out[key] = json.dumps(node) if isinstance(node, (list, tuple)) or node is None else node
 
     for group, node in OmegaConf.to_container(OmegaConf.structured(run), resolve=True).items():
-        if group not in ("run_dir", "tune", "hydra"):
+        if group not in ("run_dir", "tune", "hydra", "logger"):  # where the run is recorded: not a setting
             walk(group, node)
     return out
 

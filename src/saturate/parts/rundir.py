@@ -16,6 +16,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -59,13 +60,25 @@ def _earlier_run(run_dir: Path) -> str:
         return "its metrics.json says nothing readable"
 
 
+# what the loggers add to a run dir besides tb/'s events (metrics.csv; the tracker runs this run dir continues:
+# saturate.loggers.mlflow, saturate.loggers.wandb): trainer.restart deletes them too
+LOGGER_FILES = ("metrics.csv", "mlflow.json")
+LOGGER_DIRS = ("wandb",)
+
+
 def _start_over(run_dir: Path, checkpoints: list[Path]) -> None:
-    """trainer.restart=true: the earlier run's checkpoints and TensorBoard events go."""
-    events = list((run_dir / "tb").glob("events.out.tfevents.*")) if (run_dir / "tb").is_dir() else []
-    for path in [*checkpoints, *events, run_dir / "metrics.csv"]:
+    """trainer.restart=true: the earlier run's checkpoints, TensorBoard events (a run written before
+    the HParams session moved into the run's own events has them in tb/hparams too) and what the
+    other loggers left (so that MLflow and W&B start a new run, not continue the old one) go."""
+    tb = run_dir / "tb"
+    events = [*tb.glob("events.out.tfevents.*"), *tb.glob("hparams/events.out.tfevents.*")] if tb.is_dir() else []
+    for path in [*checkpoints, *events, *(run_dir / name for name in LOGGER_FILES)]:
         path.unlink(missing_ok=True)
+    for name in LOGGER_DIRS:
+        shutil.rmtree(run_dir / name, ignore_errors=True)
     log.warning(
-        "trainer.restart=true: deleted the earlier run's %d checkpoint(s) and %d TensorBoard event file(s) in %s",
+        "trainer.restart=true: deleted the earlier run's %d checkpoint(s), %d TensorBoard event file(s) and its "
+        "loggers' files in %s",
         len(checkpoints),
         len(events),
         shown(run_dir),
