@@ -239,3 +239,13 @@ def test_the_report_shows_the_monitored_metric_and_the_test_split():
     assert names.index("val/ter") < names.index("test/ter") < names.index("wall s") and "val/loss" not in names
     plain = [name for _, name, _ in figures([Job(0, Path("."), {}, {"val/acc": 0.9, "val/loss": 0.3})])]
     assert "val/acc" in plain and not any(n.startswith("test/") for n in plain)
+
+
+def test_the_report_compares_the_jobs_time_to_target_where_one_met_it():
+    from saturate.observe.sweep import Job, figures
+
+    met = Job(0, Path("."), {}, {"val/acc": 0.99, "time/to_target_s": 12.5})
+    missed = Job(1, Path("."), {}, {"val/acc": 0.90})
+    columns = [name for _, name, _ in figures([met, missed])]
+    assert columns.index("val/acc") < columns.index("to target s") < columns.index("wall s")
+    assert "to target s" not in [name for _, name, _ in figures([missed])]

@@ -38,7 +38,8 @@ TASK_METRICS = [
 def figures(jobs: list[Job]) -> list[tuple[str, str, str]]:
     """The columns: throughput, data wait, memory, GPU utilisation (when sampled), the task's
     validation metrics that some job logged (its checkpoint.monitor first, whatever its
-    name), their test-set counterparts where a job has a test split, wall time."""
+    name), their test-set counterparts where a job has a test split, the time to the target
+    where a job met one (target.metric), wall time."""
     logged = {k for j in jobs for k in j.metrics}
     monitors = [j.metrics["monitor"] for j in jobs if j.metrics.get("monitor", "").startswith("val/")]
     order = list(dict.fromkeys([*monitors, *(k for k, _ in TASK_METRICS if k != names.VAL_LOSS)]))
@@ -47,7 +48,8 @@ def figures(jobs: list[Job]) -> list[tuple[str, str, str]]:
         task = [(names.VAL_LOSS, names.VAL_LOSS, "{:.4f}")]
     tested = [(f"test/{k[4:]}", f"test/{k[4:]}", fmt) for k, _, fmt in task if f"test/{k[4:]}" in logged]
     base = [f for f in FIGURES if f[0] != names.GPU_UTIL_MEAN or names.GPU_UTIL_MEAN in logged]
-    return base[:-1] + task + tested + base[-1:]
+    target = [(names.TO_TARGET_S, "to target s", "{:.1f}")] if names.TO_TARGET_S in logged else []  # target.metric
+    return base[:-1] + task + tested + target + base[-1:]
 
 
 @dataclass
