@@ -765,6 +765,12 @@ HOSTILE_CASES = {
         "hostile/test_bad_input.py::test_a_file_name_that_is_not_utf8_is_logged_escaped",
         "hostile/test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",  # NaN targets, model.width=abc
     ],
+    # round four (issue 36): the new surface under hostile input (../shared/redteam-round4, case ids c01..c137)
+    "r4 a report script writes where the data tells it; malformed run files (c127-c130, c132)": [
+        "hostile/test_never_lose_a_run.py::test_a_report_never_writes_through_a_symlink_nor_copies_lines_from_a_run",
+        "hostile/test_never_lose_a_run.py::test_a_report_does_not_follow_a_job_dir_or_file_out_of_the_sweep",
+        "hostile/test_bad_input.py::test_a_malformed_file_in_a_sweep_is_one_line_naming_it",
+    ],
 }
 
 
@@ -778,3 +784,37 @@ def test_every_hostile_case_names_tests_that_exist():
             assert callable(
                 getattr(importlib.import_module("tests." + module.removesuffix(".py").replace("/", ".")), name, None)
             ), f"{item}: {test}"
+
+
+# -- round four (issue 36): files the report scripts read, malformed
+
+
+def deep(path: Path) -> None:
+    path.write_text("[" * 200_000 + "]" * 200_000)
+
+
+MALFORMED = [
+    ("metrics.json", lambda p: p.write_text("[1, 2, 3]"), "not a JSON object"),
+    ("metrics.json", deep, "not valid JSON (nested too deep)"),
+    ("metrics.json", lambda p: p.write_bytes(b"\xff\xfe\x00bad"), "not valid JSON (not UTF-8)"),
+    ("metrics.json", lambda p: p.write_text('{"status": "completed", "perf/samples_per_s": "fast"}'), None),
+    ("metrics.json", lambda p: p.write_text('{"status": 3, "monitor": 7, "error": ["x"]}'), None),
+    (".hydra/overrides.yaml", lambda p: p.write_text("{a: [unclosed"), "not a YAML list of overrides"),
+    (".hydra/overrides.yaml", lambda p: p.write_text("a: 1"), "not a YAML list of overrides"),
+    (".hydra/overrides.yaml", lambda p: p.write_bytes(b"- \xff\xfe"), "not a YAML list of overrides"),
+]
+
+
+@pytest.mark.parametrize(("name", "spoil", "says"), MALFORMED, ids=[f"{m[0]}-{i}" for i, m in enumerate(MALFORMED)])
+def test_a_malformed_file_in_a_sweep_is_one_line_naming_it(tmp_path, name, spoil, says):
+    from tests.hostile.test_never_lose_a_run import a_sweep, sweep_report
+
+    sweep = a_sweep(tmp_path / "sweep")
+    path = next(sweep.glob("0_*")) / name
+    spoil(path)
+    done = sweep_report(sweep)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    if says:
+        assert f"sweep_report: passing over {path}: {says}" in done.stderr
+        assert len([line for line in done.stderr.splitlines() if line]) == 1
+    assert "3 jobs" in (sweep / "sweep.md").read_text()

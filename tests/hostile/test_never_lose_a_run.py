@@ -3,6 +3,7 @@ buffer alone, no checkpoint holds NaN or inf, resume respects the config, no han
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -322,3 +323,68 @@ def test_a_frozen_worker_fails_the_run_within_the_timeout_and_saves(tmp_path):
     assert "no batch within loader.timeout_s=5 s" in err and "Traceback" not in err
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     assert last.is_file() and 0 < torch.load(last, weights_only=True)["step"] < 16
+
+
+# -- round four (issue 36): the report scripts treat a sweep dir as untrusted
+
+
+def a_sweep(root: Path, jobs: int = 3) -> Path:
+    """A sweep dir as `train.py -m` leaves it: numbered job dirs with `.hydra/overrides.yaml`
+    and `metrics.json`."""
+    for n in range(jobs):
+        job = root / f"{n}_loader.batch_size-{16 << n}"
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(f"- loader.batch_size={16 << n}\n- trainer.max_epochs=1\n")
+        metrics = {"status": "completed", "perf/samples_per_s": 100.0 * (n + 1), "perf/data_wait_frac": 0.1}
+        (job / "metrics.json").write_text(json.dumps({**metrics, "batch_size": 16 << n, "val/acc": 0.5}))
+    return root
+
+
+def sweep_report(directory: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sweep_report.py"), str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_report_never_writes_through_a_symlink_nor_copies_lines_from_a_run(tmp_path):
+    """A planted sweep.md -> a file outside: the file outside stays as it was, the link is
+    refused by name; a job's error text with newlines stays one table cell."""
+    sweep = a_sweep(tmp_path / "sweep")
+    victim = tmp_path / "victim.sh"
+    victim.write_text("original\n")
+    (sweep / "sweep.md").symlink_to(victim)
+    (sweep / "sweep.csv").symlink_to(tmp_path / "elsewhere.csv")
+    job = next(sweep.glob("1_*"))
+    (job / "metrics.json").write_text(json.dumps({"status": "failed", "error": "x\ntouch /tmp/pwned\n| a | b |"}))
+    done = sweep_report(sweep)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert victim.read_text() == "original\n" and not (tmp_path / "elsewhere.csv").exists()
+    assert f"sweep_report: refusing to write {sweep / 'sweep.md'}: it is a symbolic link" in done.stderr
+    assert f"sweep_report: refusing to write {sweep / 'sweep.csv'}: it is a symbolic link" in done.stderr
+    assert not any(line.startswith("touch") for line in done.stdout.splitlines())
+    assert "x\\ntouch /tmp/pwned\\n\\| a \\| b \\|" in done.stdout
+    assert not list(sweep.glob(".*tmp*"))  # no temporary left behind
+
+    (sweep / "sweep.md").unlink()
+    assert sweep_report(sweep).returncode == 1  # sweep.csv still refused ...
+    text = (sweep / "sweep.md").read_text()  # ... but sweep.md written, whole
+    assert not any(line.startswith("touch") for line in text.splitlines()) and "3 jobs, 2 completed" in text
+
+
+def test_a_report_does_not_follow_a_job_dir_or_file_out_of_the_sweep(tmp_path):
+    sweep = a_sweep(tmp_path / "sweep")
+    outside = a_sweep(tmp_path / "outside", jobs=1) / "0_loader.batch_size-16"
+    (sweep / "7_root").symlink_to(outside)
+    job = next(sweep.glob("0_*"))
+    (job / "metrics.json").unlink()
+    (job / "metrics.json").symlink_to(outside / "metrics.json")
+    (next(sweep.glob("2_*")) / "metrics.json").unlink()
+    (next(sweep.glob("2_*")) / "metrics.json").symlink_to("/dev/zero")
+    done = sweep_report(sweep)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert f"sweep_report: passing over {sweep / '7_root'}: a symbolic link" in done.stderr
+    assert f"sweep_report: passing over {job / 'metrics.json'}: a symbolic link" in done.stderr
+    assert "3 jobs, 1 completed" in (sweep / "sweep.md").read_text()
