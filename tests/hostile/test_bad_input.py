@@ -771,6 +771,10 @@ HOSTILE_CASES = {
         "hostile/test_never_lose_a_run.py::test_a_report_does_not_follow_a_job_dir_or_file_out_of_the_sweep",
         "hostile/test_bad_input.py::test_a_malformed_file_in_a_sweep_is_one_line_naming_it",
     ],
+    "r4 trainer.restart deletes before the config is checked, and leaves the old run's outputs (c100, c101)": [
+        "hostile/test_never_lose_a_run.py::test_trainer_restart_with_a_mistake_deletes_nothing",
+        "hostile/test_never_lose_a_run.py::test_trainer_restart_deletes_everything_of_the_earlier_run_and_lists_it",
+    ],
 }
 
 

@@ -388,3 +388,33 @@ def test_a_report_does_not_follow_a_job_dir_or_file_out_of_the_sweep(tmp_path):
     assert f"sweep_report: passing over {sweep / '7_root'}: a symbolic link" in done.stderr
     assert f"sweep_report: passing over {job / 'metrics.json'}: a symbolic link" in done.stderr
     assert "3 jobs, 1 completed" in (sweep / "sweep.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "mistake",
+    ["model.width=-3", "optim.optimizer.lr=-1"],  # found building the model; building the optimizer
+)
+def test_trainer_restart_with_a_mistake_deletes_nothing(make_cfg, mistake):
+    from tests.parts.test_rundir import finished, unchanged
+
+    run_dir, saved = finished(make_cfg)
+    with pytest.raises(saturate.errors.UserError):
+        saturate.train(make_cfg(f"run_dir={run_dir}", "trainer.restart=true", mistake))
+    assert unchanged(run_dir, saved) and read_metrics(run_dir)["status"] == "completed"
+    assert len(list((run_dir / "tb").glob("events.out.tfevents.*"))) == 1
+
+
+def test_trainer_restart_deletes_everything_of_the_earlier_run_and_lists_it(make_cfg, caplog):
+    cfg = make_cfg("trainer.predict=val")
+    saturate.train(cfg)
+    run_dir = Path(cfg.run_dir)
+    (run_dir / "checkpoints" / "my_notes.txt").write_text("mine")
+    assert (run_dir / "predictions" / "val.npz").is_file() and list((run_dir / "tb" / "hparams").iterdir())
+    with caplog.at_level(logging.WARNING, logger="saturate"):
+        saturate.train(make_cfg(f"run_dir={run_dir}", "trainer.restart=true", "data.val_fraction=0.5"))
+    assert not (run_dir / "predictions").exists()  # the earlier run's predictions of another split
+    assert len(list((run_dir / "tb" / "hparams").rglob("events.out.tfevents.*"))) == 1  # this run's session only
+    assert (run_dir / "checkpoints" / "my_notes.txt").read_text() == "mine"  # not saturate's: kept
+    (said,) = [r.getMessage() for r in caplog.records if "trainer.restart=true: deleted" in r.getMessage()]
+    for name in ("checkpoints/last.pt", "checkpoints/best.pt", "predictions/val.npz", "metrics.json", "report.md"):
+        assert name in said, said

@@ -98,7 +98,7 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
     )
     device = setup_device(run.device, local_rank=dist.local_rank)
     lock = hold(run_dir, resume=run.trainer.resume, restart=run.trainer.restart, enabled=dist.is_main, agree=dist.agree)
-    with lock, seeded(run.trainer, device), StopSignal() as stop:
+    with lock as held, seeded(run.trainer, device), StopSignal() as stop:
         stop.listeners.append(observers.stop_requested)
         parts = build_parts(run, invocation, objects, dist, device, tracker.images)
         checkpointing = parts.checkpointing
@@ -114,6 +114,7 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
         )
         config = recorded_config(run, parts, objects)
         checkpointer = _checkpointer(run, checkpointing, parts, observers, config, env, dist)
+        held.start_over()  # trainer.restart: only now, with the config checked and every part built
         resumed = checkpointer.resume(run.trainer.resume)
         state = TrainState(resumed.epoch, resumed.step, resumed.batch_in_epoch)
         timer = StepTimer(device)
