@@ -775,6 +775,11 @@ HOSTILE_CASES = {
         "hostile/test_never_lose_a_run.py::test_trainer_restart_with_a_mistake_deletes_nothing",
         "hostile/test_never_lose_a_run.py::test_trainer_restart_deletes_everything_of_the_earlier_run_and_lists_it",
     ],
+    "r4 a user's hook that exits, interrupts or swallows the interrupt (c04, c05, c07, c124)": [
+        "hostile/test_never_lose_a_run.py::test_a_hook_that_exits_is_the_hooks_failure_saved_and_recorded",
+        "hostile/test_never_lose_a_run.py::test_a_sweep_whose_hook_exits_fails_that_job_runs_the_others_and_says_so",
+        "hostile/test_never_lose_a_run.py::test_a_hook_that_swallows_the_interrupt_is_abandoned_at_sigterm",
+    ],
 }
 
 

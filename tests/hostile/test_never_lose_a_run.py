@@ -418,3 +418,113 @@ def test_trainer_restart_deletes_everything_of_the_earlier_run_and_lists_it(make
     (said,) = [r.getMessage() for r in caplog.records if "trainer.restart=true: deleted" in r.getMessage()]
     for name in ("checkpoints/last.pt", "checkpoints/best.pt", "predictions/val.npz", "metrics.json", "report.md"):
         assert name in said, said
+
+
+# -- a user's hook that exits, interrupts or will not return (round four: c04, c05, c07, c124)
+
+
+class Leaves:
+    """A hook that ends the process its own way: sys.exit, a KeyboardInterrupt no signal sent,
+    a GeneratorExit."""
+
+    def __init__(self, hook: str, error: BaseException):
+        self.error = error
+        setattr(self, hook, self.leave)
+
+    def leave(self, run, *args):
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("hook", "error", "says"),
+    [
+        ("on_eval_end", SystemExit(0), "Leaves.on_eval_end raised SystemExit (exit status 0)"),
+        ("on_train_batch_end", KeyboardInterrupt(), "Leaves.on_train_batch_end raised KeyboardInterrupt"),
+        ("on_log", GeneratorExit("closed"), "Leaves.on_log raised GeneratorExit: closed"),
+    ],
+    ids=["SystemExit", "KeyboardInterrupt", "GeneratorExit"],
+)
+def test_a_hook_that_exits_is_the_hooks_failure_saved_and_recorded(tmp_path, hook, error, says):
+    from saturate.callbacks import CallbackError
+    from tests.hostile.test_bad_input import Samples, fit, mlp, windows
+
+    with pytest.raises(CallbackError) as failed:
+        data = Samples(64, windows)
+        fit(mlp(), data, data, task="regression", callbacks={"Leaves": Leaves(hook, error)}, run_dir=tmp_path)
+    assert str(failed.value).startswith(says), failed.value
+    assert "a hook may not end the run" in str(failed.value)
+    assert read_metrics(tmp_path)["status"] == "failed" and (tmp_path / "checkpoints" / "last.pt").is_file()
+
+
+LEAVING = """
+import sys, time
+
+class Raise:
+    def __init__(self, exc="ValueError"):
+        self.exc = exc
+
+    def on_eval_end(self, run, metrics):
+        if self.exc == "SystemExit":
+            sys.exit(0)
+        raise ValueError("boom")
+
+
+class Swallows:
+    def on_log(self, run, metrics, step):
+        import os, signal
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            while True:
+                try:
+                    time.sleep(0.2)
+                except BaseException:
+                    pass
+"""
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_hook_exits_fails_that_job_runs_the_others_and_says_so(tmp_path):
+    (tmp_path / "leaving.py").write_text(LEAVING)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "-m",
+            *TINY,
+            "+callbacks.bad._target_=leaving.Raise",
+            "+callbacks.bad.exc=SystemExit,ValueError",
+            "hydra.sweep.dir=sweep",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    jobs = sorted((tmp_path / "sweep").glob("[0-9]*"))
+    assert len(jobs) == 2
+    assert [read_metrics(j)["status"] for j in jobs] == ["failed", "failed"]
+    assert "bad.on_eval_end raised SystemExit (exit status 0)" in read_metrics(jobs[0])["error"]
+
+
+@pytest.mark.slow
+def test_a_hook_that_swallows_the_interrupt_is_abandoned_at_sigterm(tmp_path):
+    from saturate.callbacks.dispatch import HANG_S
+
+    (tmp_path / "leaving.py").write_text(LEAVING)
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *TINY, "+callbacks.sw._target_=leaving.Swallows", "hydra.run.dir=r"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert time.monotonic() - start < 2 * HANG_S + 60
+    out = done.stdout + done.stderr
+    assert "sw.on_log did not return within 5 s of the stop signal and swallowed the interrupt: abandoned" in out, out
+    assert torch.load(tmp_path / "r" / "checkpoints" / "last.pt", weights_only=True)["step"] == 2
+    assert read_metrics(tmp_path / "r")["status"] == "preempted"
