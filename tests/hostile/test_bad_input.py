@@ -18,6 +18,7 @@ from hydra.errors import CompactHydraException
 
 import saturate
 from saturate.errors import DataError
+from saturate.tasks.regression import Regression
 from scripts.make_image_folder import write_digits
 from tests.conftest import ROOT, TINY, compose_config, read_metrics, run_cli
 
@@ -202,6 +203,27 @@ BAD_INPUTS = [
         "resident loader with per-sample augmentation",
         ["loader=resident", "augmentation=cpu"],
         "augmentation.placement='cpu'",
+    ),
+    (
+        "early stopping against its metric's direction",
+        [
+            "callbacks=[early_stopping]",
+            "callbacks.early_stopping.monitor=val/loss",
+            "callbacks.early_stopping.mode=max",
+        ],
+        "callbacks.early_stopping.mode='max': expected min or auto for callbacks.early_stopping.monitor=val/loss "
+        "(lower is better)",
+    ),
+    (
+        "plateau against its metric's direction",
+        ["callbacks=[plateau]", "callbacks.plateau.monitor=val/acc", "callbacks.plateau.mode=min"],
+        "callbacks.plateau.mode='min': expected max or auto for callbacks.plateau.monitor=val/acc (higher is better)",
+    ),
+    (
+        "the monitored metric removed",
+        ["+task.metrics.acc=null"],
+        "checkpoint.monitor='val/acc': expected a metric the run logs (train/loss, val/loss): "
+        "task.metrics.acc=null removed it",
     ),
     (
         "unknown monitored metric",
@@ -466,8 +488,43 @@ def frozen():
     return model
 
 
+class Backwards(Regression):
+    """A task whose better() gives no direction (c37): best.pt would be the worst."""
+
+    def better(self, name: str) -> str:
+        return "higher" if name == "mae" else super().better(name)
+
+
+class MainMissing(Regression):
+    """A task whose main metric is not among its metrics (c38)."""
+
+    main = "nonexistent"
+
+
+class ListedMetrics(Regression):
+    """A task whose metrics() is a list (c36)."""
+
+    def metrics(self):
+        return list(super().metrics().values())
+
+
 # (name, a function of the run dir that makes the mistake, what the message must say)
 HOSTILE = [
+    (
+        "a task whose better() is neither max nor min",
+        lambda d: fit(mlp(), Samples(64, windows), Samples(32, windows), task=Backwards(num_outputs=1), run_dir=d),
+        "task: Backwards.better('mae') returned 'higher'; expected 'max' or 'min' (which way mae improves)",
+    ),
+    (
+        "a task whose main metric it does not log",
+        lambda d: fit(mlp(), Samples(64, windows), Samples(32, windows), task=MainMissing(num_outputs=1), run_dir=d),
+        "task: MainMissing's main metric 'nonexistent' is not among its metrics (mae, rmse, r2)",
+    ),
+    (
+        "a task whose metrics() is a list",
+        lambda d: fit(mlp(), Samples(64, windows), Samples(32, windows), task=ListedMetrics(num_outputs=1), run_dir=d),
+        "task: ListedMetrics.metrics() returned a list; expected a dict {name: torchmetrics metric}",
+    ),
     (
         "validation targets of another shape",
         lambda d: fit(
@@ -779,6 +836,10 @@ HOSTILE_CASES = {
         "hostile/test_never_lose_a_run.py::test_a_hook_that_exits_is_the_hooks_failure_saved_and_recorded",
         "hostile/test_never_lose_a_run.py::test_a_sweep_whose_hook_exits_fails_that_job_runs_the_others_and_says_so",
         "hostile/test_never_lose_a_run.py::test_a_hook_that_swallows_the_interrupt_is_abandoned_at_sigterm",
+    ],
+    "r4 a direction that contradicts itself; a task's metrics that cannot be monitored (c26, c36-c38, c72b)": [
+        "hostile/test_bad_input.py::test_bad_input_is_one_short_message",  # early stopping, plateau, acc=null
+        "hostile/test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",  # better(), metrics(), main
     ],
 }
 

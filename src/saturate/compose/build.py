@@ -111,6 +111,7 @@ def build_task(node: dict | None, values: dict, objects: UserObjects):
     """The task: the object passed in, or built from its node with the data-derived
     arguments its constructor names; a loss passed to fit replaces the task's."""
     if objects.task is not None:
+        _check_directions(objects.task)
         return objects.task
     arguments = data_info.arguments(get_method(node["_target_"]), node, values)
     if objects.loss is not None:
@@ -127,7 +128,28 @@ def build_task(node: dict | None, values: dict, objects: UserObjects):
                 f"task: {type(task).__name__} has no {method}(); a task has forward, metrics, update and better "
                 "(saturate.tasks.base)"
             )
+    _check_directions(task)
     return task
+
+
+def _check_directions(task) -> None:
+    """metrics() is a dict and better() says "max" or "min" for each of its names: a direction
+    that is neither would make best.pt the worst checkpoint, silently."""
+    kind = type(task).__name__
+    try:
+        metrics = task.metrics()
+    except Exception as e:  # noqa: BLE001 (the user's task: one line)
+        raise UserError(f"task: {kind}.metrics() raised {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    if not isinstance(metrics, dict):
+        raise UserError(
+            f"task: {kind}.metrics() returned a {type(metrics).__name__}; expected a dict {{name: torchmetrics metric}}"
+        )
+    for name in metrics:
+        said = task.better(name)
+        if said not in ("max", "min"):
+            raise UserError(
+                f"task: {kind}.better({name!r}) returned {said!r}; expected 'max' or 'min' (which way {name} improves)"
+            )
 
 
 def check_fits_data(run: RunConfig, spec: DataSpec) -> None:

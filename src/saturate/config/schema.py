@@ -31,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from saturate import names
 from saturate.config.data_info import DATA_ARGUMENTS, PLACEHOLDER
-from saturate.errors import ConfigError, Problem
+from saturate.errors import ConfigError, Problem, UserError
 
 # A schema's problems(): (field, bad value, what is allowed), keyed relative to its node.
 Issues = Iterator[tuple[str, Any, str]]
@@ -391,6 +391,23 @@ class CheckpointConfig:
         else:
             monitor = self.monitor
         logged = (names.TRAIN_LOSS, *((f"val/{name}" for name in ("loss", *task.names())) if has_val else ()))
+        removed = getattr(task, "extra", {}).get(monitor.split("/", 1)[-1], "kept") is None
+        if monitor not in logged and removed:
+            raise ConfigError(
+                [
+                    Problem(
+                        "checkpoint.monitor",
+                        monitor,
+                        f"a metric the run logs ({', '.join(logged)}): task.metrics.{monitor.split('/', 1)[-1]}=null "
+                        "removed it; keep it, or monitor another",
+                    )
+                ]
+            )
+        if monitor not in logged and self.monitor == "auto" and has_val:  # the task's own main metric is not logged
+            raise UserError(
+                f"task: {type(task).__name__}'s main metric {task.main!r} is not among its metrics "
+                f"({', '.join(task.names()) or 'none'}); give the task a main it logs, or set checkpoint.monitor"
+            )
         if monitor not in logged:
             why = "" if has_val else " (there is no validation set)"
             raise ConfigError(
