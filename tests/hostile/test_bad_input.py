@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -841,6 +842,10 @@ HOSTILE_CASES = {
         "hostile/test_bad_input.py::test_bad_input_is_one_short_message",  # early stopping, plateau, acc=null
         "hostile/test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",  # better(), metrics(), main
     ],
+    "r4 sequences that cannot train (c44-c47, c49)": [
+        "hostile/test_bad_input.py::test_a_ctc_target_that_cannot_train_is_named_at_start_up",
+        "hostile/test_bad_input.py::test_per_step_targets_of_another_length_than_the_outputs_blame_the_data",
+    ],
 }
 
 
@@ -888,3 +893,93 @@ def test_a_malformed_file_in_a_sweep_is_one_line_naming_it(tmp_path, name, spoil
         assert f"sweep_report: passing over {path}: {says}" in done.stderr
         assert len([line for line in done.stderr.splitlines() if line]) == 1
     assert "3 jobs" in (sweep / "sweep.md").read_text()
+
+
+# -- sequences that cannot train (round four: c44-c47, c49)
+
+
+class Clips(torch.utils.data.Dataset):
+    """Clips of 6 features; `make(i, g)` -> (frames, labels) for sample i."""
+
+    num_classes = 5  # CTC: labels 1..4 and the blank
+
+    def __init__(self, n: int, make):
+        g = torch.Generator().manual_seed(n)
+        self.items = []
+        for i in range(n):
+            frames, labels = make(i, g)
+            self.items.append({"input": torch.randn(frames, 6, generator=g), "target": labels})
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+class PerFrame(torch.nn.Module):
+    def __init__(self, num_classes: int = 5):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, num_classes)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def labels(n: int, g, low: int = 1, high: int = 5):
+    return torch.randint(low, high, (n,), generator=g)
+
+
+def clips(kind: str):
+    """A CTC data set of 64 clips (8 to 15 frames, 1 to 3 labels in 1..4), spoiled by `kind`."""
+
+    def make(i, g):
+        frames, count = 8 + i % 8, 1 + i % 3
+        if kind == "long targets":
+            frames, count = 3, 12
+        if kind == "zero frames" and i % 5 == 0:
+            frames = 0
+        target = labels(count, g)
+        if kind == "blank" and i % 4 == 1:
+            target[0] = 0
+        if kind == "over" and i % 4 == 1:
+            target[0] = 8
+        if kind == "repeats" and i % 4 == 0:
+            frames, target = 3, torch.tensor([2, 2, 2])  # three frames cannot hold 2, 2, 2: a blank goes between
+        if kind == "per_step short":
+            target = labels(max(1, frames - 3), g, 0)
+        return frames, target
+
+    return Clips(64, make)
+
+
+def seq_fit(kind: str, d: Path, mode: str = "ctc"):
+    from saturate.data import pad_collate
+
+    overrides = [*TINY, "loader.batch_size=8", f"task.mode={mode}"]
+    data = clips(kind)
+    return fit(PerFrame(), data, data, task="sequence", collate=pad_collate, overrides=overrides, run_dir=d)
+
+
+SEQUENCES = [
+    ("long targets", r"data: sample \d+ of a batch has 3 output frames for 12 labels; CTC needs at least one frame"),
+    ("zero frames", r"data: sample \d+ of a batch has 0 output frames for [1-3] labels; CTC needs at least one frame"),
+    ("repeats", r"data: sample \d+ of a batch has 3 output frames for 3 labels \(2 of them repeats"),
+    ("blank", r"data: a CTC target holds label 0, the blank; labels are 1 to 4 \(task.num_classes=5 counts the blank"),
+    ("over", r"data: a CTC target holds label 8; labels are 1 to 4 \(task.num_classes=5 counts the blank"),
+]
+
+
+@pytest.mark.parametrize(("kind", "says"), SEQUENCES, ids=[s[0] for s in SEQUENCES])
+def test_a_ctc_target_that_cannot_train_is_named_at_start_up(tmp_path, kind, says):
+    with pytest.raises(DataError) as err:
+        seq_fit(kind, tmp_path)
+    assert re.search(says, str(err.value)), err.value
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
+    assert not (tmp_path / "checkpoints" / "last.pt").exists()  # found before the first step
+
+
+def test_per_step_targets_of_another_length_than_the_outputs_blame_the_data(tmp_path):
+    says = r"data: per_step targets have \d+ steps, the model's outputs \d+; task.mode=per_step"
+    with pytest.raises(DataError, match=says):
+        seq_fit("per_step short", tmp_path, mode="per_step")
