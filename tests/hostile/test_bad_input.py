@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torchmetrics
 from hydra.errors import CompactHydraException
 
 import saturate
@@ -225,6 +226,11 @@ BAD_INPUTS = [
         ["+task.metrics.acc=null"],
         "checkpoint.monitor='val/acc': expected a metric the run logs (train/loss, val/loss): "
         "task.metrics.acc=null removed it",
+    ),
+    (
+        "predictions of a test split the data lacks",
+        ["trainer.predict=test"],
+        "trainer.predict='test': expected val: the data has no test split",
     ),
     (
         "unknown monitored metric",
@@ -846,6 +852,12 @@ HOSTILE_CASES = {
         "hostile/test_bad_input.py::test_a_ctc_target_that_cannot_train_is_named_at_start_up",
         "hostile/test_bad_input.py::test_per_step_targets_of_another_length_than_the_outputs_blame_the_data",
     ],
+    "r4 outputs that do not match (c40, c64, c68, c69)": [
+        "hostile/test_bad_input.py::test_predictions_that_do_not_match_the_samples_are_refused_and_the_run_kept",
+        "hostile/test_bad_input.py::test_bad_input_is_one_short_message",  # trainer.predict=test without a test split
+        "hostile/test_bad_input.py::test_a_metric_whose_compute_raises_is_named_and_the_step_saved",
+        "hostile/test_bad_input.py::test_a_monitored_metric_that_is_nan_says_why_there_is_no_best_pt",
+    ],
 }
 
 
@@ -983,3 +995,85 @@ def test_per_step_targets_of_another_length_than_the_outputs_blame_the_data(tmp_
     says = r"data: per_step targets have \d+ steps, the model's outputs \d+; task.mode=per_step"
     with pytest.raises(DataError, match=says):
         seq_fit("per_step short", tmp_path, mode="per_step")
+
+
+# -- outputs that do not match (round four: c40, c64, c68, c69)
+
+
+class Rows(Regression):
+    """A task whose predictions() keep one row of each batch (c40), or are not a dict."""
+
+    def __init__(self, *, listed: bool = False):
+        super().__init__(num_outputs=1)
+        self.listed = listed
+
+    def predictions(self, outputs, batch):
+        return [outputs] if self.listed else {"output": outputs[:1]}
+
+
+class Exploding(torchmetrics.MeanMetric):
+    """A user's metric whose compute() raises (c68), or is always NaN (c69)."""
+
+    def __init__(self, nan: bool = False):
+        super().__init__()
+        self.nan = nan
+
+    def compute(self):
+        if self.nan:
+            return torch.tensor(float("nan"))
+        raise ValueError("metric compute exploded")
+
+
+class WithMetric(Regression):
+    def __init__(self, metric):
+        super().__init__(num_outputs=1)
+        self.metric = metric
+
+    def own_metrics(self):
+        return {**super().own_metrics(), "boom": self.metric.clone()}
+
+
+@pytest.mark.parametrize(
+    ("listed", "says"),
+    [
+        (False, "task: Rows.predictions() gave 'output' with 1 row(s) for a batch of 32; expected one per sample"),
+        (True, "task: Rows.predictions() returned a list; expected a dict {name: tensor with one row per sample}"),
+    ],
+    ids=["rows dropped", "a list"],
+)
+def test_predictions_that_do_not_match_the_samples_are_refused_and_the_run_kept(tmp_path, listed, says):
+    overrides = [*TINY, "trainer.predict=val"]
+    with pytest.raises(saturate.errors.UserError) as err:
+        fit(
+            mlp(),
+            Samples(64, windows),
+            Samples(64, windows),
+            task=Rows(listed=listed),
+            overrides=overrides,
+            run_dir=tmp_path,
+        )
+    assert says in str(err.value), err.value
+    assert not (tmp_path / "predictions" / "val.npz").exists()
+    assert (tmp_path / "checkpoints" / "best.pt").is_file() and read_metrics(tmp_path)["status"] == "failed"
+
+
+def test_a_metric_whose_compute_raises_is_named_and_the_step_saved(tmp_path):
+    with pytest.raises(saturate.errors.UserError) as err:
+        fit(mlp(), Samples(64, windows), Samples(64, windows), task=WithMetric(Exploding()), run_dir=tmp_path)
+    assert "task: metric boom (Exploding) raised ValueError in compute(): metric compute exploded" in str(err.value)
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 2
+    assert read_metrics(tmp_path)["status"] == "failed"
+
+
+def test_a_monitored_metric_that_is_nan_says_why_there_is_no_best_pt(tmp_path, caplog):
+    overrides = [*TINY, "checkpoint.monitor=val/boom"]
+    fit(
+        mlp(),
+        Samples(64, windows),
+        Samples(64, windows),
+        task=WithMetric(Exploding(nan=True)),
+        overrides=overrides,
+        run_dir=tmp_path,
+    )
+    assert "checkpoint.monitor: val/boom is nan at step 2; no best.pt from this evaluation" in caplog.text
+    assert not (tmp_path / "checkpoints" / "best.pt").exists() and read_metrics(tmp_path)["best"]["value"] is None

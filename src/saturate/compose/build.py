@@ -380,6 +380,11 @@ def build_parts(
     }
     task = build_task(nodes.get("task"), values, objects)
     checkpointing = run.checkpoint.resolved(task, spec.has_val)  # the monitored metric, its direction
+    split_there = {"val": spec.has_val, "test": spec.has_test}
+    if run.trainer.predict is not None and not split_there[run.trainer.predict]:
+        there = [s for s, has in split_there.items() if has]
+        allowed = f"{' or '.join(there) or 'unset'}: the data has no {run.trainer.predict} split"
+        raise ConfigError([Problem("trainer.predict", run.trainer.predict, allowed)])
     spec = dataclasses.replace(spec, host_keys=tuple(getattr(task, "host_keys", ())))  # CTC's lengths
     precision = setup_precision(run.precision, device)
     transforms = build_transforms(run.augmentation.transforms)

@@ -43,7 +43,7 @@ from saturate.data.loader import loader_failure
 from saturate.data.policy import PRESETS
 from saturate.errors import UserError
 from saturate.loop.engine import Control, Engine, Training, TrainState, Watch
-from saturate.loop.evaluate import Evaluator
+from saturate.loop.evaluate import EvaluationError, Evaluator
 from saturate.loop.faults import NotRequeued, Preempted, StopSignal, TrainingDiverged
 from saturate.observe.environment import fingerprint
 from saturate.observe.monitor import ResourceMonitor, peak_memory
@@ -212,9 +212,9 @@ def _drive(session: Session, state: TrainState) -> Metrics:
             record.update(status="preempted", stopped_by=name, resume_with=hint)
         write(session, record)
         raise
-    except CallbackError as e:  # a hook raised: saved at the last completed step, one line
+    except (CallbackError, EvaluationError) as e:  # a hook or a metric raised: saved at the last completed step
         session.engine.save(state, {})
-        record = {**session.tracker.latest, **session.outcome, "status": "failed", "error": f"CallbackError: {e}"}
+        record = {**session.tracker.latest, **session.outcome, "status": "failed", "error": f"{type(e).__name__}: {e}"}
         write(session, record)
         e.recorded = True
         raise e.with_traceback(None) from None

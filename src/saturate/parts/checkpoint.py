@@ -304,6 +304,13 @@ class Checkpointer:
             )
             return 0.0
         value = metrics.get(self.cfg.monitor)
+        if value is not None and not math.isfinite(value):
+            log.warning(
+                "checkpoint.monitor: %s is %s at step %d; no best.pt from this evaluation",
+                self.cfg.monitor,
+                value,
+                state.step,
+            )
         value = value if value is not None and math.isfinite(value) else None  # a NaN is never "better"
         improved = value is not None and self._better(value, self.best)
         if improved:
