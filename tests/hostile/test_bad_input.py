@@ -78,8 +78,59 @@ def run_dir_under_a_file(tmp: Path) -> list[str]:
     return [f"run_dir={tmp / 'afile' / 'run'}"]
 
 
+class HalfHeight(torch.nn.Module):
+    """A user's augmentation that changes the image size (c79, c84)."""
+
+    def forward(self, x):
+        return x[:, :, : x.shape[2] // 2]
+
+
+class ToLong(torch.nn.Module):
+    """... that changes the dtype (c80)."""
+
+    def forward(self, x):
+        return (x * 255).long()
+
+
+class Poisons(torch.nn.Module):
+    """... that produces NaN (c83)."""
+
+    def forward(self, x):
+        return x * float("nan")
+
+
+def transform(name: str, placement: str = "gpu") -> list[str]:
+    target = f"tests.hostile.test_bad_input.{name}"
+    return [
+        "augmentation=kornia",
+        f"augmentation.placement={placement}",
+        f"augmentation.transforms=[{{_target_: {target}}}]",
+    ]
+
+
 # (name, overrides or a function of tmp_path giving them, what the message must say)
 BAD_INPUTS = [
+    (
+        "an augmentation that changes the image size, on the device",
+        transform("HalfHeight"),
+        "augmentation.transforms[0]: HalfHeight turns images (2, 1, 8, 8) into (2, 1, 4, 8); a transform must keep "
+        "their size",
+    ),
+    (
+        "an augmentation that changes the image size, in the workers",
+        transform("HalfHeight", "cpu"),
+        "augmentation.transforms[0]: HalfHeight turns images (2, 1, 8, 8) into (2, 1, 4, 8)",
+    ),
+    (
+        "an augmentation that changes the dtype",
+        transform("ToLong"),
+        "augmentation.transforms[0]: ToLong turns float32 images into int64; a transform must return floats in [0, 1]",
+    ),
+    (
+        "an augmentation that makes NaN",
+        transform("Poisons"),
+        "augmentation.transforms[0]: Poisons turns finite images into NaN or inf",
+    ),
     ("negative seed", ["trainer.seed=-1"], "trainer.seed=-1: expected an integer in [0, 4294967295]"),
     (
         "seed above 2**32 - 1",
@@ -857,6 +908,9 @@ HOSTILE_CASES = {
         "hostile/test_bad_input.py::test_bad_input_is_one_short_message",  # trainer.predict=test without a test split
         "hostile/test_bad_input.py::test_a_metric_whose_compute_raises_is_named_and_the_step_saved",
         "hostile/test_bad_input.py::test_a_monitored_metric_that_is_nan_says_why_there_is_no_best_pt",
+    ],
+    "r4 the user's augmentation changes the size, the dtype or makes NaN (c79, c80, c83, c84)": [
+        "hostile/test_bad_input.py::test_bad_input_is_one_short_message",  # on the device and in the workers
     ],
 }
 

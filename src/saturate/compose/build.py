@@ -26,7 +26,7 @@ from saturate.config.instantiate import build
 from saturate.config.invocation import Invocation
 from saturate.config.schema import RunConfig
 from saturate.data import Data, DataSpec, build_datasets, describe
-from saturate.data.augment import build_transforms
+from saturate.data.augment import build_transforms, check_transforms
 from saturate.data.base import stack
 from saturate.data.loader import Loaders, Shard, build_loaders, build_pipeline, device_augment, room_for_resident
 from saturate.data.mix import BatchMix
@@ -388,6 +388,8 @@ def build_parts(
     spec = dataclasses.replace(spec, host_keys=tuple(getattr(task, "host_keys", ())))  # CTC's lengths
     precision = setup_precision(run.precision, device)
     transforms = build_transforms(run.augmentation.transforms)
+    if spec.image:  # (other data: augmentation is refused with its reason in check_fits_data)
+        check_transforms(transforms, spec.input_shape)
     made = Ingredients(run, data, spec, task, precision, device, dist)
     models = _model(made, nodes.get("model"), values, objects.model)
     batch_size, trials, search_s = _search(made, models, transforms)
