@@ -912,6 +912,9 @@ HOSTILE_CASES = {
     "r4 the user's augmentation changes the size, the dtype or makes NaN (c79, c80, c83, c84)": [
         "hostile/test_bad_input.py::test_bad_input_is_one_short_message",  # on the device and in the workers
     ],
+    "r4 callback state that cannot be saved or loaded safely (c09-c12)": [
+        "hostile/test_bad_input.py::test_callback_state_that_cannot_round_trip_is_refused_before_training",
+    ],
 }
 
 
@@ -1131,3 +1134,54 @@ def test_a_monitored_metric_that_is_nan_says_why_there_is_no_best_pt(tmp_path, c
     )
     assert "checkpoint.monitor: val/boom is nan at step 2; no best.pt from this evaluation" in caplog.text
     assert not (tmp_path / "checkpoints" / "best.pt").exists() and read_metrics(tmp_path)["best"]["value"] is None
+
+
+# -- callback state that cannot be saved (round four: c09-c12)
+
+
+class Kept:
+    """A callback whose state_dict() holds `kind` of thing."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def on_eval_end(self, run, metrics):
+        pass
+
+    def state_dict(self):
+        if self.kind == "raises":
+            raise RuntimeError("state_dict exploded")
+        return {"lambda": {"f": lambda x: x}, "file": {"fh": sys.stdout}, "object": {"obj": Kept("object")}}[self.kind]
+
+    def load_state_dict(self, state):
+        pass
+
+
+STATES = [
+    (
+        "lambda",
+        "callbacks: kept.state_dict() cannot be saved in a checkpoint (AttributeError: Can't pickle local object",
+    ),
+    ("file", "callbacks: kept.state_dict() cannot be saved in a checkpoint (TypeError: cannot pickle"),
+    ("raises", "callbacks: kept.state_dict() raised RuntimeError: state_dict exploded"),
+    (
+        "object",
+        "callbacks: kept.state_dict() holds what a checkpoint cannot load safely (torch.load(weights_only=True)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "says"), STATES, ids=[s[0] for s in STATES])
+def test_callback_state_that_cannot_round_trip_is_refused_before_training(tmp_path, kind, says):
+    with pytest.raises(saturate.errors.UserError) as err:
+        fit(
+            mlp(),
+            Samples(64, windows),
+            Samples(32, windows),
+            task="regression",
+            callbacks={"kept": Kept(kind)},
+            run_dir=tmp_path,
+        )
+    assert says in str(err.value), err.value
+    assert "\n" not in str(err.value) and len(str(err.value)) < 600
+    assert not list((tmp_path / "checkpoints").glob("*.pt")) if (tmp_path / "checkpoints").exists() else True

@@ -53,6 +53,21 @@ def _leaving(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+_KEEPABLE = "keep tensors, numbers, strings, lists and dicts of them in a callback's state"
+
+
+def _gist(error: BaseException) -> str:
+    return " ".join(str(error).split())[:200]
+
+
+def _refused(error: BaseException) -> str:
+    """What torch.load(weights_only=True) refused, from its long message: the global's name."""
+    import re
+
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+    return found.group(1) if found else f"{type(error).__name__}: {_gist(error)[:120]}"
+
+
 class Observers:
     """The run's callbacks and loggers behind one call per hook. `callbacks` and `loggers`:
     {name: object}; loggers are dropped on ranks other than 0 (`is_main`)."""
@@ -151,6 +166,39 @@ class Observers:
         return {
             name: obj.state_dict() for name, obj in self.callbacks.items() if callable(getattr(obj, "state_dict", None))
         }
+
+    def check_state(self) -> None:
+        """Each callback's state through torch.save and torch.load(weights_only=True), as a
+        checkpoint takes it, before the first step: a state that cannot be saved (a lambda, an
+        open file) or that resume would refuse to load (an object of the user's class) is one
+        line now, not a pickling traceback at the first save or a refusal at resume."""
+        import io
+
+        import torch
+
+        for name, obj in self.callbacks.items():
+            if not callable(getattr(obj, "state_dict", None)):
+                continue
+            try:
+                state = obj.state_dict()
+            except Exception as e:  # noqa: BLE001 (the user's code: one line)
+                raise UserError(f"callbacks: {name}.state_dict() raised {type(e).__name__}: {_gist(e)}") from None
+            buffer = io.BytesIO()
+            try:
+                torch.save(state, buffer)
+            except Exception as e:  # noqa: BLE001 (pickle's errors: AttributeError, TypeError, PicklingError)
+                raise UserError(
+                    f"callbacks: {name}.state_dict() cannot be saved in a checkpoint ({type(e).__name__}: {_gist(e)}); "
+                    f"{_KEEPABLE}"
+                ) from None
+            buffer.seek(0)
+            try:
+                torch.load(buffer, weights_only=True)
+            except Exception as e:  # noqa: BLE001 (torch's UnpicklingError names the refused global)
+                raise UserError(
+                    f"callbacks: {name}.state_dict() holds what a checkpoint cannot load safely "
+                    f"(torch.load(weights_only=True) refuses {_refused(e)}); {_KEEPABLE}"
+                ) from None
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
         """Give each callback its saved state (by name); one the checkpoint has no state for

@@ -130,6 +130,7 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
         tracker.attach(view, parts.total_steps, state.step)
         observers.call("on_run_start", view)
         checkpointer.restore_run(view)
+        observers.check_state()  # a callback state a checkpoint cannot hold: one line now, not at the first save
         start_records(run, invocation, parts, tracker, config, env, dist)
         outcome = _outcome(parts, checkpointing.monitor, started_at, list(invocation.overrides), env)
         session = Session(run, invocation, parts, engine, view, tracker, observers, dist, device, outcome, start_time)
