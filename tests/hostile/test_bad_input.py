@@ -915,6 +915,14 @@ HOSTILE_CASES = {
     "r4 callback state that cannot be saved or loaded safely (c09-c12)": [
         "hostile/test_bad_input.py::test_callback_state_that_cannot_round_trip_is_refused_before_training",
     ],
+    "r4 SIGINT at odd moments; a log that cannot open; a late failure (c02, c111, c112, c119b, c121, c122b)": [
+        "hostile/test_never_lose_a_run.py::test_ctrl_c_twice_while_a_checkpoint_is_written_leaves_it_whole",
+        "hostile/test_never_lose_a_run.py::test_ctrl_c_twice_during_an_evaluation_is_recorded_not_a_hooks_failure",
+        "hostile/test_never_lose_a_run.py::test_an_interrupt_the_run_did_not_catch_is_one_line_and_exit_130",
+        "hostile/test_bad_input.py::test_a_log_file_hydra_cannot_open_is_one_line",
+        "hostile/test_never_lose_a_run.py::test_a_resume_that_trained_and_then_failed_records_its_failure",
+        "hostile/test_never_lose_a_run.py::test_a_hook_failing_after_the_run_completed_says_so",
+    ],
 }
 
 
@@ -1185,3 +1193,12 @@ def test_callback_state_that_cannot_round_trip_is_refused_before_training(tmp_pa
     assert says in str(err.value), err.value
     assert "\n" not in str(err.value) and len(str(err.value)) < 600
     assert not list((tmp_path / "checkpoints").glob("*.pt")) if (tmp_path / "checkpoints").exists() else True
+
+
+def test_a_log_file_hydra_cannot_open_is_one_line(tmp_path):
+    """The run dir's train.log cannot be opened (here a folder stands there; a read-only mount
+    gives the same): one line naming it, not logging's 'Unable to configure handler' (c112)."""
+    (tmp_path / "r" / "train.log").mkdir(parents=True)
+    done = run_cli(*TINY, "hydra.run.dir=r", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"error: cannot write {tmp_path / 'r' / 'train.log'} (Is a directory); run from a writable" in done.stderr

@@ -528,3 +528,106 @@ def test_a_hook_that_swallows_the_interrupt_is_abandoned_at_sigterm(tmp_path):
     assert "sw.on_log did not return within 5 s of the stop signal and swallowed the interrupt: abandoned" in out, out
     assert torch.load(tmp_path / "r" / "checkpoints" / "last.pt", weights_only=True)["step"] == 2
     assert read_metrics(tmp_path / "r")["status"] == "preempted"
+
+
+# -- SIGINT at odd moments (round four: c119b, c121, c122b)
+
+
+def test_ctrl_c_twice_while_a_checkpoint_is_written_leaves_it_whole(tmp_path, monkeypatch):
+    """The second Ctrl-C (which interrupts at once) arrives inside torch.save: it waits for the
+    file to be whole, then interrupts."""
+    from tests.hostile.test_bad_input import Samples, fit, mlp, windows
+
+    real = torch.save
+
+    def interrupted_save(obj, f, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C twice while the checkpoint is being written
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        return real(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        fit(mlp(), Samples(64, windows), Samples(32, windows), task="regression", run_dir=tmp_path)
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] >= 1
+    assert not list((tmp_path / "checkpoints").glob(".*.tmp"))
+    recorded = read_metrics(tmp_path)
+    assert recorded["status"] == "failed" and "interrupted: a second Ctrl-C" in recorded["error"]
+
+
+class CtrlCTwice:
+    def on_eval_end(self, run, metrics):
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+
+
+def test_ctrl_c_twice_during_an_evaluation_is_recorded_not_a_hooks_failure(tmp_path):
+    from tests.hostile.test_bad_input import Samples, fit, mlp, windows
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(
+            mlp(),
+            Samples(64, windows),
+            Samples(32, windows),
+            task="regression",
+            callbacks=[CtrlCTwice()],
+            run_dir=tmp_path,
+        )
+    recorded = read_metrics(tmp_path)
+    assert recorded["status"] == "failed" and "interrupted: a second Ctrl-C" in recorded["error"]
+
+
+def test_an_interrupt_the_run_did_not_catch_is_one_line_and_exit_130(capsys):
+    """SIGINT while torch is imported (before the run's own handler): no traceback."""
+    from saturate.cli import run
+
+    def main():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exited:
+        run(main)
+    assert exited.value.code == 130
+    err = capsys.readouterr().err
+    assert err.strip().startswith("interrupted (Ctrl-C): stopped at once") and "Traceback" not in err
+
+
+# -- what metrics.json says after a failure that came after training (round four: c02, c111)
+
+
+def test_a_resume_that_trained_and_then_failed_records_its_failure(make_cfg, monkeypatch, caplog):
+    cfg = make_cfg()
+    saturate.train(cfg)  # a finished run: metrics.json says completed
+    real_fsync, calls = os.fsync, []
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) > 2:  # the disk fills up as the resumed run saves
+            raise OSError(28, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(CheckpointError):
+        saturate.train(make_cfg(f"run_dir={cfg.run_dir}", "trainer.resume=auto", "trainer.max_epochs=3"))
+    monkeypatch.undo()
+    recorded = read_metrics(cfg.run_dir)
+    assert recorded["status"] == "failed" and "No space left on device" in recorded["error"]
+    assert "failed before it trained" not in caplog.text
+
+
+def test_a_hook_failing_after_the_run_completed_says_so(tmp_path, caplog):
+    from saturate.callbacks import CallbackError
+    from tests.hostile.test_bad_input import Samples, fit, mlp, windows
+
+    class EndsBadly:
+        def on_run_end(self, run, metrics):
+            raise ValueError("upload refused")
+
+    data = Samples(64, windows)
+    with pytest.raises(CallbackError, match="EndsBadly.on_run_end raised ValueError: upload refused"):
+        fit(mlp(), data, data, task="regression", callbacks=[EndsBadly()], run_dir=tmp_path)
+    recorded = read_metrics(tmp_path)
+    assert recorded["status"] == "failed" and "after the run completed" in recorded["error"]
+    assert "val/loss" in recorded and (tmp_path / "checkpoints" / "best.pt").is_file()
+    assert "failed before it trained" not in caplog.text

@@ -68,6 +68,10 @@ def train(cfg: DictConfig, invocation: Invocation | None = None, objects: UserOb
         return _train(cfg, invocation, objects or UserObjects())
     except (Preempted, TrainingDiverged, RunDirTaken, NotRequeued):
         raise  # they record their own status (NotRequeued: preempted), or the run dir is another run's
+    except KeyboardInterrupt:  # a second Ctrl-C: at once, as asked; the record says so
+        why = "interrupted: a second Ctrl-C stopped the run at once, without a final save"
+        record_failure(cfg.run_dir, UserError(why))
+        raise
     except Exception as e:
         broke = peer_failed(e) if world_size() > 1 else None
         if broke:  # not this rank's error: one line, not gloo's traceback
@@ -78,7 +82,7 @@ def train(cfg: DictConfig, invocation: Invocation | None = None, objects: UserOb
             record_failure(cfg.run_dir, e)
             raise e from None
         if not getattr(e, "recorded", False):
-            record_failure(cfg.run_dir, e)
+            record_failure(cfg.run_dir, e, trained=getattr(e, "trained", False))
         raise
 
 
@@ -193,7 +197,17 @@ def _outcome(parts: Parts, monitor: str, started_at: str, overrides: list[str], 
 
 
 def _drive(session: Session, state: TrainState) -> Metrics:
-    """Train, then finish; whatever stops the run leaves its record and closes the observers."""
+    """Train, then finish; whatever stops the run leaves its record and closes the observers.
+    A failure from here on is this attempt's, after it trained: train() records it over an
+    earlier attempt's record (a resumed run that fails at a save is not `completed`)."""
+    try:
+        return _fit(session, state)
+    except Exception as e:
+        e.trained = True
+        raise
+
+
+def _fit(session: Session, state: TrainState) -> Metrics:
     record, failure = None, None
     session.observers.abandon = lambda signum: _abandon(session, state, signum)
     try:
@@ -233,9 +247,16 @@ def _drive(session: Session, state: TrainState) -> Metrics:
     finally:
         session.parts.loaders.close()
         session.tracker.close()
-        session.observers.call(
-            "on_run_end", session.view, record or {**session.tracker.latest, **session.outcome, "status": "failed"}
-        )
+        try:
+            session.observers.call(
+                "on_run_end", session.view, record or {**session.tracker.latest, **session.outcome, "status": "failed"}
+            )
+        except CallbackError as e:  # the run's own record stands, with the hook's failure after it
+            if record is not None:
+                why = f"CallbackError: {e} (after the run {record['status']}: its checkpoints and metrics are whole)"
+                write(session, {**record, "status": "failed", "error": why})
+                e.recorded = True
+            raise
         if record is not None and record["status"] == "completed":
             session.dist.barrier()  # the ranks leave together: one tearing gloo down as another writes can abort
     raise failure  # out here, so the frames holding the loader's workers are freed

@@ -148,10 +148,11 @@ def hold(
             lock.close()  # the kernel drops the lock
 
 
-def record_failure(run_dir: str, error: Exception) -> None:
-    """metrics.json of a run that failed before it could train: status and why (rank 0 only).
-    An earlier attempt's record that is not a failure (a finished or preempted run resumed
-    with a mistake in its config) is kept: its final metrics are not replaced by an error."""
+def record_failure(run_dir: str, error: Exception, *, trained: bool = False) -> None:
+    """metrics.json of a run that failed: status and why (rank 0 only). Where this attempt
+    failed before it trained, an earlier attempt's record that is not a failure (a finished
+    or preempted run resumed with a mistake in its config) is kept: its final metrics are not
+    replaced by an error. An attempt that `trained` records its own failure."""
     if not rank_zero():
         return
     try:
@@ -160,7 +161,7 @@ def record_failure(run_dir: str, error: Exception) -> None:
     except Exception:  # no run dir to write to (an unresolvable config, a read-only disk)
         return
     earlier = _status(run_dir / "metrics.json")
-    if earlier not in (None, "failed"):
+    if earlier not in (None, "failed") and not trained:
         log.warning(
             "kept %s (status %s): this attempt failed before it trained; its error is not recorded there",
             run_dir / "metrics.json",
