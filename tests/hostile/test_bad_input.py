@@ -20,6 +20,7 @@ from hydra.errors import CompactHydraException
 
 import saturate
 from saturate.errors import DataError
+from saturate.tasks.classification import Classification
 from saturate.tasks.regression import Regression
 from scripts.make_image_folder import write_digits
 from tests.conftest import ROOT, TINY, compose_config, read_metrics, run_cli
@@ -559,6 +560,25 @@ class MainMissing(Regression):
     main = "nonexistent"
 
 
+class Threes(Regression):
+    """A task whose forward returns three things (c35)."""
+
+    def forward(self, model, batch):
+        loss, outputs = super().forward(model, batch)
+        return loss, outputs, "extra"
+
+
+class Narrow(Classification):
+    """A task whose outputs do not fit its own metrics (c39): one column for 3 classes."""
+
+    def own_metrics(self):
+        return {"acc": torchmetrics.classification.MulticlassAccuracy(self.num_classes)}  # validating its arguments
+
+    def forward(self, model, batch):
+        loss, outputs = super().forward(model, batch)
+        return loss, outputs[:, :1]
+
+
 class ListedMetrics(Regression):
     """A task whose metrics() is a list (c36)."""
 
@@ -577,6 +597,23 @@ HOSTILE = [
         "a task whose main metric it does not log",
         lambda d: fit(mlp(), Samples(64, windows), Samples(32, windows), task=MainMissing(num_outputs=1), run_dir=d),
         "task: MainMissing's main metric 'nonexistent' is not among its metrics (mae, rmse, r2)",
+    ),
+    (
+        "a task whose forward returns three things",
+        lambda d: fit(mlp(), Samples(64, windows), Samples(32, windows), task=Threes(num_outputs=1), run_dir=d),
+        "task: Threes.forward() returns a tuple of 3; expected (loss, outputs)",
+    ),
+    (
+        "a task whose outputs its metrics cannot take",
+        lambda d: fit(
+            mlp(3),
+            Samples(64, lambda i: (windows(i)[0], i % 3), classes=["a", "b", "c"]),
+            Samples(32, lambda i: (windows(i)[0], i % 3), classes=["a", "b", "c"]),
+            task=Narrow(num_classes=3),
+            run_dir=d,
+        ),
+        "task: Narrow's metrics cannot take its outputs (float32 (2, 1) for targets int64 (2,)): "
+        "acc (MulticlassAccuracy) raised ValueError",
     ),
     (
         "a task whose metrics() is a list",
@@ -922,6 +959,9 @@ HOSTILE_CASES = {
         "hostile/test_bad_input.py::test_a_log_file_hydra_cannot_open_is_one_line",
         "hostile/test_never_lose_a_run.py::test_a_resume_that_trained_and_then_failed_records_its_failure",
         "hostile/test_never_lose_a_run.py::test_a_hook_failing_after_the_run_completed_says_so",
+    ],
+    "r4 a task's forward that does not return (loss, outputs), outputs its metrics cannot take (c35, c39)": [
+        "hostile/test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",
     ],
 }
 

@@ -45,6 +45,7 @@ def to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
 class Sequence(Task):
     name = "sequence"
     class_targets = False
+    CHECK_LABELS = 3  # batches whose labels on a device are read to check them (a synchronisation each)
 
     def __init__(
         self,
@@ -72,7 +73,7 @@ class Sequence(Task):
         self.input_length_key, self.target_length_key = input_length_key, target_length_key
         self.main = "ter" if mode == "ctc" else "acc"
         self._takes_lengths: bool | None = None
-        self._label_checks = 0  # batches whose labels were read on the host (targets on a device: the first few)
+        self.labels_checked = 0  # batches whose labels were read on the host (targets on a device: CHECK_LABELS)
         # CTC reads the lengths on the host: on the device PyTorch's loss copies them back, a
         # synchronisation every step (the loaders leave these entries where they are)
         self.host_keys = (input_length_key, target_length_key) if mode == "ctc" else ()
@@ -135,9 +136,9 @@ class Sequence(Task):
         on_host = lengths.device.type == "cpu" and target_lengths.device.type == "cpu"
         if on_host:
             self._too_few_frames(lengths, target_lengths, torch.zeros_like(target_lengths))
-        if target.device.type != "cpu" and self._label_checks >= 3:
+        if target.device.type != "cpu" and self.labels_checked >= self.CHECK_LABELS:
             return
-        self._label_checks += 1
+        self.labels_checked += 1
         counts = target_lengths.to(target.device)
         within = torch.arange(target.shape[1], device=target.device)[None, :] < counts[:, None]
         given = target[within]
