@@ -963,6 +963,10 @@ HOSTILE_CASES = {
     "r4 a task's forward that does not return (loss, outputs), outputs its metrics cannot take (c35, c39)": [
         "hostile/test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",
     ],
+    "r4 the self-test's --checks as a path; tune.extra a trial would not take (c89, c95, c99)": [
+        "selftest/test_selftest.py::test_checks_given_as_a_file_path_are_imported_and_a_broken_one_is_one_line",
+        "test_tune.py::test_a_tune_extra_a_trial_would_not_take_is_named",
+    ],
 }
 
 

@@ -198,3 +198,26 @@ def test_the_bundle_installs_offline_on_a_python_with_only_torch_and_runs_the_se
     assert "run-selftest: installing hydra-core==" in done.stdout
     found = rows(tmp_path / "out")
     assert [r["status"] for r in found.values()] == ["PASS", "PASS"]
+
+
+def test_checks_given_as_a_file_path_are_imported_and_a_broken_one_is_one_line(tmp_path):
+    """--checks path/to/file.py imports the file (c89), here and in each check's process; a
+    module that raises at import, or is not there, is one line."""
+    mine = tmp_path / "my_checks.py"
+    mine.write_text(
+        "from saturate.selftest.base import check\n\n@check('mine-passes', 'a check from a file')\ndef ok(ctx):\n"
+        "    return 'fine'\n"
+    )
+    done = selftest("--checks", str(mine), "--list", out=tmp_path, timeout=60)
+    assert done.returncode == 0 and "mine-passes" in done.stdout, done.stderr
+    (tmp_path / "broken.py").write_text("raise ValueError('bad import')\n")
+    for given, says in (
+        (
+            tmp_path / "broken.py",
+            f"saturate selftest: --checks {tmp_path / 'broken.py'}: importing it raised ValueError: ",
+        ),
+        (tmp_path / "absent.py", f"saturate selftest: --checks {tmp_path / 'absent.py'}: no such file"),
+        ("no_such_module_anywhere", "saturate selftest: --checks no_such_module_anywhere: no module of that name"),
+    ):
+        done = selftest("--checks", str(given), "--list", out=tmp_path, timeout=60)
+        assert done.returncode == 1 and done.stderr.startswith(says) and "Traceback" not in done.stderr, done.stderr

@@ -617,6 +617,32 @@ def _group_problems(cfg: DictConfig, run: RunConfig, presets: tuple[str, ...]) -
         args = {"augmentation": (presets,)}.get(group, ())
         for key, value, allowed in getattr(run, group).problems(*args):
             yield Problem(f"{group}.{key}", value, allowed)
+    yield from _extra_problems(cfg, run)
+
+
+NOT_A_TRIALS = ("hydra.", "tune.", "run_dir", "trainer.resume", "trainer.restart")  # where and how a run starts
+
+
+def _extra_problems(cfg: DictConfig, run: RunConfig) -> Iterator[Problem]:
+    """tune.extra: overrides of keys this config has (a new one with +), of what a trial
+    measures; never where or how a run starts (hydra.*, run_dir, resume, restart, tune.*),
+    which a trial would silently not take."""
+    if "tune" not in cfg or not isinstance(run.tune.extra, list):
+        return
+    for i, text in enumerate(run.tune.extra):
+        for part in str(text).split():
+            key = part.split("=", 1)[0]
+            bare = key.lstrip("+~")
+            if bare.startswith(NOT_A_TRIALS):
+                allowed = "overrides of what a trial measures; not hydra.*, tune.*, run_dir, trainer.resume or .restart"
+                yield Problem(f"tune.extra[{i}]", text, allowed)
+            elif not key.startswith("+") and OmegaConf.select(cfg, bare, default=_ABSENT) is _ABSENT:
+                yield Problem(
+                    f"tune.extra[{i}]", text, f"overrides of keys the config has ({bare} is not one; +{bare} adds it)"
+                )
+
+
+_ABSENT = object()
 
 
 def _node_problems(run: RunConfig, given: tuple[str, ...]) -> Iterator[Problem]:
