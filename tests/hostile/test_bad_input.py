@@ -967,6 +967,9 @@ HOSTILE_CASES = {
         "selftest/test_selftest.py::test_checks_given_as_a_file_path_are_imported_and_a_broken_one_is_one_line",
         "test_tune.py::test_a_tune_extra_a_trial_would_not_take_is_named",
     ],
+    "r4 a callback's request out of range (c19, c20)": [
+        "hostile/test_bad_input.py::test_a_callbacks_request_out_of_range_is_its_failure",
+    ],
 }
 
 
@@ -1246,3 +1249,40 @@ def test_a_log_file_hydra_cannot_open_is_one_line(tmp_path):
     done = run_cli(*TINY, "hydra.run.dir=r", cwd=tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert f"error: cannot write {tmp_path / 'r' / 'train.log'} (Is a directory); run from a writable" in done.stderr
+
+
+# -- a callback's requests out of range (round four: c19, c20)
+
+
+class Requests:
+    def __init__(self, what):
+        self.what = what
+
+    def on_run_start(self, run):
+        if self.what == "lr":
+            run.scale_lr(-1)
+        else:
+            run.eval_model = "not a model"
+
+
+@pytest.mark.parametrize(
+    ("what", "says"),
+    [
+        ("lr", "requests.on_run_start raised ValueError: run.scale_lr(-1): expected a finite factor >= 0"),
+        ("model", "requests.on_run_start raised TypeError: run.eval_model='not a model': expected a torch.nn.Module"),
+    ],
+    ids=["negative lr scale", "eval_model a string"],
+)
+def test_a_callbacks_request_out_of_range_is_its_failure(tmp_path, what, says):
+    from saturate.callbacks import CallbackError
+
+    with pytest.raises(CallbackError) as err:
+        fit(
+            mlp(),
+            Samples(64, windows),
+            Samples(32, windows),
+            task="regression",
+            callbacks={"requests": Requests(what)},
+            run_dir=tmp_path,
+        )
+    assert str(err.value).startswith(says), err.value
