@@ -970,6 +970,9 @@ HOSTILE_CASES = {
     "r4 a callback's request out of range (c19, c20)": [
         "hostile/test_bad_input.py::test_a_callbacks_request_out_of_range_is_its_failure",
     ],
+    "r4 a sample entry the default collate cannot batch (c58)": [
+        "hostile/test_bad_input.py::test_a_sample_entry_the_default_collate_cannot_batch_is_named",
+    ],
 }
 
 
@@ -1286,3 +1289,10 @@ def test_a_callbacks_request_out_of_range_is_its_failure(tmp_path, what, says):
             run_dir=tmp_path,
         )
     assert str(err.value).startswith(says), err.value
+
+
+def test_a_sample_entry_the_default_collate_cannot_batch_is_named(tmp_path):
+    """A dict sample with None beside its input and target (c58)."""
+    data = Samples(64, lambda i: {"input": windows(i)[0], "target": windows(i)[1], "path": None if i % 2 else "/x"})
+    with pytest.raises(DataError, match=r"data: samples do not batch \(the sample's path is a NoneType\)"):
+        fit(mlp(), data, data, task="regression", run_dir=tmp_path)
