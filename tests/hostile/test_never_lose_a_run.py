@@ -631,3 +631,23 @@ def test_a_hook_failing_after_the_run_completed_says_so(tmp_path, caplog):
     assert recorded["status"] == "failed" and "after the run completed" in recorded["error"]
     assert "val/loss" in recorded and (tmp_path / "checkpoints" / "best.pt").is_file()
     assert "failed before it trained" not in caplog.text
+
+
+class Meddles:
+    """Hooks that change the dicts they are given (c08): what the others record stays as measured."""
+
+    def on_eval_end(self, run, metrics):
+        metrics["acc"] = float("nan")
+        metrics.clear()
+
+    def on_log(self, run, metrics, step):
+        metrics.clear()
+
+
+def test_a_hook_that_changes_its_metrics_changes_nothing_recorded(tmp_path):
+    from tests.hostile.test_bad_input import Samples, fit, mlp, windows
+
+    data = Samples(64, windows)
+    metrics = fit(mlp(), data, data, task="regression", callbacks={"meddles": Meddles()}, run_dir=tmp_path)
+    assert np.isfinite(metrics["val/mae"]) and np.isfinite(read_metrics(tmp_path)["val/mae"])
+    assert "val/mae" in events(tmp_path).Tags()["scalars"] and read_metrics(tmp_path)["best"]["value"] is not None

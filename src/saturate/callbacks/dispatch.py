@@ -8,6 +8,8 @@ configured), then loggers. What can go wrong in a user's hook is bounded:
   that raises SystemExit (sys.exit), a KeyboardInterrupt no SIGINT sent, or any other
   BaseException: a hook may not end the run (exit status 0 and no record, a sweep that
   silently drops its later jobs); only a real second Ctrl-C passes through;
+- a hook gets its own copy of each dict it is given (the metrics): what it changes there
+  changes nothing the run or the other observers record;
 - a hook that hangs cannot keep a run alive past a stop signal: HANG_S after the signal
   (or after the hook started, if the signal came first) it is interrupted and abandoned
   with a warning naming it, and the run stops as any stopped run does. A hook that swallows
@@ -103,7 +105,9 @@ class Observers:
             try:
                 if self.stopping:
                     self._arm()
-                fn(run, *args)
+                fn(
+                    run, *(dict(a) if isinstance(a, dict) else a for a in args)
+                )  # its own copy: what it changes is its own
             except CallbackHung:
                 log.warning(
                     "%s did not return within %.0f s of the stop signal: abandoned; the run stops", self.running, HANG_S
