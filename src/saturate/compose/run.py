@@ -28,6 +28,7 @@ from saturate.compose.build import Parts, UserObjects, build_parts, make_step
 from saturate.compose.outcome import (
     Metrics,
     Session,
+    abandon,
     already_done,
     class_names,
     finish,
@@ -209,7 +210,7 @@ def _drive(session: Session, state: TrainState) -> Metrics:
 
 def _fit(session: Session, state: TrainState) -> Metrics:
     record, failure = None, None
-    session.observers.abandon = lambda signum: _abandon(session, state, signum)
+    session.observers.abandon = lambda signum: abandon(session, state, signum)
     try:
         with (
             logging_redirect_tqdm(),
@@ -260,21 +261,6 @@ def _fit(session: Session, state: TrainState) -> Metrics:
         if record is not None and record["status"] == "completed":
             session.dist.barrier()  # the ranks leave together: one tearing gloo down as another writes can abort
     raise failure  # out here, so the frames holding the loader's workers are freed
-
-
-def _abandon(session: Session, state: TrainState, signum: int) -> None:
-    """A hook swallowed the interrupt that abandons it after a stop signal: the loop will not
-    get control back, so save at the last completed step and record the stop from here, then
-    end the process with the signal's status."""
-    try:
-        session.engine.checkpointer.save(state, {}, session.engine.run)
-        hint = session.engine.control.resume_hint
-        log.warning("saved %s; resume with: %s", session.engine.checkpointer.last_path, hint)
-        stopped = {"status": "preempted", "stopped_by": signal.Signals(signum).name, "resume_with": hint}
-        write(session, {**session.tracker.latest, **session.outcome, **stopped})
-    finally:
-        logging.shutdown()
-        os._exit(128 + signum)
 
 
 def _training(run: RunConfig, parts: Parts, device: torch.device, dist: Dist) -> Training:
