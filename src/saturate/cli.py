@@ -211,7 +211,10 @@ def describe(error: CompactHydraException, argv: list[str]) -> str:
         key, value = cause.full_key, _given(cause.full_key, argv)
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
             return _unknown_key(key, value, _keys(cause))
-        return f"{key}={value}: {str(cause.msg).splitlines()[0]}"  # msg's other lines repeat the key
+        said = str(cause.msg).splitlines()[0]  # msg's other lines repeat the key
+        if "Cannot merge DictConfig with ListConfig" in said:  # a list given where the node is a mapping
+            said = f"expected a mapping, not a list: {{name: value, ...}}, or set one entry with +{key}.<name>=..."
+        return f"{key}={value}: {said}"
     return str(error).strip()
 
 
