@@ -95,8 +95,8 @@ def _check(run_dir: Path, resume: str | None, restart: bool) -> RunDirTaken | bo
         return True
     return RunDirTaken(
         f"run_dir: {shown(run_dir)} holds the checkpoints of an earlier run ({_earlier_run(run_dir)}); continue it "
-        "with trainer.resume=auto, start it over with trainer.restart=true (deletes its checkpoints and TensorBoard "
-        "events), or give this run its own hydra.run.dir"
+        "with trainer.resume=auto, start it over with trainer.restart=true (deletes what it wrote: checkpoints, "
+        "TensorBoard events, predictions, metrics), or give this run its own hydra.run.dir"
     )
 
 
