@@ -533,20 +533,23 @@ def test_a_hook_that_swallows_the_interrupt_is_abandoned_at_sigterm(tmp_path):
 # -- SIGINT at odd moments (round four: c119b, c121, c122b)
 
 
-def test_ctrl_c_twice_while_a_checkpoint_is_written_leaves_it_whole(tmp_path, monkeypatch):
-    """The second Ctrl-C (which interrupts at once) arrives inside torch.save: it waits for the
-    file to be whole, then interrupts."""
+@pytest.mark.parametrize("where", ["torch.save", "gathering the state"])
+def test_ctrl_c_twice_while_a_checkpoint_is_written_leaves_it_whole(tmp_path, monkeypatch, where):
+    """The second Ctrl-C (which interrupts at once) arrives inside torch.save, or while the
+    checkpoint's state is gathered: it waits for the file to be whole, then interrupts."""
+    import saturate.parts.checkpoint as checkpoint
     from tests.hostile.test_bad_input import Samples, fit, mlp, windows
 
-    real = torch.save
+    module, name = (torch, "save") if where == "torch.save" else (checkpoint, "rng_state")
+    real = getattr(module, name)
 
-    def interrupted_save(obj, f, *args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C twice while the checkpoint is being written
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C twice while the checkpoint is being made
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.05)
-        return real(obj, f, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(torch, "save", interrupted_save)
+    monkeypatch.setattr(module, name, interrupted)
     with pytest.raises(KeyboardInterrupt):
         fit(mlp(), Samples(64, windows), Samples(32, windows), task="regression", run_dir=tmp_path)
     monkeypatch.undo()

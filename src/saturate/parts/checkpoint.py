@@ -322,9 +322,13 @@ class Checkpointer:
 
     def save(self, state: Any, metrics: dict[str, float], run: Any = None) -> float:
         """Save last.pt (and best.pt / a top-k file when `metrics` improve on them); return
-        the seconds it took."""
+        the seconds it took. Stop signals wait for the whole save (gathering the state too)."""
         if not self.enabled:
             return 0.0
+        with signals_held():
+            return self._save(state, metrics, run)
+
+    def _save(self, state: Any, metrics: dict[str, float], run: Any) -> float:
         start = time.perf_counter()
         checkpoint = self.state_dict(state, metrics, run)
         bad = non_finite(checkpoint["model"]) + non_finite(checkpoint.get("train_model", {}))
