@@ -15,7 +15,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from saturate.observe.sweep import common_overrides, markdown, plot, read_jobs, rows, write_csv
+from saturate.observe.sweep import (
+    Refused,
+    cell,
+    common_overrides,
+    markdown,
+    plot,
+    read_jobs,
+    rows,
+    shown,
+    write_atomic,
+    write_csv,
+)
 
 
 def main() -> int:
@@ -25,18 +36,23 @@ def main() -> int:
     if not args.sweep_dir.is_dir():
         print(f"sweep_report: {args.sweep_dir} is not a directory", file=sys.stderr)
         return 2
-    jobs = read_jobs(args.sweep_dir)
+    problems: list[str] = []
+    jobs = read_jobs(args.sweep_dir, problems)
+    for problem in problems:
+        print(f"sweep_report: {problem}", file=sys.stderr)
     if not jobs:
         print(f"sweep_report: no job directories (0/, 1/, ...) in {args.sweep_dir}", file=sys.stderr)
         return 2
 
     header, table = rows(jobs)
-    common = " ".join(f"{k}={v}" for k, v in common_overrides(jobs).items()) or "-"
+    common = cell(" ".join(f"{k}={v}" for k, v in common_overrides(jobs).items()) or "-")
     failed = [j for j in jobs if j.status != "completed"]
-    why = "; ".join(f"job {j.number} ({j.status}: {j.metrics.get('error', 'no metrics.json')})" for j in failed)
+    why = "; ".join(
+        f"job {j.number} ({cell(j.status)}: {cell(j.metrics.get('error', 'no metrics.json'))})" for j in failed
+    )
     text = "\n".join(
         [
-            f"# Sweep {args.sweep_dir}",
+            f"# Sweep {shown(args.sweep_dir)}",
             "",
             f"{len(jobs)} jobs, {len(jobs) - len(failed)} completed; common overrides: {common}",
             "",
@@ -49,14 +65,26 @@ def main() -> int:
         ]
     )
     print(text)
-    (args.sweep_dir / "sweep.md").write_text(text)
-    write_csv(args.sweep_dir / "sweep.csv", jobs)
+    refused: list[str] = []
+    written = []
+    for name, write in (
+        ("sweep.md", lambda path: write_atomic(path, text.encode())),
+        ("sweep.csv", lambda path: write_csv(path, jobs)),
+    ):
+        try:
+            write(args.sweep_dir / name)
+            written.append(name)
+        except Refused as e:
+            refused.append(str(e))
     try:
-        written = plot(jobs, args.sweep_dir)
-        print("wrote sweep.md, sweep.csv" + "".join(f", {p.name}" for p in written) + f" in {args.sweep_dir}")
+        written += [p.name for p in plot(jobs, args.sweep_dir, refused)]
+        plots = ""
     except ImportError:
-        print("wrote sweep.md and sweep.csv; no plots: matplotlib is not installed (pip install -e '.[report]')")
-    return 0
+        plots = "; no plots: matplotlib is not installed (pip install -e '.[report]')"
+    for problem in refused:
+        print(f"sweep_report: {problem}", file=sys.stderr)
+    print(f"wrote {', '.join(written) or 'nothing'} in {shown(args.sweep_dir)}{plots}")
+    return 1 if refused else 0
 
 
 if __name__ == "__main__":

@@ -114,6 +114,11 @@ COMPOSE_ERRORS = [
     ),
     (["lr=0.1"], "lr=0.1: no such key; the top-level keys are device, precision, loader,"),
     (["loader.batch_size=[1"], "loader.batch_size=[1: no viable alternative at input '[1'"),
+    (  # red team round 4, c67
+        ["task.metrics=[{_target_: torchmetrics.classification.MulticlassF1Score, num_classes: 10}]"],
+        "task.metrics=[{_target_: torchmetrics.classification.MulticlassF1Score, num_classes: 10}]: expected a "
+        "mapping, not a list",
+    ),
 ]
 
 

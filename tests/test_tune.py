@@ -162,6 +162,20 @@ def test_bad_tune_settings_are_named():
         assert expected in text
 
 
+def test_a_tune_extra_a_trial_would_not_take_is_named():
+    """Unknown keys and where a run starts are refused before any trial (c95, c99)."""
+    extra = (
+        'tune.extra=["bogus.key=1","hydra.run.dir=/tmp/x trainer.restart=true","+model.extra=2 loader.num_workers=1"]'
+    )
+    cfg = compose_config([extra])
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, presets=tuple(PRESETS))
+    text = str(e.value)
+    assert "tune.extra[0]='bogus.key=1': expected overrides of keys the config has (bogus.key is not one" in text
+    assert "tune.extra[1]='hydra.run.dir=/tmp/x trainer.restart=true': expected overrides of what a trial" in text
+    assert "tune.extra[2]" not in text
+
+
 def _composed(overrides: list[str], searchpath: Path | None = None) -> dict:
     extra = [f"hydra.searchpath=[file://{searchpath}]"] if searchpath else []
     with initialize_config_dir(str(CONF), version_base="1.3"):

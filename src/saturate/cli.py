@@ -45,9 +45,20 @@ def run(main: Callable[[], object]) -> None:
     _answering = True
     try:
         main()
+    except KeyboardInterrupt:  # Ctrl-C before the run's own handler (importing torch), or a second one
+        print(
+            "interrupted (Ctrl-C): stopped at once, without a final save (one Ctrl-C during training saves last.pt "
+            "at the next step and stops)",
+            file=sys.stderr,
+        )
+        sys.exit(130)
     except CompactHydraException as e:  # UserError, composition and override errors
         sys.exit(f"error: {describe(e, sys.argv[1:])}")
-    except OSError as e:  # Hydra creating the run dir on a read-only or full disk, before saturate runs
+    except (OSError, ValueError) as e:  # Hydra creating the run dir or its log on a read-only or full disk
+        if isinstance(e, ValueError):  # logging's "Unable to configure handler 'file'", from the OSError behind it
+            if not isinstance(e.__cause__, OSError) or "configure handler" not in str(e):
+                raise
+            e = e.__cause__
         if e.errno == errno.ENAMETOOLONG:
             name = shown(str(e.filename or "the run dir"))
             sys.exit(
@@ -62,6 +73,7 @@ def run(main: Callable[[], object]) -> None:
             errno.EDQUOT,
             errno.ENOTDIR,
             errno.EEXIST,
+            errno.EISDIR,
         ):
             raise
         what = shown(e.filename) if e.filename else "the run dir"
@@ -199,7 +211,10 @@ def describe(error: CompactHydraException, argv: list[str]) -> str:
         key, value = cause.full_key, _given(cause.full_key, argv)
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
             return _unknown_key(key, value, _keys(cause))
-        return f"{key}={value}: {str(cause.msg).splitlines()[0]}"  # msg's other lines repeat the key
+        said = str(cause.msg).splitlines()[0]  # msg's other lines repeat the key
+        if "Cannot merge DictConfig with ListConfig" in said:  # a list given where the node is a mapping
+            said = f"expected a mapping, not a list: {{name: value, ...}}, or set one entry with +{key}.<name>=..."
+        return f"{key}={value}: {said}"
     return str(error).strip()
 
 

@@ -383,8 +383,15 @@ class Tuner:
             self.try_dimension(
                 dimension, candidates(dimension, self.best.facts, allow=list(self.tune.allow), cuda=self.cuda)
             )
-        for text in self.tune.extra:
+        for i, text in enumerate(self.tune.extra):
             if not self.affordable(reserve=2):
+                log.warning(
+                    "tune.extra: %d of %d not tried (%s ...): tune.budget_s=%g ran out first; raise it to try them",
+                    len(self.tune.extra) - i,
+                    len(self.tune.extra),
+                    text,
+                    self.tune.budget_s,
+                )
                 break
             self.try_dimension("extra", [text.split()])
         self.confirm()

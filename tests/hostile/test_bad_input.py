@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torchmetrics
 from hydra.errors import CompactHydraException
 
 import saturate
 from saturate.errors import DataError
+from saturate.tasks.classification import Classification
+from saturate.tasks.regression import Regression
 from scripts.make_image_folder import write_digits
 from tests.conftest import ROOT, TINY, compose_config, read_metrics, run_cli
 
@@ -75,8 +79,59 @@ def run_dir_under_a_file(tmp: Path) -> list[str]:
     return [f"run_dir={tmp / 'afile' / 'run'}"]
 
 
+class HalfHeight(torch.nn.Module):
+    """A user's augmentation that changes the image size (c79, c84)."""
+
+    def forward(self, x):
+        return x[:, :, : x.shape[2] // 2]
+
+
+class ToLong(torch.nn.Module):
+    """... that changes the dtype (c80)."""
+
+    def forward(self, x):
+        return (x * 255).long()
+
+
+class Poisons(torch.nn.Module):
+    """... that produces NaN (c83)."""
+
+    def forward(self, x):
+        return x * float("nan")
+
+
+def transform(name: str, placement: str = "gpu") -> list[str]:
+    target = f"tests.hostile.test_bad_input.{name}"
+    return [
+        "augmentation=kornia",
+        f"augmentation.placement={placement}",
+        f"augmentation.transforms=[{{_target_: {target}}}]",
+    ]
+
+
 # (name, overrides or a function of tmp_path giving them, what the message must say)
 BAD_INPUTS = [
+    (
+        "an augmentation that changes the image size, on the device",
+        transform("HalfHeight"),
+        "augmentation.transforms[0]: HalfHeight turns images (2, 1, 8, 8) into (2, 1, 4, 8); a transform must keep "
+        "their size",
+    ),
+    (
+        "an augmentation that changes the image size, in the workers",
+        transform("HalfHeight", "cpu"),
+        "augmentation.transforms[0]: HalfHeight turns images (2, 1, 8, 8) into (2, 1, 4, 8)",
+    ),
+    (
+        "an augmentation that changes the dtype",
+        transform("ToLong"),
+        "augmentation.transforms[0]: ToLong turns float32 images into int64; a transform must return floats in [0, 1]",
+    ),
+    (
+        "an augmentation that makes NaN",
+        transform("Poisons"),
+        "augmentation.transforms[0]: Poisons turns finite images into NaN or inf",
+    ),
     ("negative seed", ["trainer.seed=-1"], "trainer.seed=-1: expected an integer in [0, 4294967295]"),
     (
         "seed above 2**32 - 1",
@@ -202,6 +257,32 @@ BAD_INPUTS = [
         "resident loader with per-sample augmentation",
         ["loader=resident", "augmentation=cpu"],
         "augmentation.placement='cpu'",
+    ),
+    (
+        "early stopping against its metric's direction",
+        [
+            "callbacks=[early_stopping]",
+            "callbacks.early_stopping.monitor=val/loss",
+            "callbacks.early_stopping.mode=max",
+        ],
+        "callbacks.early_stopping.mode='max': expected min or auto for callbacks.early_stopping.monitor=val/loss "
+        "(lower is better)",
+    ),
+    (
+        "plateau against its metric's direction",
+        ["callbacks=[plateau]", "callbacks.plateau.monitor=val/acc", "callbacks.plateau.mode=min"],
+        "callbacks.plateau.mode='min': expected max or auto for callbacks.plateau.monitor=val/acc (higher is better)",
+    ),
+    (
+        "the monitored metric removed",
+        ["+task.metrics.acc=null"],
+        "checkpoint.monitor='val/acc': expected a metric the run logs (train/loss, val/loss): "
+        "task.metrics.acc=null removed it",
+    ),
+    (
+        "predictions of a test split the data lacks",
+        ["trainer.predict=test"],
+        "trainer.predict='test': expected val: the data has no test split",
     ),
     (
         "unknown monitored metric",
@@ -466,8 +547,79 @@ def frozen():
     return model
 
 
+class Backwards(Regression):
+    """A task whose better() gives no direction (c37): best.pt would be the worst."""
+
+    def better(self, name: str) -> str:
+        return "higher" if name == "mae" else super().better(name)
+
+
+class MainMissing(Regression):
+    """A task whose main metric is not among its metrics (c38)."""
+
+    main = "nonexistent"
+
+
+class Threes(Regression):
+    """A task whose forward returns three things (c35)."""
+
+    def forward(self, model, batch):
+        loss, outputs = super().forward(model, batch)
+        return loss, outputs, "extra"
+
+
+class Narrow(Classification):
+    """A task whose outputs do not fit its own metrics (c39): one column for 3 classes."""
+
+    def own_metrics(self):
+        return {"acc": torchmetrics.classification.MulticlassAccuracy(self.num_classes)}  # validating its arguments
+
+    def forward(self, model, batch):
+        loss, outputs = super().forward(model, batch)
+        return loss, outputs[:, :1]
+
+
+class ListedMetrics(Regression):
+    """A task whose metrics() is a list (c36)."""
+
+    def metrics(self):
+        return list(super().metrics().values())
+
+
 # (name, a function of the run dir that makes the mistake, what the message must say)
 HOSTILE = [
+    (
+        "a task whose better() is neither max nor min",
+        lambda d: fit(mlp(), Samples(64, windows), Samples(32, windows), task=Backwards(num_outputs=1), run_dir=d),
+        "task: Backwards.better('mae') returned 'higher'; expected 'max' or 'min' (which way mae improves)",
+    ),
+    (
+        "a task whose main metric it does not log",
+        lambda d: fit(mlp(), Samples(64, windows), Samples(32, windows), task=MainMissing(num_outputs=1), run_dir=d),
+        "task: MainMissing's main metric 'nonexistent' is not among its metrics (mae, rmse, r2)",
+    ),
+    (
+        "a task whose forward returns three things",
+        lambda d: fit(mlp(), Samples(64, windows), Samples(32, windows), task=Threes(num_outputs=1), run_dir=d),
+        "task: Threes.forward() returns a tuple of 3; expected (loss, outputs)",
+    ),
+    (
+        "a task whose outputs its metrics cannot take",
+        lambda d: fit(
+            mlp(3),
+            Samples(64, lambda i: (windows(i)[0], i % 3), classes=["a", "b", "c"]),
+            Samples(32, lambda i: (windows(i)[0], i % 3), classes=["a", "b", "c"]),
+            task=Narrow(num_classes=3),
+            run_dir=d,
+        ),
+        "task: Narrow's metrics cannot take its outputs (float32 (2, 1) for targets int64 (2,)): "
+        "acc (MulticlassAccuracy) raised ValueError",
+    ),
+    (
+        "a task whose metrics() is a list",
+        lambda d: fit(mlp(), Samples(64, windows), Samples(32, windows), task=ListedMetrics(num_outputs=1), run_dir=d),
+        "task: ListedMetrics.metrics() returned a list; expected a dict {name: torchmetrics metric}",
+    ),
     (
         "validation targets of another shape",
         lambda d: fit(
@@ -765,6 +917,69 @@ HOSTILE_CASES = {
         "hostile/test_bad_input.py::test_a_file_name_that_is_not_utf8_is_logged_escaped",
         "hostile/test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",  # NaN targets, model.width=abc
     ],
+    # round four (issue 36): the new surface under hostile input (../shared/redteam-round4, case ids c01..c137)
+    "r4 a report script writes where the data tells it; malformed run files (c127-c130, c132)": [
+        "hostile/test_never_lose_a_run.py::test_a_report_never_writes_through_a_symlink_nor_copies_lines_from_a_run",
+        "hostile/test_never_lose_a_run.py::test_a_report_does_not_follow_a_job_dir_or_file_out_of_the_sweep",
+        "hostile/test_bad_input.py::test_a_malformed_file_in_a_sweep_is_one_line_naming_it",
+    ],
+    "r4 trainer.restart deletes before the config is checked, and leaves the old run's outputs (c100, c101)": [
+        "hostile/test_never_lose_a_run.py::test_trainer_restart_with_a_mistake_deletes_nothing",
+        "hostile/test_never_lose_a_run.py::test_trainer_restart_deletes_everything_of_the_earlier_run_and_lists_it",
+    ],
+    "r4 a user's hook that exits, interrupts or swallows the interrupt (c04, c05, c07, c124)": [
+        "hostile/test_never_lose_a_run.py::test_a_hook_that_exits_is_the_hooks_failure_saved_and_recorded",
+        "hostile/test_never_lose_a_run.py::test_a_sweep_whose_hook_exits_fails_that_job_runs_the_others_and_says_so",
+        "hostile/test_never_lose_a_run.py::test_a_hook_that_swallows_the_interrupt_is_abandoned_at_sigterm",
+    ],
+    "r4 a direction that contradicts itself; a task's metrics that cannot be monitored (c26, c36-c38, c72b)": [
+        "hostile/test_bad_input.py::test_bad_input_is_one_short_message",  # early stopping, plateau, acc=null
+        "hostile/test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",  # better(), metrics(), main
+    ],
+    "r4 sequences that cannot train (c44-c47, c49)": [
+        "hostile/test_bad_input.py::test_a_ctc_target_that_cannot_train_is_named_at_start_up",
+        "hostile/test_bad_input.py::test_per_step_targets_of_another_length_than_the_outputs_blame_the_data",
+    ],
+    "r4 outputs that do not match (c40, c64, c68, c69)": [
+        "hostile/test_bad_input.py::test_predictions_that_do_not_match_the_samples_are_refused_and_the_run_kept",
+        "hostile/test_bad_input.py::test_bad_input_is_one_short_message",  # trainer.predict=test without a test split
+        "hostile/test_bad_input.py::test_a_metric_whose_compute_raises_is_named_and_the_step_saved",
+        "hostile/test_bad_input.py::test_a_monitored_metric_that_is_nan_says_why_there_is_no_best_pt",
+    ],
+    "r4 the user's augmentation changes the size, the dtype or makes NaN (c79, c80, c83, c84)": [
+        "hostile/test_bad_input.py::test_bad_input_is_one_short_message",  # on the device and in the workers
+    ],
+    "r4 callback state that cannot be saved or loaded safely (c09-c12)": [
+        "hostile/test_bad_input.py::test_callback_state_that_cannot_round_trip_is_refused_before_training",
+    ],
+    "r4 SIGINT at odd moments; a log that cannot open; a late failure (c02, c111, c112, c119b, c121, c122b)": [
+        "hostile/test_never_lose_a_run.py::test_ctrl_c_twice_while_a_checkpoint_is_written_leaves_it_whole",
+        "hostile/test_never_lose_a_run.py::test_ctrl_c_twice_during_an_evaluation_is_recorded_not_a_hooks_failure",
+        "hostile/test_never_lose_a_run.py::test_an_interrupt_the_run_did_not_catch_is_one_line_and_exit_130",
+        "hostile/test_bad_input.py::test_a_log_file_hydra_cannot_open_is_one_line",
+        "hostile/test_never_lose_a_run.py::test_a_resume_that_trained_and_then_failed_records_its_failure",
+        "hostile/test_never_lose_a_run.py::test_a_hook_failing_after_the_run_completed_says_so",
+    ],
+    "r4 a task's forward that does not return (loss, outputs), outputs its metrics cannot take (c35, c39)": [
+        "hostile/test_bad_input.py::test_a_mistake_is_found_at_start_up_in_one_message",
+    ],
+    "r4 the self-test's --checks as a path; tune.extra a trial would not take (c89, c95, c99)": [
+        "selftest/test_selftest.py::test_checks_given_as_a_file_path_are_imported_and_a_broken_one_is_one_line",
+        "test_tune.py::test_a_tune_extra_a_trial_would_not_take_is_named",
+        "selftest/test_selftest.py::test_checks_that_misbehave_with_the_os_leave_a_table_and_no_process",  # c91b
+    ],
+    "r4 a callback's request out of range (c19, c20)": [
+        "hostile/test_bad_input.py::test_a_callbacks_request_out_of_range_is_its_failure",
+    ],
+    "r4 a sample entry the default collate cannot batch (c58)": [
+        "hostile/test_bad_input.py::test_a_sample_entry_the_default_collate_cannot_batch_is_named",
+    ],
+    "r4 hooks that change the metrics they are given (c08)": [
+        "hostile/test_never_lose_a_run.py::test_a_hook_that_changes_its_metrics_changes_nothing_recorded",
+    ],
+    "r4 a list where the config has a mapping (c67)": [
+        "test_cli.py::test_compose_errors_are_one_line_naming_key_value_and_what_is_allowed",
+    ],
 }
 
 
@@ -778,3 +993,313 @@ def test_every_hostile_case_names_tests_that_exist():
             assert callable(
                 getattr(importlib.import_module("tests." + module.removesuffix(".py").replace("/", ".")), name, None)
             ), f"{item}: {test}"
+
+
+# -- round four (issue 36): files the report scripts read, malformed
+
+
+def deep(path: Path) -> None:
+    path.write_text("[" * 200_000 + "]" * 200_000)
+
+
+MALFORMED = [
+    ("metrics.json", lambda p: p.write_text("[1, 2, 3]"), "not a JSON object"),
+    ("metrics.json", deep, "not valid JSON (nested too deep)"),
+    ("metrics.json", lambda p: p.write_bytes(b"\xff\xfe\x00bad"), "not valid JSON (not UTF-8)"),
+    ("metrics.json", lambda p: p.write_text('{"status": "completed", "perf/samples_per_s": "fast"}'), None),
+    ("metrics.json", lambda p: p.write_text('{"status": 3, "monitor": 7, "error": ["x"]}'), None),
+    (".hydra/overrides.yaml", lambda p: p.write_text("{a: [unclosed"), "not a YAML list of overrides"),
+    (".hydra/overrides.yaml", lambda p: p.write_text("a: 1"), "not a YAML list of overrides"),
+    (".hydra/overrides.yaml", lambda p: p.write_bytes(b"- \xff\xfe"), "not a YAML list of overrides"),
+]
+
+
+@pytest.mark.parametrize(("name", "spoil", "says"), MALFORMED, ids=[f"{m[0]}-{i}" for i, m in enumerate(MALFORMED)])
+def test_a_malformed_file_in_a_sweep_is_one_line_naming_it(tmp_path, name, spoil, says):
+    from tests.hostile.test_never_lose_a_run import a_sweep, sweep_report
+
+    sweep = a_sweep(tmp_path / "sweep")
+    path = next(sweep.glob("0_*")) / name
+    spoil(path)
+    done = sweep_report(sweep)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    if says:
+        assert f"sweep_report: passing over {path}: {says}" in done.stderr
+        assert len([line for line in done.stderr.splitlines() if line]) == 1
+    assert "3 jobs" in (sweep / "sweep.md").read_text()
+
+
+# -- sequences that cannot train (round four: c44-c47, c49)
+
+
+class Clips(torch.utils.data.Dataset):
+    """Clips of 6 features; `make(i, g)` -> (frames, labels) for sample i."""
+
+    num_classes = 5  # CTC: labels 1..4 and the blank
+
+    def __init__(self, n: int, make):
+        g = torch.Generator().manual_seed(n)
+        self.items = []
+        for i in range(n):
+            frames, labels = make(i, g)
+            self.items.append({"input": torch.randn(frames, 6, generator=g), "target": labels})
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+class PerFrame(torch.nn.Module):
+    def __init__(self, num_classes: int = 5):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, num_classes)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def labels(n: int, g, low: int = 1, high: int = 5):
+    return torch.randint(low, high, (n,), generator=g)
+
+
+def clips(kind: str):
+    """A CTC data set of 64 clips (8 to 15 frames, 1 to 3 labels in 1..4), spoiled by `kind`."""
+
+    def make(i, g):
+        frames, count = 8 + i % 8, 1 + i % 3
+        if kind == "long targets":
+            frames, count = 3, 12
+        if kind == "zero frames" and i % 5 == 0:
+            frames = 0
+        target = labels(count, g)
+        if kind == "blank" and i % 4 == 1:
+            target[0] = 0
+        if kind == "over" and i % 4 == 1:
+            target[0] = 8
+        if kind == "repeats" and i % 4 == 0:
+            frames, target = 3, torch.tensor([2, 2, 2])  # three frames cannot hold 2, 2, 2: a blank goes between
+        if kind == "per_step short":
+            target = labels(max(1, frames - 3), g, 0)
+        return frames, target
+
+    return Clips(64, make)
+
+
+def seq_fit(kind: str, d: Path, mode: str = "ctc"):
+    from saturate.data import pad_collate
+
+    overrides = [*TINY, "loader.batch_size=8", f"task.mode={mode}"]
+    data = clips(kind)
+    return fit(PerFrame(), data, data, task="sequence", collate=pad_collate, overrides=overrides, run_dir=d)
+
+
+SEQUENCES = [
+    ("long targets", r"data: sample \d+ of a batch has 3 output frames for 12 labels; CTC needs at least one frame"),
+    ("zero frames", r"data: sample \d+ of a batch has 0 output frames for [1-3] labels; CTC needs at least one frame"),
+    ("repeats", r"data: sample \d+ of a batch has 3 output frames for 3 labels \(2 of them repeats"),
+    ("blank", r"data: a CTC target holds label 0, the blank; labels are 1 to 4 \(task.num_classes=5 counts the blank"),
+    ("over", r"data: a CTC target holds label 8; labels are 1 to 4 \(task.num_classes=5 counts the blank"),
+]
+
+
+@pytest.mark.parametrize(("kind", "says"), SEQUENCES, ids=[s[0] for s in SEQUENCES])
+def test_a_ctc_target_that_cannot_train_is_named_at_start_up(tmp_path, kind, says):
+    with pytest.raises(DataError) as err:
+        seq_fit(kind, tmp_path)
+    assert re.search(says, str(err.value)), err.value
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
+    assert not (tmp_path / "checkpoints" / "last.pt").exists()  # found before the first step
+
+
+def test_per_step_targets_of_another_length_than_the_outputs_blame_the_data(tmp_path):
+    says = r"data: per_step targets have \d+ steps, the model's outputs \d+; task.mode=per_step"
+    with pytest.raises(DataError, match=says):
+        seq_fit("per_step short", tmp_path, mode="per_step")
+
+
+# -- outputs that do not match (round four: c40, c64, c68, c69)
+
+
+class Rows(Regression):
+    """A task whose predictions() keep one row of each batch (c40), or are not a dict."""
+
+    def __init__(self, *, listed: bool = False):
+        super().__init__(num_outputs=1)
+        self.listed = listed
+
+    def predictions(self, outputs, batch):
+        return [outputs] if self.listed else {"output": outputs[:1]}
+
+
+class Exploding(torchmetrics.MeanMetric):
+    """A user's metric whose compute() raises (c68), or is always NaN (c69)."""
+
+    def __init__(self, nan: bool = False):
+        super().__init__()
+        self.nan = nan
+
+    def compute(self):
+        if self.nan:
+            return torch.tensor(float("nan"))
+        raise ValueError("metric compute exploded")
+
+
+class WithMetric(Regression):
+    def __init__(self, metric):
+        super().__init__(num_outputs=1)
+        self.metric = metric
+
+    def own_metrics(self):
+        return {**super().own_metrics(), "boom": self.metric.clone()}
+
+
+@pytest.mark.parametrize(
+    ("listed", "says"),
+    [
+        (False, "task: Rows.predictions() gave 'output' with 1 row(s) for a batch of 32; expected one per sample"),
+        (True, "task: Rows.predictions() returned a list; expected a dict {name: tensor with one row per sample}"),
+    ],
+    ids=["rows dropped", "a list"],
+)
+def test_predictions_that_do_not_match_the_samples_are_refused_and_the_run_kept(tmp_path, listed, says):
+    overrides = [*TINY, "trainer.predict=val"]
+    with pytest.raises(saturate.errors.UserError) as err:
+        fit(
+            mlp(),
+            Samples(64, windows),
+            Samples(64, windows),
+            task=Rows(listed=listed),
+            overrides=overrides,
+            run_dir=tmp_path,
+        )
+    assert says in str(err.value), err.value
+    assert not (tmp_path / "predictions" / "val.npz").exists()
+    assert (tmp_path / "checkpoints" / "best.pt").is_file() and read_metrics(tmp_path)["status"] == "failed"
+
+
+def test_a_metric_whose_compute_raises_is_named_and_the_step_saved(tmp_path):
+    with pytest.raises(saturate.errors.UserError) as err:
+        fit(mlp(), Samples(64, windows), Samples(64, windows), task=WithMetric(Exploding()), run_dir=tmp_path)
+    assert "task: metric boom (Exploding) raised ValueError in compute(): metric compute exploded" in str(err.value)
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 2
+    assert read_metrics(tmp_path)["status"] == "failed"
+
+
+def test_a_monitored_metric_that_is_nan_says_why_there_is_no_best_pt(tmp_path, caplog):
+    overrides = [*TINY, "checkpoint.monitor=val/boom"]
+    fit(
+        mlp(),
+        Samples(64, windows),
+        Samples(64, windows),
+        task=WithMetric(Exploding(nan=True)),
+        overrides=overrides,
+        run_dir=tmp_path,
+    )
+    assert "checkpoint.monitor: val/boom is nan at step 2; no best.pt from this evaluation" in caplog.text
+    assert not (tmp_path / "checkpoints" / "best.pt").exists() and read_metrics(tmp_path)["best"]["value"] is None
+
+
+# -- callback state that cannot be saved (round four: c09-c12)
+
+
+class Kept:
+    """A callback whose state_dict() holds `kind` of thing."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def on_eval_end(self, run, metrics):
+        pass
+
+    def state_dict(self):
+        if self.kind == "raises":
+            raise RuntimeError("state_dict exploded")
+        return {"lambda": {"f": lambda x: x}, "file": {"fh": sys.stdout}, "object": {"obj": Kept("object")}}[self.kind]
+
+    def load_state_dict(self, state):
+        pass
+
+
+STATES = [
+    (
+        "lambda",
+        "callbacks: kept.state_dict() cannot be saved in a checkpoint (AttributeError: Can't pickle local object",
+    ),
+    ("file", "callbacks: kept.state_dict() cannot be saved in a checkpoint (TypeError: cannot pickle"),
+    ("raises", "callbacks: kept.state_dict() raised RuntimeError: state_dict exploded"),
+    (
+        "object",
+        "callbacks: kept.state_dict() holds what a checkpoint cannot load safely (torch.load(weights_only=True)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "says"), STATES, ids=[s[0] for s in STATES])
+def test_callback_state_that_cannot_round_trip_is_refused_before_training(tmp_path, kind, says):
+    with pytest.raises(saturate.errors.UserError) as err:
+        fit(
+            mlp(),
+            Samples(64, windows),
+            Samples(32, windows),
+            task="regression",
+            callbacks={"kept": Kept(kind)},
+            run_dir=tmp_path,
+        )
+    assert says in str(err.value), err.value
+    assert "\n" not in str(err.value) and len(str(err.value)) < 600
+    assert not list((tmp_path / "checkpoints").glob("*.pt")) if (tmp_path / "checkpoints").exists() else True
+
+
+def test_a_log_file_hydra_cannot_open_is_one_line(tmp_path):
+    """The run dir's train.log cannot be opened (here a folder stands there; a read-only mount
+    gives the same): one line naming it, not logging's 'Unable to configure handler' (c112)."""
+    (tmp_path / "r" / "train.log").mkdir(parents=True)
+    done = run_cli(*TINY, "hydra.run.dir=r", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"error: cannot write {tmp_path / 'r' / 'train.log'} (Is a directory); run from a writable" in done.stderr
+
+
+# -- a callback's requests out of range (round four: c19, c20)
+
+
+class Requests:
+    def __init__(self, what):
+        self.what = what
+
+    def on_run_start(self, run):
+        if self.what == "lr":
+            run.scale_lr(-1)
+        else:
+            run.eval_model = "not a model"
+
+
+@pytest.mark.parametrize(
+    ("what", "says"),
+    [
+        ("lr", "requests.on_run_start raised ValueError: run.scale_lr(-1): expected a finite factor >= 0"),
+        ("model", "requests.on_run_start raised TypeError: run.eval_model='not a model': expected a torch.nn.Module"),
+    ],
+    ids=["negative lr scale", "eval_model a string"],
+)
+def test_a_callbacks_request_out_of_range_is_its_failure(tmp_path, what, says):
+    from saturate.callbacks import CallbackError
+
+    with pytest.raises(CallbackError) as err:
+        fit(
+            mlp(),
+            Samples(64, windows),
+            Samples(32, windows),
+            task="regression",
+            callbacks={"requests": Requests(what)},
+            run_dir=tmp_path,
+        )
+    assert str(err.value).startswith(says), err.value
+
+
+def test_a_sample_entry_the_default_collate_cannot_batch_is_named(tmp_path):
+    """A dict sample with None beside its input and target (c58)."""
+    data = Samples(64, lambda i: {"input": windows(i)[0], "target": windows(i)[1], "path": None if i % 2 else "/x"})
+    with pytest.raises(DataError, match=r"data: samples do not batch \(the sample's path is a NoneType\)"):
+        fit(mlp(), data, data, task="regression", run_dir=tmp_path)

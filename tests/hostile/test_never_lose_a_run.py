@@ -3,6 +3,7 @@ buffer alone, no checkpoint holds NaN or inf, resume respects the config, no han
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -322,3 +323,338 @@ def test_a_frozen_worker_fails_the_run_within_the_timeout_and_saves(tmp_path):
     assert "no batch within loader.timeout_s=5 s" in err and "Traceback" not in err
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     assert last.is_file() and 0 < torch.load(last, weights_only=True)["step"] < 16
+
+
+# -- round four (issue 36): the report scripts treat a sweep dir as untrusted
+
+
+def a_sweep(root: Path, jobs: int = 3) -> Path:
+    """A sweep dir as `train.py -m` leaves it: numbered job dirs with `.hydra/overrides.yaml`
+    and `metrics.json`."""
+    for n in range(jobs):
+        job = root / f"{n}_loader.batch_size-{16 << n}"
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(f"- loader.batch_size={16 << n}\n- trainer.max_epochs=1\n")
+        metrics = {"status": "completed", "perf/samples_per_s": 100.0 * (n + 1), "perf/data_wait_frac": 0.1}
+        (job / "metrics.json").write_text(json.dumps({**metrics, "batch_size": 16 << n, "val/acc": 0.5}))
+    return root
+
+
+def sweep_report(directory: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sweep_report.py"), str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_report_never_writes_through_a_symlink_nor_copies_lines_from_a_run(tmp_path):
+    """A planted sweep.md -> a file outside: the file outside stays as it was, the link is
+    refused by name; a job's error text with newlines stays one table cell."""
+    sweep = a_sweep(tmp_path / "sweep")
+    victim = tmp_path / "victim.sh"
+    victim.write_text("original\n")
+    (sweep / "sweep.md").symlink_to(victim)
+    (sweep / "sweep.csv").symlink_to(tmp_path / "elsewhere.csv")
+    job = next(sweep.glob("1_*"))
+    (job / "metrics.json").write_text(json.dumps({"status": "failed", "error": "x\ntouch /tmp/pwned\n| a | b |"}))
+    done = sweep_report(sweep)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert victim.read_text() == "original\n" and not (tmp_path / "elsewhere.csv").exists()
+    assert f"sweep_report: refusing to write {sweep / 'sweep.md'}: it is a symbolic link" in done.stderr
+    assert f"sweep_report: refusing to write {sweep / 'sweep.csv'}: it is a symbolic link" in done.stderr
+    assert not any(line.startswith("touch") for line in done.stdout.splitlines())
+    assert "x\\ntouch /tmp/pwned\\n\\| a \\| b \\|" in done.stdout
+    assert not list(sweep.glob(".*tmp*"))  # no temporary left behind
+
+    (sweep / "sweep.md").unlink()
+    assert sweep_report(sweep).returncode == 1  # sweep.csv still refused ...
+    text = (sweep / "sweep.md").read_text()  # ... but sweep.md written, whole
+    assert not any(line.startswith("touch") for line in text.splitlines()) and "3 jobs, 2 completed" in text
+
+
+def test_a_report_does_not_follow_a_job_dir_or_file_out_of_the_sweep(tmp_path):
+    sweep = a_sweep(tmp_path / "sweep")
+    outside = a_sweep(tmp_path / "outside", jobs=1) / "0_loader.batch_size-16"
+    (sweep / "7_root").symlink_to(outside)
+    job = next(sweep.glob("0_*"))
+    (job / "metrics.json").unlink()
+    (job / "metrics.json").symlink_to(outside / "metrics.json")
+    (next(sweep.glob("2_*")) / "metrics.json").unlink()
+    (next(sweep.glob("2_*")) / "metrics.json").symlink_to("/dev/zero")
+    done = sweep_report(sweep)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert f"sweep_report: passing over {sweep / '7_root'}: a symbolic link" in done.stderr
+    assert f"sweep_report: passing over {job / 'metrics.json'}: a symbolic link" in done.stderr
+    assert "3 jobs, 1 completed" in (sweep / "sweep.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "mistake",
+    ["model.width=-3", "optim.optimizer.lr=-1"],  # found building the model; building the optimizer
+)
+def test_trainer_restart_with_a_mistake_deletes_nothing(make_cfg, mistake):
+    from tests.parts.test_rundir import finished, unchanged
+
+    run_dir, saved = finished(make_cfg)
+    with pytest.raises(saturate.errors.UserError):
+        saturate.train(make_cfg(f"run_dir={run_dir}", "trainer.restart=true", mistake))
+    assert unchanged(run_dir, saved) and read_metrics(run_dir)["status"] == "completed"
+    assert len(list((run_dir / "tb").glob("events.out.tfevents.*"))) == 1
+
+
+def test_trainer_restart_deletes_everything_of_the_earlier_run_and_lists_it(make_cfg, caplog):
+    cfg = make_cfg("trainer.predict=val")
+    saturate.train(cfg)
+    run_dir = Path(cfg.run_dir)
+    (run_dir / "checkpoints" / "my_notes.txt").write_text("mine")
+    earlier_events = set((run_dir / "tb").glob("events.out.tfevents.*"))  # its scalars and HParams session
+    assert (run_dir / "predictions" / "val.npz").is_file() and len(earlier_events) == 1
+    with caplog.at_level(logging.WARNING, logger="saturate"):
+        saturate.train(make_cfg(f"run_dir={run_dir}", "trainer.restart=true", "data.val_fraction=0.5"))
+    assert not (run_dir / "predictions").exists()  # the earlier run's predictions of another split
+    events = set((run_dir / "tb").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and not events & earlier_events  # this run's events (and session) only
+    assert (run_dir / "checkpoints" / "my_notes.txt").read_text() == "mine"  # not saturate's: kept
+    (said,) = [r.getMessage() for r in caplog.records if "trainer.restart=true: deleted" in r.getMessage()]
+    first_events = next(iter(earlier_events)).relative_to(run_dir)
+    for name in ("checkpoints/last.pt", "checkpoints/best.pt", "predictions/val.npz", "metrics.json", "report.md"):
+        assert name in said, said
+    assert str(first_events) in said
+
+
+# -- a user's hook that exits, interrupts or will not return (round four: c04, c05, c07, c124)
+
+
+class Leaves:
+    """A hook that ends the process its own way: sys.exit, a KeyboardInterrupt no signal sent,
+    a GeneratorExit."""
+
+    def __init__(self, hook: str, error: BaseException):
+        self.error = error
+        setattr(self, hook, self.leave)
+
+    def leave(self, run, *args):
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("hook", "error", "says"),
+    [
+        ("on_eval_end", SystemExit(0), "Leaves.on_eval_end raised SystemExit (exit status 0)"),
+        ("on_train_batch_end", KeyboardInterrupt(), "Leaves.on_train_batch_end raised KeyboardInterrupt"),
+        ("on_log", GeneratorExit("closed"), "Leaves.on_log raised GeneratorExit: closed"),
+    ],
+    ids=["SystemExit", "KeyboardInterrupt", "GeneratorExit"],
+)
+def test_a_hook_that_exits_is_the_hooks_failure_saved_and_recorded(tmp_path, hook, error, says):
+    from saturate.callbacks import CallbackError
+    from tests.hostile.test_bad_input import Samples, fit, mlp, windows
+
+    with pytest.raises(CallbackError) as failed:
+        data = Samples(64, windows)
+        fit(mlp(), data, data, task="regression", callbacks={"Leaves": Leaves(hook, error)}, run_dir=tmp_path)
+    assert str(failed.value).startswith(says), failed.value
+    assert "a hook may not end the run" in str(failed.value)
+    assert read_metrics(tmp_path)["status"] == "failed" and (tmp_path / "checkpoints" / "last.pt").is_file()
+
+
+LEAVING = """
+import sys, time
+
+class Raise:
+    def __init__(self, exc="ValueError"):
+        self.exc = exc
+
+    def on_eval_end(self, run, metrics):
+        if self.exc == "SystemExit":
+            sys.exit(0)
+        raise ValueError("boom")
+
+
+class Swallows:
+    def on_log(self, run, metrics, step):
+        import os, signal
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            while True:
+                try:
+                    time.sleep(0.2)
+                except BaseException:
+                    pass
+"""
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_hook_exits_fails_that_job_runs_the_others_and_says_so(tmp_path):
+    (tmp_path / "leaving.py").write_text(LEAVING)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "-m",
+            *TINY,
+            "+callbacks.bad._target_=leaving.Raise",
+            "+callbacks.bad.exc=SystemExit,ValueError",
+            "hydra.sweep.dir=sweep",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    jobs = sorted((tmp_path / "sweep").glob("[0-9]*"))
+    assert len(jobs) == 2
+    assert [read_metrics(j)["status"] for j in jobs] == ["failed", "failed"]
+    assert "bad.on_eval_end raised SystemExit (exit status 0)" in read_metrics(jobs[0])["error"]
+
+
+@pytest.mark.slow
+def test_a_hook_that_swallows_the_interrupt_is_abandoned_at_sigterm(tmp_path):
+    from saturate.callbacks.dispatch import HANG_S
+
+    (tmp_path / "leaving.py").write_text(LEAVING)
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *TINY, "+callbacks.sw._target_=leaving.Swallows", "hydra.run.dir=r"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert time.monotonic() - start < 2 * HANG_S + 60
+    out = done.stdout + done.stderr
+    assert "sw.on_log did not return within 5 s of the stop signal and swallowed the interrupt: abandoned" in out, out
+    assert torch.load(tmp_path / "r" / "checkpoints" / "last.pt", weights_only=True)["step"] == 2
+    assert read_metrics(tmp_path / "r")["status"] == "preempted"
+
+
+# -- SIGINT at odd moments (round four: c119b, c121, c122b)
+
+
+@pytest.mark.parametrize("where", ["torch.save", "gathering the state"])
+def test_ctrl_c_twice_while_a_checkpoint_is_written_leaves_it_whole(tmp_path, monkeypatch, where):
+    """The second Ctrl-C (which interrupts at once) arrives inside torch.save, or while the
+    checkpoint's state is gathered: it waits for the file to be whole, then interrupts."""
+    import saturate.parts.checkpoint as checkpoint
+    from tests.hostile.test_bad_input import Samples, fit, mlp, windows
+
+    module, name = (torch, "save") if where == "torch.save" else (checkpoint, "rng_state")
+    real = getattr(module, name)
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C twice while the checkpoint is being made
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fit(mlp(), Samples(64, windows), Samples(32, windows), task="regression", run_dir=tmp_path)
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] >= 1
+    assert not list((tmp_path / "checkpoints").glob(".*.tmp"))
+    recorded = read_metrics(tmp_path)
+    assert recorded["status"] == "failed" and "interrupted: a second Ctrl-C" in recorded["error"]
+
+
+class CtrlCTwice:
+    def on_eval_end(self, run, metrics):
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+
+
+def test_ctrl_c_twice_during_an_evaluation_is_recorded_not_a_hooks_failure(tmp_path):
+    from tests.hostile.test_bad_input import Samples, fit, mlp, windows
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(
+            mlp(),
+            Samples(64, windows),
+            Samples(32, windows),
+            task="regression",
+            callbacks=[CtrlCTwice()],
+            run_dir=tmp_path,
+        )
+    recorded = read_metrics(tmp_path)
+    assert recorded["status"] == "failed" and "interrupted: a second Ctrl-C" in recorded["error"]
+
+
+def test_an_interrupt_the_run_did_not_catch_is_one_line_and_exit_130(capsys):
+    """SIGINT while torch is imported (before the run's own handler): no traceback."""
+    from saturate.cli import run
+
+    def main():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exited:
+        run(main)
+    assert exited.value.code == 130
+    err = capsys.readouterr().err
+    assert err.strip().startswith("interrupted (Ctrl-C): stopped at once") and "Traceback" not in err
+
+
+# -- what metrics.json says after a failure that came after training (round four: c02, c111)
+
+
+def test_a_resume_that_trained_and_then_failed_records_its_failure(make_cfg, monkeypatch, caplog):
+    cfg = make_cfg()
+    saturate.train(cfg)  # a finished run: metrics.json says completed
+    real_fsync, calls = os.fsync, []
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) > 2:  # the disk fills up as the resumed run saves
+            raise OSError(28, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(CheckpointError):
+        saturate.train(make_cfg(f"run_dir={cfg.run_dir}", "trainer.resume=auto", "trainer.max_epochs=3"))
+    monkeypatch.undo()
+    recorded = read_metrics(cfg.run_dir)
+    assert recorded["status"] == "failed" and "No space left on device" in recorded["error"]
+    assert "failed before it trained" not in caplog.text
+
+
+def test_a_hook_failing_after_the_run_completed_says_so(tmp_path, caplog):
+    from saturate.callbacks import CallbackError
+    from tests.hostile.test_bad_input import Samples, fit, mlp, windows
+
+    class EndsBadly:
+        def on_run_end(self, run, metrics):
+            raise ValueError("upload refused")
+
+    data = Samples(64, windows)
+    with pytest.raises(CallbackError, match="EndsBadly.on_run_end raised ValueError: upload refused"):
+        fit(mlp(), data, data, task="regression", callbacks=[EndsBadly()], run_dir=tmp_path)
+    recorded = read_metrics(tmp_path)
+    assert recorded["status"] == "failed" and "after the run completed" in recorded["error"]
+    assert "val/loss" in recorded and (tmp_path / "checkpoints" / "best.pt").is_file()
+    assert "failed before it trained" not in caplog.text
+
+
+class Meddles:
+    """Hooks that change the dicts they are given (c08): what the others record stays as measured."""
+
+    def on_eval_end(self, run, metrics):
+        metrics["acc"] = float("nan")
+        metrics.clear()
+
+    def on_log(self, run, metrics, step):
+        metrics.clear()
+
+
+def test_a_hook_that_changes_its_metrics_changes_nothing_recorded(tmp_path):
+    from tests.hostile.test_bad_input import Samples, fit, mlp, windows
+
+    data = Samples(64, windows)
+    metrics = fit(mlp(), data, data, task="regression", callbacks={"meddles": Meddles()}, run_dir=tmp_path)
+    assert np.isfinite(metrics["val/mae"]) and np.isfinite(read_metrics(tmp_path)["val/mae"])
+    assert "val/mae" in events(tmp_path).Tags()["scalars"] and read_metrics(tmp_path)["best"]["value"] is not None

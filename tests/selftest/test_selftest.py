@@ -112,9 +112,10 @@ def test_a_mistake_on_its_command_line_is_one_line(tmp_path, args, message):
     assert done.returncode == 1 and done.stderr.startswith(message) and "Traceback" not in done.stderr
 
 
-def test_the_saturate_command_names_its_one_subcommand():
+def test_the_saturate_command_names_its_subcommands():
     done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "saturate")], capture_output=True, text=True)
-    assert done.returncode == 1 and done.stderr.startswith("usage: saturate selftest")
+    assert done.returncode == 1 and done.stderr.startswith("usage: saturate <command> [--help]")
+    assert all(f"  saturate {command}  " in done.stderr for command in ("selftest", "eval", "export"))
 
 
 @pytest.mark.slow
@@ -198,3 +199,71 @@ def test_the_bundle_installs_offline_on_a_python_with_only_torch_and_runs_the_se
     assert "run-selftest: installing hydra-core==" in done.stdout
     found = rows(tmp_path / "out")
     assert [r["status"] for r in found.values()] == ["PASS", "PASS"]
+
+
+def test_checks_given_as_a_file_path_are_imported_and_a_broken_one_is_one_line(tmp_path):
+    """--checks path/to/file.py imports the file (c89), here and in each check's process; a
+    module that raises at import, or is not there, is one line."""
+    mine = tmp_path / "my_checks.py"
+    mine.write_text(
+        "from saturate.selftest.base import check\n\n@check('mine-passes', 'a check from a file')\ndef ok(ctx):\n"
+        "    return 'fine'\n"
+    )
+    done = selftest("--checks", str(mine), "--list", out=tmp_path, timeout=60)
+    assert done.returncode == 0 and "mine-passes" in done.stdout, done.stderr
+    (tmp_path / "broken.py").write_text("raise ValueError('bad import')\n")
+    for given, says in (
+        (
+            tmp_path / "broken.py",
+            f"saturate selftest: --checks {tmp_path / 'broken.py'}: importing it raised ValueError: ",
+        ),
+        (tmp_path / "absent.py", f"saturate selftest: --checks {tmp_path / 'absent.py'}: no such file"),
+        ("no_such_module_anywhere", "saturate selftest: --checks no_such_module_anywhere: no module of that name"),
+    ):
+        done = selftest("--checks", str(given), "--list", out=tmp_path, timeout=60)
+        assert done.returncode == 1 and done.stderr.startswith(says) and "Traceback" not in done.stderr, done.stderr
+
+
+HOSTILE_CHECKS = """
+import os, shutil, subprocess, sys
+from pathlib import Path
+from saturate.selftest.base import check
+
+@check("rt-daemon", "leaves a detached process behind")
+def daemon(ctx):
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    Path(os.environ["DAEMON_PID"]).write_text(str(p.pid))
+    return "left"
+
+@check("rt-huge-detail", "a result of 10,000 lines")
+def huge(ctx):
+    return ("| pipe |\\n" * 10000) + "\\x1b[31m"
+
+@check("rt-chdir-rm", "removes its work dir")
+def chdir_rm(ctx):
+    os.chdir("/")
+    shutil.rmtree(ctx.work, ignore_errors=True)
+    return "removed"
+"""
+
+
+def test_checks_that_misbehave_with_the_os_leave_a_table_and_no_process(tmp_path):
+    """A check that removes the work dir, returns 10,000 lines or detaches a process (c91b):
+    the table is written, one line per check, and the detached process is ended."""
+    (tmp_path / "hostile_checks.py").write_text(HOSTILE_CHECKS)
+    pid_file = tmp_path / "daemon.pid"
+    command = [sys.executable, "-m", "saturate.selftest", "--device", "cpu", "--out", str(tmp_path / "out")]
+    command += ["--checks", str(tmp_path / "hostile_checks.py"), "--only", "rt-daemon,rt-huge-detail,rt-chdir-rm"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "DAEMON_PID": str(pid_file)}
+    )
+    daemon = int(pid_file.read_text())
+    alive = psutil.pid_exists(daemon) and psutil.Process(daemon).status() != psutil.STATUS_ZOMBIE
+    if alive:
+        psutil.Process(daemon).kill()
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert not alive, "the detached process outlived the self-test"
+    table = (tmp_path / "out" / "selftest.md").read_text()
+    huge = next(line for line in table.splitlines() if line.startswith("| rt-huge-detail"))
+    assert len(huge) < 500 and "\x1b" not in table
+    assert "| rt-chdir-rm |" in table

@@ -17,6 +17,7 @@ restored on resume, so a resumed run behaves as an uninterrupted one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,10 +88,30 @@ class Run:
             self.stop_reason = str(reason)
 
     def scale_lr(self, factor: float) -> None:
-        """Multiply the learning rate by `factor` from the next step on (the schedule's base
-        rates with it, so warm-up and cosine keep their shape); kept across a resume."""
+        """Multiply the learning rate by `factor` (finite, >= 0) from the next step on (the
+        schedule's base rates with it, so warm-up and cosine keep their shape); kept across a resume."""
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor < math.inf:
+            raise ValueError(
+                f"run.scale_lr({factor!r}): expected a finite factor >= 0 (a negative one climbs the loss)"
+            )
         self.lr_scale *= factor
         self.scheduler.scale(factor)
+
+    @property
+    def eval_model(self):
+        """What is evaluated and saved as the run's weights (a callback may set an average)."""
+        return self._eval_model
+
+    @eval_model.setter
+    def eval_model(self, model) -> None:
+        import torch  # here: this module is the protocol, light to import
+
+        if not isinstance(model, torch.nn.Module):
+            shown = repr(model) if len(repr(model)) < 60 else type(model).__name__
+            raise TypeError(
+                f"run.eval_model={shown}: expected a torch.nn.Module (the model, or an average of its weights)"
+            )
+        self._eval_model = model
 
     @property
     def lr(self) -> float:

@@ -4,17 +4,26 @@ A hook is called on every observer that has it, in order: callbacks first (in th
 configured), then loggers. What can go wrong in a user's hook is bounded:
 
 - a hook that raises ends the run with one line naming it and its error (CallbackError):
-  last.pt is saved at the last completed step, metrics.json says `failed`;
+  last.pt is saved at the last completed step, metrics.json says `failed`. So does a hook
+  that raises SystemExit (sys.exit), a KeyboardInterrupt no SIGINT sent, or any other
+  BaseException: a hook may not end the run (exit status 0 and no record, a sweep that
+  silently drops its later jobs); only a real second Ctrl-C passes through;
+- a hook gets its own copy of each dict it is given (the metrics): what it changes there
+  changes nothing the run or the other observers record;
 - a hook that hangs cannot keep a run alive past a stop signal: HANG_S after the signal
   (or after the hook started, if the signal came first) it is interrupted and abandoned
-  with a warning naming it, and the run stops as any stopped run does.
+  with a warning naming it, and the run stops as any stopped run does. A hook that swallows
+  that interrupt too (`except BaseException`) is abandoned HANG_S later by `abandon`: the
+  run saves what it can and the process exits with the signal's status.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from saturate.callbacks.base import HOOKS, Run
@@ -32,6 +41,33 @@ class CallbackError(UserError):
 class CallbackHung(BaseException):
     """Raised inside a hook that did not return within HANG_S of a stop signal. A
     BaseException, so that a callback's own `except Exception` does not swallow it."""
+
+
+_INSTEAD = "to stop it, call run.request_stop(reason); to fail it, raise an Exception"
+
+
+def _leaving(error: BaseException) -> str:
+    """A BaseException a hook raised, in words: SystemExit with its status."""
+    if isinstance(error, SystemExit):
+        code = error.code if error.code is not None else 0
+        return f"SystemExit (exit status {code})" if isinstance(code, int) else f"SystemExit: {str(code)[:200]}"
+    text = " ".join(str(error).split())[:300]
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+_KEEPABLE = "keep tensors, numbers, strings, lists and dicts of them in a callback's state"
+
+
+def _gist(error: BaseException) -> str:
+    return " ".join(str(error).split())[:200]
+
+
+def _refused(error: BaseException) -> str:
+    """What torch.load(weights_only=True) refused, from its long message: the global's name."""
+    import re
+
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+    return found.group(1) if found else f"{type(error).__name__}: {_gist(error)[:120]}"
 
 
 class Observers:
@@ -53,7 +89,11 @@ class Observers:
         }
         self.running: str | None = None  # the hook running now, as name.hook
         self.stopping = False  # a stop signal arrived
+        self.signal: int | None = None  # which
         self._previous_alarm = None  # SIGALRM's handler while a hook is on the clock
+        self._interrupted = False  # CallbackHung raised in the running hook
+        # what ends the process when a hook swallows CallbackHung (the run sets one that saves first)
+        self.abandon: Callable[[int], None] = lambda signum: os._exit(128 + signum)
 
     def has(self, hook: str) -> bool:
         """Whether any observer implements `hook` (the loop skips per-step calls otherwise)."""
@@ -65,7 +105,9 @@ class Observers:
             try:
                 if self.stopping:
                     self._arm()
-                fn(run, *args)
+                fn(
+                    run, *(dict(a) if isinstance(a, dict) else a for a in args)
+                )  # its own copy: what it changes is its own
             except CallbackHung:
                 log.warning(
                     "%s did not return within %.0f s of the stop signal: abandoned; the run stops", self.running, HANG_S
@@ -78,15 +120,21 @@ class Observers:
                 raise CallbackError(
                     f"{self.running} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
                 ) from e
+            except BaseException as e:
+                if isinstance(e, KeyboardInterrupt) and self.signal == signal.SIGINT:
+                    raise  # Ctrl-C twice: the user's, not the hook's
+                why = f"{self.running} raised {_leaving(e)}: a hook may not end the run; {_INSTEAD}"
+                raise CallbackError(why) from e
             finally:
                 self._disarm()
+                self._interrupted = False
                 self.running = None
 
     # -- a hook that hangs after a stop signal
 
     def stop_requested(self, signum: int) -> None:
         """Called from the stop signal's handler: a hook running now gets HANG_S to return."""
-        self.stopping = True
+        self.stopping, self.signal = True, signum
         if self.running is not None:
             self._arm()
 
@@ -102,6 +150,17 @@ class Observers:
             self._previous_alarm = None
 
     def _hung(self, signum, frame) -> None:
+        if self._interrupted:  # the hook caught CallbackHung and went on: end the process
+            log.error(
+                "%s did not return within %.0f s of the stop signal and swallowed the interrupt: abandoned; "
+                "the run saves and ends here",
+                self.running,
+                HANG_S,
+            )
+            self.abandon(self.signal or signal.SIGTERM)
+            return
+        self._interrupted = True
+        signal.setitimer(signal.ITIMER_REAL, HANG_S)  # once more, in case the hook swallows what follows
         raise CallbackHung(self.running)
 
     # -- state kept in checkpoints
@@ -111,6 +170,39 @@ class Observers:
         return {
             name: obj.state_dict() for name, obj in self.callbacks.items() if callable(getattr(obj, "state_dict", None))
         }
+
+    def check_state(self) -> None:
+        """Each callback's state through torch.save and torch.load(weights_only=True), as a
+        checkpoint takes it, before the first step: a state that cannot be saved (a lambda, an
+        open file) or that resume would refuse to load (an object of the user's class) is one
+        line now, not a pickling traceback at the first save or a refusal at resume."""
+        import io
+
+        import torch
+
+        for name, obj in self.callbacks.items():
+            if not callable(getattr(obj, "state_dict", None)):
+                continue
+            try:
+                state = obj.state_dict()
+            except Exception as e:  # noqa: BLE001 (the user's code: one line)
+                raise UserError(f"callbacks: {name}.state_dict() raised {type(e).__name__}: {_gist(e)}") from None
+            buffer = io.BytesIO()
+            try:
+                torch.save(state, buffer)
+            except Exception as e:  # noqa: BLE001 (pickle's errors: AttributeError, TypeError, PicklingError)
+                raise UserError(
+                    f"callbacks: {name}.state_dict() cannot be saved in a checkpoint ({type(e).__name__}: {_gist(e)}); "
+                    f"{_KEEPABLE}"
+                ) from None
+            buffer.seek(0)
+            try:
+                torch.load(buffer, weights_only=True)
+            except Exception as e:  # noqa: BLE001 (torch's UnpicklingError names the refused global)
+                raise UserError(
+                    f"callbacks: {name}.state_dict() holds what a checkpoint cannot load safely "
+                    f"(torch.load(weights_only=True) refuses {_refused(e)}); {_KEEPABLE}"
+                ) from None
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
         """Give each callback its saved state (by name); one the checkpoint has no state for

@@ -36,8 +36,12 @@ class EarlyStopping:
     def on_run_start(self, run) -> None:
         if self.monitor == "auto":
             self.monitor = run.monitor
-        if self.mode == "auto":
-            self.mode = run.direction(self.monitor)
+        direction = run.direction(self.monitor)
+        if self.mode not in ("auto", direction):  # as checkpoint.mode: a contradiction, not a choice
+            better = "higher" if direction == "max" else "lower"
+            allowed = f"{direction} or auto for callbacks.early_stopping.monitor={self.monitor} ({better} is better)"
+            raise ConfigError([Problem("callbacks.early_stopping.mode", self.mode, allowed)])
+        self.mode = direction
 
     def on_eval_end(self, run, metrics: dict[str, float]) -> None:
         value = metrics.get(self.monitor.removeprefix("val/"), metrics.get(self.monitor))

@@ -43,8 +43,12 @@ class Plateau:
     def on_run_start(self, run) -> None:
         if self.monitor == "auto":
             self.monitor = run.monitor
-        if self.mode == "auto":
-            self.mode = run.direction(self.monitor)
+        direction = run.direction(self.monitor)
+        if self.mode not in ("auto", direction):  # as checkpoint.mode: a contradiction, not a choice
+            better = "higher" if direction == "max" else "lower"
+            allowed = f"{direction} or auto for callbacks.plateau.monitor={self.monitor} ({better} is better)"
+            raise ConfigError([Problem("callbacks.plateau.mode", self.mode, allowed)])
+        self.mode = direction
         base = max(run.scheduler.base_lrs)
         scale = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
         self.rule = torch.optim.lr_scheduler.ReduceLROnPlateau(

@@ -26,7 +26,7 @@ from saturate.config.instantiate import build
 from saturate.config.invocation import Invocation
 from saturate.config.schema import RunConfig
 from saturate.data import Data, DataSpec, build_datasets, describe
-from saturate.data.augment import build_transforms
+from saturate.data.augment import build_transforms, check_transforms
 from saturate.data.base import stack
 from saturate.data.loader import Loaders, Shard, build_loaders, build_pipeline, device_augment, room_for_resident
 from saturate.data.mix import BatchMix
@@ -110,6 +110,7 @@ def build_task(node: dict | None, values: dict, objects: UserObjects):
     """The task: the object passed in, or built from its node with the data-derived
     arguments its constructor names; a loss passed to fit replaces the task's."""
     if objects.task is not None:
+        _check_directions(objects.task)
         return objects.task
     arguments = data_info.arguments(get_method(node["_target_"]), node, values)
     if objects.loss is not None:
@@ -126,7 +127,28 @@ def build_task(node: dict | None, values: dict, objects: UserObjects):
                 f"task: {type(task).__name__} has no {method}(); a task has forward, metrics, update and better "
                 "(saturate.tasks.base)"
             )
+    _check_directions(task)
     return task
+
+
+def _check_directions(task) -> None:
+    """metrics() is a dict and better() says "max" or "min" for each of its names: a direction
+    that is neither would make best.pt the worst checkpoint, silently."""
+    kind = type(task).__name__
+    try:
+        metrics = task.metrics()
+    except Exception as e:  # noqa: BLE001 (the user's task: one line)
+        raise UserError(f"task: {kind}.metrics() raised {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    if not isinstance(metrics, dict):
+        raise UserError(
+            f"task: {kind}.metrics() returned a {type(metrics).__name__}; expected a dict {{name: torchmetrics metric}}"
+        )
+    for name in metrics:
+        said = task.better(name)
+        if said not in ("max", "min"):
+            raise UserError(
+                f"task: {kind}.better({name!r}) returned {said!r}; expected 'max' or 'min' (which way {name} improves)"
+            )
 
 
 def check_fits_data(run: RunConfig, spec: DataSpec) -> None:
@@ -301,6 +323,15 @@ def _describe(run: RunConfig, invocation: Invocation, data: Data, objects: UserO
     return spec
 
 
+def _check_predict(run: RunConfig, spec: DataSpec) -> None:
+    """trainer.predict names a split the data has."""
+    split_there = {"val": spec.has_val, "test": spec.has_test}
+    if run.trainer.predict is not None and not split_there[run.trainer.predict]:
+        there = [s for s, has in split_there.items() if has]
+        allowed = f"{' or '.join(there) or 'unset'}: the data has no {run.trainer.predict} split"
+        raise ConfigError([Problem("trainer.predict", run.trainer.predict, allowed)])
+
+
 def _total_steps(trainer, steps_per_epoch: int) -> int:
     total = steps_per_epoch * trainer.max_epochs
     return min(total, trainer.max_steps) if trainer.max_steps > 0 else total
@@ -446,8 +477,11 @@ def build_parts(
     data, spec, values, nodes, task = _data_and_task(run, invocation, objects, device)
     mark("data")
     checkpointing = run.checkpoint.resolved(task, spec.has_val)  # the monitored metric, its direction
+    _check_predict(run, spec)
     precision = setup_precision(run.precision, device)
     transforms = build_transforms(run.augmentation.transforms)
+    if spec.image:  # (other data: augmentation is refused with its reason in check_fits_data)
+        check_transforms(transforms, spec.input_shape)
     made = Ingredients(run, data, spec, task, precision, device, dist)
     models = _model(made, nodes.get("model"), values, objects.model)
     mark("model and its checks")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -345,3 +347,18 @@ def start_records(
         parts.batch_size,
         ranks,
     )
+
+
+def abandon(session: Session, state: TrainState, signum: int) -> None:
+    """A hook swallowed the interrupt that abandons it after a stop signal: the loop will not
+    get control back, so save at the last completed step and record the stop from here, then
+    end the process with the signal's status."""
+    try:
+        session.engine.checkpointer.save(state, {}, session.engine.run)
+        hint = session.engine.control.resume_hint
+        log.warning("saved %s; resume with: %s", session.engine.checkpointer.last_path, hint)
+        stopped = {"status": "preempted", "stopped_by": signal.Signals(signum).name, "resume_with": hint}
+        write(session, {**session.tracker.latest, **session.outcome, **stopped})
+    finally:
+        logging.shutdown()
+        os._exit(128 + signum)

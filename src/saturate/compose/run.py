@@ -28,6 +28,7 @@ from saturate.compose.build import Parts, UserObjects, build_parts, make_step
 from saturate.compose.outcome import (
     Metrics,
     Session,
+    abandon,
     already_done,
     class_names,
     finish,
@@ -44,7 +45,7 @@ from saturate.data.loader import loader_failure
 from saturate.data.policy import PRESETS
 from saturate.errors import UserError
 from saturate.loop.engine import Control, Engine, Training, TrainState, Watch
-from saturate.loop.evaluate import Evaluator
+from saturate.loop.evaluate import EvaluationError, Evaluator
 from saturate.loop.faults import NotRequeued, Preempted, StopSignal, TrainingDiverged
 from saturate.loop.target import Target
 from saturate.observe.environment import fingerprint
@@ -70,6 +71,10 @@ def train(cfg: DictConfig, invocation: Invocation | None = None, objects: UserOb
         return _train(cfg, invocation, objects or UserObjects())
     except (Preempted, TrainingDiverged, RunDirTaken, NotRequeued):
         raise  # they record their own status (NotRequeued: preempted), or the run dir is another run's
+    except KeyboardInterrupt:  # a second Ctrl-C: at once, as asked; the record says so
+        why = "interrupted: a second Ctrl-C stopped the run at once, without a final save"
+        record_failure(cfg.run_dir, UserError(why))
+        raise
     except Exception as e:
         broke = peer_failed(e) if world_size() > 1 else None
         if broke:  # not this rank's error: one line, not gloo's traceback
@@ -80,7 +85,7 @@ def train(cfg: DictConfig, invocation: Invocation | None = None, objects: UserOb
             record_failure(cfg.run_dir, e)
             raise e from None
         if not getattr(e, "recorded", False):
-            record_failure(cfg.run_dir, e)
+            record_failure(cfg.run_dir, e, trained=getattr(e, "trained", False))
         raise
 
 
@@ -101,7 +106,7 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
     )
     device = setup_device(run.device, local_rank=dist.local_rank)
     lock = hold(run_dir, resume=run.trainer.resume, restart=run.trainer.restart, enabled=dist.is_main, agree=dist.agree)
-    with lock, seeded(run.trainer, device), StopSignal() as stop:
+    with lock as held, seeded(run.trainer, device), StopSignal() as stop:
         stop.listeners.append(observers.stop_requested)
         startup.mark("config and run dir")
         parts = build_parts(run, invocation, objects, dist, device, tracker.images, startup=startup)
@@ -118,6 +123,7 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
         )
         config = recorded_config(run, parts, objects)
         checkpointer = _checkpointer(run, checkpointing, parts, observers, config, env, dist)
+        held.start_over()  # trainer.restart: only now, with the config checked and every part built
         resumed = checkpointer.resume(run.trainer.resume)
         state = TrainState(resumed.epoch, resumed.step, resumed.batch_in_epoch)
         timer = StepTimer(device)
@@ -135,6 +141,7 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
         tracker.attach(view, parts.total_steps, state.step)
         observers.call("on_run_start", view)
         checkpointer.restore_run(view)
+        observers.check_state()  # a callback state a checkpoint cannot hold: one line now, not at the first save
         start_records(run, invocation, parts, tracker, config, env, dist)
         startup.mark("loggers and records")
         outcome = _outcome(parts, checkpointing.monitor, started_at, list(invocation.overrides), env)
@@ -208,8 +215,19 @@ def _outcome(parts: Parts, monitor: str, started_at: str, overrides: list[str], 
 
 
 def _drive(session: Session, state: TrainState) -> Metrics:
-    """Train, then finish; whatever stops the run leaves its record and closes the observers."""
+    """Train, then finish; whatever stops the run leaves its record and closes the observers.
+    A failure from here on is this attempt's, after it trained: train() records it over an
+    earlier attempt's record (a resumed run that fails at a save is not `completed`)."""
+    try:
+        return _fit(session, state)
+    except Exception as e:
+        e.trained = True
+        raise
+
+
+def _fit(session: Session, state: TrainState) -> Metrics:
     record, failure = None, None
+    session.observers.abandon = lambda signum: abandon(session, state, signum)
     try:
         with (
             logging_redirect_tqdm(),
@@ -227,9 +245,9 @@ def _drive(session: Session, state: TrainState) -> Metrics:
             record.update(status="preempted", stopped_by=name, resume_with=hint)
         write(session, record)
         raise
-    except CallbackError as e:  # a hook raised: saved at the last completed step, one line
+    except (CallbackError, EvaluationError) as e:  # a hook or a metric raised: saved at the last completed step
         session.engine.save(state, {})
-        record = {**session.tracker.latest, **session.outcome, "status": "failed", "error": f"CallbackError: {e}"}
+        record = {**session.tracker.latest, **session.outcome, "status": "failed", "error": f"{type(e).__name__}: {e}"}
         write(session, record)
         e.recorded = True
         raise e.with_traceback(None) from None
@@ -247,9 +265,16 @@ def _drive(session: Session, state: TrainState) -> Metrics:
     finally:
         session.parts.loaders.close()
         session.tracker.close()
-        session.observers.call(
-            "on_run_end", session.view, record or {**session.tracker.latest, **session.outcome, "status": "failed"}
-        )
+        try:
+            session.observers.call(
+                "on_run_end", session.view, record or {**session.tracker.latest, **session.outcome, "status": "failed"}
+            )
+        except CallbackError as e:  # the run's own record stands, with the hook's failure after it
+            if record is not None:
+                why = f"CallbackError: {e} (after the run {record['status']}: its checkpoints and metrics are whole)"
+                write(session, {**record, "status": "failed", "error": why})
+                e.recorded = True
+            raise
         if record is not None and record["status"] == "completed":
             session.dist.barrier()  # the ranks leave together: one tearing gloo down as another writes can abort
     raise failure  # out here, so the frames holding the loader's workers are freed

@@ -31,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from saturate import names
 from saturate.config.data_info import DATA_ARGUMENTS, PLACEHOLDER
-from saturate.errors import ConfigError, Problem
+from saturate.errors import ConfigError, Problem, UserError
 
 # A schema's problems(): (field, bad value, what is allowed), keyed relative to its node.
 Issues = Iterator[tuple[str, Any, str]]
@@ -395,6 +395,23 @@ class CheckpointConfig:
         else:
             monitor = self.monitor
         logged = (names.TRAIN_LOSS, *((f"val/{name}" for name in ("loss", *task.names())) if has_val else ()))
+        removed = getattr(task, "extra", {}).get(monitor.split("/", 1)[-1], "kept") is None
+        if monitor not in logged and removed:
+            raise ConfigError(
+                [
+                    Problem(
+                        "checkpoint.monitor",
+                        monitor,
+                        f"a metric the run logs ({', '.join(logged)}): task.metrics.{monitor.split('/', 1)[-1]}=null "
+                        "removed it; keep it, or monitor another",
+                    )
+                ]
+            )
+        if monitor not in logged and self.monitor == "auto" and has_val:  # the task's own main metric is not logged
+            raise UserError(
+                f"task: {type(task).__name__}'s main metric {task.main!r} is not among its metrics "
+                f"({', '.join(task.names()) or 'none'}); give the task a main it logs, or set checkpoint.monitor"
+            )
         if monitor not in logged:
             why = "" if has_val else " (there is no validation set)"
             raise ConfigError(
@@ -639,6 +656,32 @@ def _group_problems(cfg: DictConfig, run: RunConfig, presets: tuple[str, ...]) -
         args = {"augmentation": (presets,)}.get(group, ())
         for key, value, allowed in getattr(run, group).problems(*args):
             yield Problem(f"{group}.{key}", value, allowed)
+    yield from _extra_problems(cfg, run)
+
+
+NOT_A_TRIALS = ("hydra.", "tune.", "run_dir", "trainer.resume", "trainer.restart")  # where and how a run starts
+
+
+def _extra_problems(cfg: DictConfig, run: RunConfig) -> Iterator[Problem]:
+    """tune.extra: overrides of keys this config has (a new one with +), of what a trial
+    measures; never where or how a run starts (hydra.*, run_dir, resume, restart, tune.*),
+    which a trial would silently not take."""
+    if "tune" not in cfg or not isinstance(run.tune.extra, list):
+        return
+    for i, text in enumerate(run.tune.extra):
+        for part in str(text).split():
+            key = part.split("=", 1)[0]
+            bare = key.lstrip("+~")
+            if bare.startswith(NOT_A_TRIALS):
+                allowed = "overrides of what a trial measures; not hydra.*, tune.*, run_dir, trainer.resume or .restart"
+                yield Problem(f"tune.extra[{i}]", text, allowed)
+            elif not key.startswith("+") and OmegaConf.select(cfg, bare, default=_ABSENT) is _ABSENT:
+                yield Problem(
+                    f"tune.extra[{i}]", text, f"overrides of keys the config has ({bare} is not one; +{bare} adds it)"
+                )
+
+
+_ABSENT = object()
 
 
 def _node_problems(run: RunConfig, given: tuple[str, ...]) -> Iterator[Problem]:

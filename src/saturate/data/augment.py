@@ -147,6 +147,41 @@ def build_transforms(nodes: list) -> Transforms | None:
     return Transforms(modules)
 
 
+def check_transforms(transforms: Transforms | None, image_shape: tuple[int, ...]) -> None:
+    """The user's transforms, tried at start-up on two images of the data's shape, one module
+    after the other: one that changes the size (the run would train on another shape than it
+    validates on), the dtype, or makes NaN from finite images is named now, not found mid-run
+    or never. The global generator is forked: a run with the check augments as one without."""
+    if transforms is None:
+        return
+    from saturate.errors import UserError
+
+    x = torch.rand(2, *image_shape, generator=torch.Generator().manual_seed(0))
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        for i, module in enumerate(transforms.modules):
+            name, shape, dtype = f"augmentation.transforms[{i}]: {type(module).__name__}", tuple(x.shape), x.dtype
+            try:
+                y = module(x)
+            except Exception as e:  # noqa: BLE001 (the user's module: one line)
+                why = " ".join(str(e).split())[:200]
+                raise UserError(f"{name} fails on images {shape} ({type(e).__name__}: {why})") from None
+            if not isinstance(y, torch.Tensor):
+                raise UserError(f"{name} returns a {type(y).__name__}; a transform returns the images (B, C, H, W)")
+            if tuple(y.shape) != shape:
+                raise UserError(
+                    f"{name} turns images {shape} into {tuple(y.shape)}; a transform must keep their size (the "
+                    "model and the validation images have the data's): crop or resize back to it"
+                )
+            if not y.is_floating_point():
+                raise UserError(
+                    f"{name} turns {str(dtype).removeprefix('torch.')} images into "
+                    f"{str(y.dtype).removeprefix('torch.')}; a transform must return floats in [0, 1]"
+                )
+            if not bool(torch.isfinite(y).all()):
+                raise UserError(f"{name} turns finite images into NaN or inf")
+            x = y.to(dtype)
+
+
 def _on_device(pipeline: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """The user's transforms with their tensors on `device` and Kornia's parameter samplers
     kept on the CPU, as the presets' are. Moving a Kornia module moves its samplers too: on a

@@ -412,6 +412,19 @@ def stack(samples: list):
     DataError naming the entry whose shapes differ and the fix."""
     try:
         return default_collate(samples)
+    except TypeError as e:  # an entry default_collate cannot batch (None, an object)
+        if "default_collate" not in str(e):
+            raise
+        odd = [
+            (name, type(v).__name__)
+            for name, v in named_leaves(samples[0], "")
+            if v is None or not isinstance(v, (torch.Tensor, np.ndarray, int, float, str, bytes, bool))
+        ]
+        where = f" (the sample's {odd[0][0] or 'value'} is a {odd[0][1]})" if odd else ""
+        raise DataError(
+            f"data: samples do not batch{where}: the default collate takes tensors, numpy arrays, numbers, strings, "
+            "dicts and lists; drop that entry from the samples, or give the data a collate function"
+        ) from None
     except RuntimeError as e:
         if "stack expects each tensor to be equal size" not in str(e):
             raise

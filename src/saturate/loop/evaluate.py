@@ -16,8 +16,15 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
+from saturate.errors import UserError
 from saturate.loop.step import batch_size
 from saturate.parts.precision import Precision
+
+
+class EvaluationError(UserError):
+    """The task's metrics or predictions failed in an evaluation (a user's metric whose
+    compute() raises, predictions that do not match the samples): one line; the run saves at
+    its last completed step and records the failure."""
 
 
 def joined(arrays: list):
@@ -93,11 +100,31 @@ class Evaluator:
                 loss.update(value.float().expand(batch_size(batch)))  # per sample ("disable" ignores a weight)
                 self.task.update(metrics, outputs, batch)
                 if predict:
-                    kept.append({k: v.detach().cpu() for k, v in self.task.predictions(outputs, batch).items()})
+                    kept.append(self._predictions(outputs, batch))
         finally:
             model.train(was_training)
         self.predictions = {k: joined([p[k].numpy() for p in kept]) for k in kept[0]} if kept else {}
         return {f"{self.split}/loss": float(loss.compute()), **self._results(metrics)}
+
+    def _predictions(self, outputs, batch) -> dict[str, torch.Tensor]:
+        """The task's predictions for a batch, on the host: a dict of tensors with one row per
+        sample (rows dropped or added would be written beside the wrong sample indices)."""
+        given = self.task.predictions(outputs, batch)
+        kind, count = type(self.task).__name__, batch_size(batch)
+        if not isinstance(given, dict):
+            raise EvaluationError(
+                f"task: {kind}.predictions() returned a {type(given).__name__}; expected a dict {{name: tensor with "
+                "one row per sample}"
+            )
+        for name, value in given.items():
+            rows = len(value) if isinstance(value, torch.Tensor) and value.ndim else None
+            if rows != count:
+                got = f"{rows} row(s)" if rows is not None else f"a {type(value).__name__} with no rows"
+                raise EvaluationError(
+                    f"task: {kind}.predictions() gave {name!r} with {got} for a batch of {count}; expected one per "
+                    "sample"
+                )
+        return {k: v.detach().cpu() for k, v in given.items()}
 
     def write_predictions(self, path, dist) -> None:
         """This split's predictions (the last run with predict=True) with each sample's index,
@@ -123,7 +150,13 @@ class Evaluator:
         out: dict[str, float] = {}
         self.matrices = {}
         for name, metric in metrics.items():
-            value = metric.compute()
+            try:
+                value = metric.compute()
+            except Exception as e:  # noqa: BLE001 (a user's metric: one line, and the run keeps its last step)
+                raise EvaluationError(
+                    f"task: metric {name} ({type(metric).__name__}) raised {type(e).__name__} in compute(): "
+                    f"{' '.join(str(e).split())[:300]}"
+                ) from None
             value = torch.as_tensor(value)
             key = f"{self.split}/{name}"
             if value.ndim == 0:

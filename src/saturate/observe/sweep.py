@@ -1,12 +1,23 @@
 """Reading a multirun directory back: one row per job, the table, the CSV and the plots
-that scripts/sweep_report.py writes."""
+that scripts/sweep_report.py writes.
+
+A sweep dir is untrusted: its jobs wrote it, and anyone who can write there may have planted
+files. Nothing here follows a symbolic link below the dir it was given, reads a file that is
+not a regular one or is larger than a run writes, or copies text from a run without escaping
+it; a file that cannot be read as what it should be is passed over with one line naming it.
+What the report writes goes through a temporary file and a rename, never through a link."""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
+import os
 import re
+import stat
+import tempfile
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +26,9 @@ import yaml
 from saturate import names
 
 log = logging.getLogger(__name__)
+
+MAX_BYTES = 64 << 20  # a run's metrics.json is a few KB; past this a file is not a run's
+CELL_CHARS = 300  # text copied from a run into a table cell, at most
 
 # (metrics.json key, column heading, format)
 FIGURES = [
@@ -41,7 +55,7 @@ def figures(jobs: list[Job]) -> list[tuple[str, str, str]]:
     name), their test-set counterparts where a job has a test split, the time to the target
     where a job met one (target.metric), wall time."""
     logged = {k for j in jobs for k in j.metrics}
-    monitors = [j.metrics["monitor"] for j in jobs if j.metrics.get("monitor", "").startswith("val/")]
+    monitors = [m for j in jobs if isinstance(m := j.metrics.get("monitor"), str) and m.startswith("val/")]
     order = list(dict.fromkeys([*monitors, *(k for k, _ in TASK_METRICS if k != names.VAL_LOSS)]))
     task = [(k, k, dict(TASK_METRICS).get(k, "{:.4f}")) for k in order if k in logged and k != names.VAL_LOSS]
     if not task and names.VAL_LOSS in logged:
@@ -61,28 +75,139 @@ class Job:
 
     @property
     def status(self) -> str:
-        return self.metrics.get("status", "missing")  # missing: the job died before writing anything
+        status = self.metrics.get("status", "missing")  # missing: the job died before writing anything
+        return status if isinstance(status, str) else "missing"
 
     @property
     def throughput(self) -> float:
-        return self.metrics.get(names.SAMPLES_PER_S, 0.0) if self.status == "completed" else -1.0
+        value = self.metrics.get(names.SAMPLES_PER_S, 0.0)
+        return float(value) if self.status == "completed" and number(value) else -1.0
 
 
-def read_jobs(sweep_dir: Path) -> list[Job]:
+def number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class Unreadable(Exception):
+    """A file in a sweep dir that is not what it should be; the message says why."""
+
+
+def read_inside(root: Path, path: Path) -> bytes | None:
+    """The bytes of `path`, a regular file below `root` reached through no symbolic link;
+    None when there is none; Unreadable when it is a link, not a regular file, or too large."""
+    current = root
+    for part in path.relative_to(root).parts:
+        current = current / part
+        if current.is_symlink():
+            raise Unreadable("a symbolic link")
+    try:  # O_NOFOLLOW: a link planted since the check is refused too; O_NONBLOCK: a FIFO does not hang
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise Unreadable(e.strerror or str(e)) from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise Unreadable("not a regular file")
+        if info.st_size > MAX_BYTES:
+            raise Unreadable(f"{info.st_size:,} bytes, more than a run writes ({MAX_BYTES:,})")
+        return f.read(MAX_BYTES + 1)
+
+
+def _metrics(data: bytes) -> dict:
+    try:
+        metrics = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise Unreadable("not valid JSON (not UTF-8)") from None
+    except RecursionError:
+        raise Unreadable("not valid JSON (nested too deep)") from None
+    except ValueError:
+        raise Unreadable("not valid JSON") from None
+    if not isinstance(metrics, dict):
+        raise Unreadable("not a JSON object")
+    return metrics
+
+
+def _overrides(data: bytes) -> dict[str, str]:
+    try:
+        overrides = yaml.safe_load(data)
+    except (yaml.YAMLError, RecursionError, ValueError):
+        overrides = None
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise Unreadable("not a YAML list of overrides")
+    return dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
+
+
+def read_jobs(sweep_dir: Path, problems: list[str] | None = None) -> list[Job]:
+    """The numbered job dirs of `sweep_dir`, read as untrusted: what cannot be read is passed
+    over, and one line naming it is added to `problems`."""
+    problems = [] if problems is None else problems
     jobs = []
     # <job>_<name> (or <job>)
-    numbered = {p: re.match(r"(\d+)(_|$)", p.name) for p in sweep_dir.iterdir() if p.is_dir()}
-    for path in sorted((p for p, m in numbered.items() if m), key=lambda p: int(numbered[p].group(1))):
-        overrides_file = path / ".hydra" / "overrides.yaml"
-        overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
-        pairs = dict(o.lstrip("+~").split("=", 1) for o in overrides or [] if "=" in o)
-        metrics_file = path / "metrics.json"
-        try:
-            metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
-        except json.JSONDecodeError:
-            metrics = {"status": "failed", "error": "metrics.json is not valid JSON"}
+    numbered = {}
+    for p in sweep_dir.iterdir():
+        if not (match := re.match(r"(\d+)(_|$)", p.name)):
+            continue
+        if p.is_symlink():
+            problems.append(f"passing over {shown(p)}: a symbolic link")
+        elif p.is_dir():
+            numbered[p] = match
+    for path in sorted(numbered, key=lambda p: int(numbered[p].group(1))):
+        pairs, metrics = {}, {}
+        for name in (".hydra/overrides.yaml", "metrics.json"):
+            try:
+                data = read_inside(sweep_dir, path / name)
+                if data is not None and name == "metrics.json":
+                    metrics = _metrics(data)
+                elif data is not None:
+                    pairs = _overrides(data)
+            except Unreadable as e:
+                problems.append(f"passing over {shown(path / name)}: {e}")
+                if name == "metrics.json":
+                    metrics = {"status": "failed", "error": f"metrics.json is {e}"}
         jobs.append(Job(int(numbered[path].group(1)), path, pairs, metrics))
     return jobs
+
+
+def shown(text) -> str:
+    """`text` with every control character (newlines, escapes, bidi marks) written as an escape:
+    what a run wrote never starts a line of its own, nor moves the cursor, in a report."""
+    return "".join(
+        c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c
+        for c in str(text)
+    )
+
+
+def cell(text) -> str:
+    """Text from a run made one Markdown table cell: escaped, no column separator, no HTML,
+    at most CELL_CHARS characters."""
+    text = shown(text)
+    text = text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 1] + "…"
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+class Refused(Exception):
+    """A report file that is a link or not a regular file: never written through."""
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `path` through a new temporary file beside it and a rename: a reader sees the old
+    file or the new one; a symbolic link (or anything but a regular file) there is refused,
+    and the rename would replace a link planted since, never write through it."""
+    if path.is_symlink():
+        raise Refused(f"refusing to write {shown(path)}: it is a symbolic link")
+    if path.exists() and not path.is_file():
+        raise Refused(f"refusing to write {shown(path)}: it is not a regular file")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def swept_keys(jobs: list[Job]) -> list[str]:
@@ -105,25 +230,27 @@ def rows(jobs: list[Job]) -> tuple[list[str], list[list[str]]]:
     best = ordered[0] if ordered and ordered[0].status == "completed" else None
     table = []
     for job in ordered:
-        cells = [str(job.number), *(job.overrides.get(k, "") for k in keys)]
+        cells = [str(job.number), *(cell(job.overrides.get(k, "")) for k in keys)]
         for key, _, fmt in columns:
             value = job.metrics.get(key)
-            cells.append(fmt.format(value) if isinstance(value, (int, float)) else "-")
+            cells.append(fmt.format(value) if number(value) else "-")
         status = job.status if job.status != "failed" else f"failed: {job.metrics.get('error', '')}"
-        table.append([*cells, ("**best** " if job is best else "") + status])
+        table.append([*cells, ("**best** " if job is best else "") + cell(status)])
     return header, table
 
 
 def markdown(header: list[str], table: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in table]
     return "\n".join(lines)
 
 
 def write_csv(path: Path, jobs: list[Job]) -> None:
+    """sweep.csv, written atomically (Refused where a link or a folder is in its place); the
+    csv module quotes what the runs wrote, newlines included."""
     keys = swept_keys(jobs)
     columns = figures(jobs)
-    with open(path, "w", newline="") as f:
+    with io.StringIO(newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["job", *keys, *(k for k, _, _ in columns), "batch_size", "num_workers", "status", "error"])
         for j in sorted(jobs, key=lambda j: j.number):
@@ -139,6 +266,7 @@ def write_csv(path: Path, jobs: list[Job]) -> None:
                     j.metrics.get("error", ""),
                 ]
             )
+        write_atomic(path, f.getvalue().encode())
 
 
 def lines(jobs: list[Job], key: str) -> dict[str, list[tuple[float, float]]]:
@@ -148,20 +276,26 @@ def lines(jobs: list[Job], key: str) -> dict[str, list[tuple[float, float]]]:
     out: dict[str, list[tuple[float, float]]] = {}
     for j in (j for j in jobs if j.status == "completed"):
         name = " ".join(f"{k}={j.overrides.get(k, '')}" for k in others) or "all jobs"
-        out.setdefault(name, []).append((j.metrics["batch_size"], j.metrics[key]))
+        if number(j.metrics.get("batch_size")) and number(j.metrics.get(key)):
+            out.setdefault(name, []).append((j.metrics["batch_size"], j.metrics[key]))
     return {name: sorted(points) for name, points in sorted(out.items())}
 
 
-def plot(jobs: list[Job], out: Path) -> list[Path]:
+def label_text(text: str) -> str:
+    """A plot label from a run's overrides: escaped, and no `$` that matplotlib would parse as maths."""
+    return shown(text)[:CELL_CHARS].replace("$", r"\$")
+
+
+def plot(jobs: list[Job], out: Path, refused: list[str] | None = None) -> list[Path]:
     """samples/s and data-wait share against the batch size, one line per combination of the
     other swept keys (or, when the batch size was not swept, one bar per job). Returns the
-    files written."""
+    files written; a file refused (a link in its place) is named in `refused`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [j for j in jobs if j.status == "completed"]
+    done = [j for j in jobs if j.status == "completed" and number(j.metrics.get(names.SAMPLES_PER_S))]
     if not done:
         return []
     by_batch = len({j.metrics.get("batch_size") for j in done}) > 1
@@ -172,21 +306,29 @@ def plot(jobs: list[Job], out: Path) -> list[Path]:
     ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         if by_batch:  # one line per value of the other swept keys (workers, augmentation, precision, ...)
-            for group, line in lines(jobs, key).items():
-                ax.plot([x for x, _ in line], [y for _, y in line], marker="o", label=group)
+            drawn = lines(jobs, key)
+            for group, line in drawn.items():
+                ax.plot([x for x, _ in line], [y for _, y in line], marker="o", label=label_text(group))
             ax.set_xscale("log", base=2)
             ax.set_xlabel("batch size (per device)")
-            ax.legend()
+            if drawn:
+                ax.legend()
         else:
             keys = swept_keys(jobs)
-            labels = [" ".join(f"{k}={j.overrides.get(k, '')}" for k in keys) or str(j.number) for j in done]
-            ax.bar(range(len(done)), [j.metrics[key] for j in done])
+            named = [" ".join(f"{k}={j.overrides.get(k, '')}" for k in keys) or str(j.number) for j in done]
+            labels = [label_text(n) for n in named]
+            ax.bar(range(len(done)), [j.metrics[key] if number(j.metrics.get(key)) else 0 for j in done])
             ax.set_xticks(range(len(done)), labels, rotation=30, ha="right", fontsize=8)
             ax.set_title(f"{label} by job")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=100)
+        image = io.BytesIO()
+        fig.savefig(image, format="png", dpi=100)
         plt.close(fig)
-        written.append(out / name)
+        try:
+            write_atomic(out / name, image.getvalue())
+            written.append(out / name)
+        except Refused as e:
+            (refused if refused is not None else []).append(str(e))
     return written

@@ -9,13 +9,17 @@ k best are also kept as `top-<epoch>-<step>.pt`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
 import os
 import pickle
 import random
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from saturate.config.invocation import is_setting_key
 from saturate.config.schema import CheckpointConfig
 from saturate.errors import CheckpointError
 from saturate.parts.rundir import OWN_NAMES
+from saturate.scale.ranks import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +48,37 @@ def _os_error(e: BaseException) -> OSError | None:
     return None
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Stop signals that arrive meanwhile wait for the block to end, then reach their handlers
+    in order: a second Ctrl-C (which interrupts at once) inside torch.save would leave a torn
+    file and torch's writer failing on its own state; after the block it finds a whole one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum in held:  # the handler now in place: the first SIGINT may have installed the second's
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                handler(signum, None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
+
+
 def atomic_save(obj: Any, path: Path) -> None:
+    """`obj` to `path` through a temporary file, fsync and a rename, with stop signals held
+    until the rename is done."""
+    with signals_held():
+        _atomic_save(obj, path)
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -288,9 +323,13 @@ class Checkpointer:
 
     def save(self, state: Any, metrics: dict[str, float], run: Any = None) -> float:
         """Save last.pt (and best.pt / a top-k file when `metrics` improve on them); return
-        the seconds it took."""
+        the seconds it took. Stop signals wait for the whole save (gathering the state too)."""
         if not self.enabled:
             return 0.0
+        with signals_held():
+            return self._save(state, metrics, run)
+
+    def _save(self, state: Any, metrics: dict[str, float], run: Any) -> float:
         start = time.perf_counter()
         checkpoint = self.state_dict(state, metrics, run)
         bad = non_finite(checkpoint["model"]) + non_finite(checkpoint.get("train_model", {}))
@@ -305,6 +344,13 @@ class Checkpointer:
             )
             return 0.0
         value = metrics.get(self.cfg.monitor)
+        if value is not None and not math.isfinite(value):
+            log.warning(
+                "checkpoint.monitor: %s is %s at step %d; no best.pt from this evaluation",
+                self.cfg.monitor,
+                value,
+                state.step,
+            )
         value = value if value is not None and math.isfinite(value) else None  # a NaN is never "better"
         improved = value is not None and self._better(value, self.best)
         if improved:

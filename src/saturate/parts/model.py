@@ -170,7 +170,7 @@ def check(model: nn.Module, batch, task, precision, spec) -> None:
     model.eval()
     try:
         with precision.autocast():
-            loss, _ = task.forward(model, batch)
+            result = task.forward(model, batch)
     except RuntimeError as e:  # torch's shape and dtype mismatches; anything else is a bug, with its traceback
         raise UserError(
             f"model: {type(model).__name__} does not fit the data ({spec.describe()}) and task {task.name}: "
@@ -178,8 +178,39 @@ def check(model: nn.Module, batch, task, precision, spec) -> None:
         ) from None
     finally:
         model.train(was_training)
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        what = (
+            f"a {type(result).__name__} of {len(result)}"
+            if isinstance(result, (tuple, list))
+            else type(result).__name__
+        )
+        raise UserError(f"task: {type(task).__name__}.forward() returns {what}; expected (loss, outputs)")
+    loss, outputs = result
     check_loss(loss, task)
     check_finite(loss, batch, task)
+    check_metrics(task, outputs, batch, next(model.parameters()).device)
+
+
+def check_metrics(task, outputs, batch, device: torch.device) -> None:
+    """The task's metrics take the start-up batch's outputs (on fresh metrics, thrown away):
+    outputs they cannot take fail now, naming the metric, not at the first evaluation."""
+    for name, metric in task.metrics().items():
+        metric = metric.to(device) if isinstance(metric, nn.Module) else metric
+        try:
+            task.update({name: metric}, outputs, batch)
+        except (ValueError, RuntimeError, TypeError, IndexError) as e:  # torchmetrics' argument checks, torch's shapes
+            target = batch[1] if isinstance(batch, (tuple, list)) and len(batch) > 1 else None
+            shown = lambda t: f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}"  # noqa: E731
+            given = (
+                f" ({shown(outputs)} for targets {shown(target)})"
+                if isinstance(outputs, torch.Tensor) and isinstance(target, torch.Tensor)
+                else ""
+            )
+            kind = type(metric).__name__
+            raise UserError(
+                f"task: {type(task).__name__}'s metrics cannot take its outputs{given}: {name} ({kind}) "
+                f"raised {type(e).__name__}: {' '.join(str(e).split())[:250]}"
+            ) from None
 
 
 def check_loss(loss, task) -> None:

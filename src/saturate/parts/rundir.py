@@ -5,8 +5,11 @@ released by the kernel however the process ends): a second run started into the 
 directory is refused with one line, instead of racing the first for `last.pt`. A fresh run
 (no `trainer.resume`) into a directory that holds an earlier run's checkpoints is refused
 too, with the commands that continue it (`trainer.resume=auto`) or start it over
-(`trainer.restart=true`, which deletes that run's checkpoints and TensorBoard events first):
-a forgotten `trainer.resume=auto` must not replace a finished run's `best.pt` by a worse one.
+(`trainer.restart=true`, which deletes everything that run wrote): a forgotten
+`trainer.resume=auto` must not replace a finished run's `best.pt` by a worse one. The deletion
+is the last thing before training: `hold` only grants it, and the run calls `start_over()`
+once its whole configuration is validated and its parts are built, so a mistake in the same
+command (a negative width, a bad learning rate) deletes nothing.
 """
 
 from __future__ import annotations
@@ -60,53 +63,76 @@ def _earlier_run(run_dir: Path) -> str:
         return "its metrics.json says nothing readable"
 
 
-# what the loggers add to a run dir besides tb/'s events (metrics.csv; the tracker runs this run dir continues:
-# saturate.loggers.mlflow, saturate.loggers.wandb): trainer.restart deletes them too
-LOGGER_FILES = ("metrics.csv", "mlflow.json")
-LOGGER_DIRS = ("wandb",)
+# what a run writes in its dir besides checkpoints (Hydra's .hydra/ and train.log are Hydra's): its
+# metrics, report, predictions, TensorBoard events (tb/hparams: a session written before it moved into
+# the run's own events), and what the trackers keep to continue their run (saturate.loggers.mlflow,
+# saturate.loggers.wandb: deleted, MLflow and W&B start a new run; the old one stays in their store)
+OWN_FILES = (
+    "metrics.json",
+    "metrics.csv",
+    "report.md",
+    "mlflow.json",
+    "predictions/*.npz",
+    "tb/**/events.out.tfevents.*",
+    "wandb/**/*",
+)
 
 
-def _start_over(run_dir: Path, checkpoints: list[Path]) -> None:
-    """trainer.restart=true: the earlier run's checkpoints, TensorBoard events (a run written before
-    the HParams session moved into the run's own events has them in tb/hparams too) and what the
-    other loggers left (so that MLflow and W&B start a new run, not continue the old one) go."""
-    tb = run_dir / "tb"
-    events = [*tb.glob("events.out.tfevents.*"), *tb.glob("hparams/events.out.tfevents.*")] if tb.is_dir() else []
-    for path in [*checkpoints, *events, *(run_dir / name for name in LOGGER_FILES)]:
+def _start_over(run_dir: Path) -> None:
+    """trainer.restart=true: everything the earlier run wrote goes (its checkpoints, TensorBoard
+    events and HParams session, predictions, metrics and report, its trackers' files), each file
+    listed in the log; files of other names (a user's notes) stay."""
+    found = {p for pattern in OWN_FILES for p in run_dir.glob(pattern) if p.is_file() or p.is_symlink()}
+    deleted = [*_own_checkpoints(run_dir), *sorted(found)]
+    for path in deleted:
         path.unlink(missing_ok=True)
-    for name in LOGGER_DIRS:
-        shutil.rmtree(run_dir / name, ignore_errors=True)
+    shutil.rmtree(run_dir / "wandb", ignore_errors=True)  # its folders, emptied above
+    for folder in (run_dir / "predictions", run_dir / "tb" / "hparams"):
+        with contextlib.suppress(OSError):  # only if empty: a user's file there stays
+            folder.rmdir()
     log.warning(
-        "trainer.restart=true: deleted the earlier run's %d checkpoint(s), %d TensorBoard event file(s) and its "
-        "loggers' files in %s",
-        len(checkpoints),
-        len(events),
+        "trainer.restart=true: deleted the earlier run's %d file(s) in %s: %s",
+        len(deleted),
         shown(run_dir),
+        ", ".join(shown(p.relative_to(run_dir)) for p in deleted),
     )
 
 
-def _check(run_dir: Path, resume: str | None, restart: bool) -> RunDirTaken | None:
-    """Why this run may not start in `run_dir` (None: it may)."""
+def _check(run_dir: Path, resume: str | None, restart: bool) -> RunDirTaken | bool:
+    """Why this run may not start in `run_dir`; else whether it starts over (trainer.restart
+    over an earlier run's checkpoints)."""
     checkpoints = _own_checkpoints(run_dir)
     if not checkpoints or _resumes_here(resume, run_dir):
-        return None
+        return False
     if restart:
-        _start_over(run_dir, checkpoints)
-        return None
+        return True
     return RunDirTaken(
         f"run_dir: {shown(run_dir)} holds the checkpoints of an earlier run ({_earlier_run(run_dir)}); continue it "
-        "with trainer.resume=auto, start it over with trainer.restart=true (deletes its checkpoints and TensorBoard "
-        "events), or give this run its own hydra.run.dir"
+        "with trainer.resume=auto, start it over with trainer.restart=true (deletes what it wrote: checkpoints, "
+        "TensorBoard events, predictions, metrics), or give this run its own hydra.run.dir"
     )
+
+
+class Held:
+    """The run dir, held. `start_over()` deletes the earlier run's files where trainer.restart
+    asked for it: call it once nothing can fail for a mistake in the config any more."""
+
+    def __init__(self, run_dir: Path, restart: bool):
+        self.run_dir, self.restart = run_dir, restart
+
+    def start_over(self) -> None:
+        if self.restart:
+            self.restart = False
+            _start_over(self.run_dir)
 
 
 @contextlib.contextmanager
 def hold(
     run_dir: Path, *, resume: str | None, restart: bool, enabled: bool, agree: Callable[[bool], bool]
-) -> Iterator[None]:
+) -> Iterator[Held]:
     """Hold `run_dir` for the block, or raise RunDirTaken. `enabled` on rank 0 only (the
     others share its directory); `agree` makes every rank stop when rank 0 is refused."""
-    lock, refused = None, None
+    lock, refused, over = None, None, False
     if enabled:
         lock = open(run_dir / LOCK, "a+")  # noqa: SIM115 (held for the whole run)
         try:
@@ -124,20 +150,22 @@ def hold(
             lock.truncate(0)
             lock.write(f"process {os.getpid()}\n")
             lock.flush()
-            refused = _check(run_dir, resume, restart)
+            checked = _check(run_dir, resume, restart)
+            refused, over = (checked, False) if isinstance(checked, RunDirTaken) else (None, checked)
     try:
         if not agree(refused is None):
             raise refused or RunDirTaken("run_dir: refused on rank 0 (its message says why)")
-        yield
+        yield Held(run_dir, over)
     finally:
         if lock is not None:
             lock.close()  # the kernel drops the lock
 
 
-def record_failure(run_dir: str, error: Exception) -> None:
-    """metrics.json of a run that failed before it could train: status and why (rank 0 only).
-    An earlier attempt's record that is not a failure (a finished or preempted run resumed
-    with a mistake in its config) is kept: its final metrics are not replaced by an error."""
+def record_failure(run_dir: str, error: Exception, *, trained: bool = False) -> None:
+    """metrics.json of a run that failed: status and why (rank 0 only). Where this attempt
+    failed before it trained, an earlier attempt's record that is not a failure (a finished
+    or preempted run resumed with a mistake in its config) is kept: its final metrics are not
+    replaced by an error. An attempt that `trained` records its own failure."""
     if not rank_zero():
         return
     try:
@@ -146,7 +174,7 @@ def record_failure(run_dir: str, error: Exception) -> None:
     except Exception:  # no run dir to write to (an unresolvable config, a read-only disk)
         return
     earlier = _status(run_dir / "metrics.json")
-    if earlier not in (None, "failed"):
+    if earlier not in (None, "failed") and not trained:
         log.warning(
             "kept %s (status %s): this attempt failed before it trained; its error is not recorded there",
             run_dir / "metrics.json",

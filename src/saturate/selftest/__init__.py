@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
+import os
 import platform
 import sys
 import time
@@ -119,10 +121,40 @@ def resolve_device(asked: str) -> tuple[str, int]:
     return ("cuda" if count and asked != "cpu" else "cpu"), count
 
 
+def _import_checks(given: str) -> None:
+    """--checks: a module name, or a path to a .py file (imported under its file's stem);
+    one that is not there, or raises as it is imported, is one line."""
+    path = Path(given)
+    try:
+        if given.endswith(".py") or os.sep in given:
+            if not path.is_file():
+                raise SystemExit(f"saturate selftest: --checks {given}: no such file")
+            spec = importlib.util.spec_from_file_location(f"saturate_user_checks.{path.stem}", path.resolve())
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+        else:
+            importlib.import_module(given)
+    except SystemExit:
+        raise
+    except ModuleNotFoundError as e:
+        if e.name and given.startswith(e.name):
+            raise SystemExit(
+                f"saturate selftest: --checks {given}: no module of that name (a module on sys.path, or a path to "
+                "a .py file)"
+            ) from None
+        raise SystemExit(f"saturate selftest: --checks {given}: importing it raised ModuleNotFoundError: {e}") from None
+    except Exception as e:  # noqa: BLE001 (the user's module: one line)
+        raise SystemExit(
+            f"saturate selftest: --checks {given}: importing it raised {type(e).__name__}: "
+            f"{' '.join(str(e).split())[:200]}"
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     for module in args.checks:
-        importlib.import_module(module)
+        _import_checks(module)
     if args.list:
         for c in REGISTRY.values():
             print(f"{c.name:<26} {c.kind:<8} {c.what}")

@@ -3,6 +3,7 @@ under its time limit, killed with its children when it has not answered; then th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,9 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
+
+from saturate.errors import shown
 from saturate.selftest.base import REGISTRY, Check, Context, Failed, Skip
 
 
@@ -45,8 +49,15 @@ def run_one(check: Check, ctx: Context, result: Path) -> None:
         traceback.print_exc()
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         status, detail = "FAIL", f"{type(e).__name__}: {first}"[:300]
-    row = Row(check.name, check.kind, check.what, status, detail, round(time.monotonic() - start, 1), figures)
+    row = Row(check.name, check.kind, check.what, status, one_line(detail), round(time.monotonic() - start, 1), figures)
+    result.parent.mkdir(parents=True, exist_ok=True)  # a check may have removed the work dir
     result.write_text(json.dumps(asdict(row)))
+
+
+def one_line(detail) -> str:
+    """A check's detail as one table line: control characters escaped, at most 300 characters."""
+    text = shown(" ".join(str(detail).split()))
+    return text if len(text) <= 300 else text[:299] + "…"
 
 
 def skip_reason(check: Check, ctx: Context, left_s: float | None) -> str | None:
@@ -82,8 +93,9 @@ def run_isolated(check: Check, ctx: Context, extra: list[str]) -> Row:
     start = time.monotonic()
     with open(logs / f"{check.name}.log", "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        seen: set = set()  # every process the check started, detached ones too (they leave its group)
         try:
-            proc.wait(timeout=check.timeout_s)
+            _wait(proc, check.timeout_s, seen)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -100,9 +112,16 @@ def run_isolated(check: Check, ctx: Context, extra: list[str]) -> Row:
                 os.killpg(proc.pid, signal.SIGKILL)  # anything the check left running in its group
             except ProcessLookupError:
                 pass
+            for child in seen:  # and what it detached from the group
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
     if result.exists():
         return Row(**json.loads(result.read_text()))
-    tail = [line for line in (logs / f"{check.name}.log").read_text(errors="replace").splitlines() if line.strip()][-1:]
+    try:
+        text = (logs / f"{check.name}.log").read_text(errors="replace")
+    except OSError:
+        text = "(its log is gone: the check removed it)"
+    tail = [line for line in text.splitlines() if line.strip()][-1:]
     return Row(
         check.name,
         check.kind,
@@ -111,6 +130,17 @@ def run_isolated(check: Check, ctx: Context, extra: list[str]) -> Row:
         f"the check's process exited {proc.returncode} without an answer: {tail[0][:200] if tail else '(no output)'}",
         round(time.monotonic() - start, 1),
     )
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float, seen: set) -> None:
+    """Wait for the check's process, noting the processes it starts as it runs."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            seen.update(psutil.Process(proc.pid).children(recursive=True))
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+        time.sleep(0.1)
 
 
 def run_all(checks: list[Check], ctx: Context, *, budget_s: float, extra: list[str], say=print) -> list[Row]:

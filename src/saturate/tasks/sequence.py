@@ -45,6 +45,7 @@ def to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
 class Sequence(Task):
     name = "sequence"
     class_targets = False
+    CHECK_LABELS = 3  # batches whose labels on a device are read to check them (a synchronisation each)
 
     def __init__(
         self,
@@ -72,6 +73,7 @@ class Sequence(Task):
         self.input_length_key, self.target_length_key = input_length_key, target_length_key
         self.main = "ter" if mode == "ctc" else "acc"
         self._takes_lengths: bool | None = None
+        self.labels_checked = 0  # batches whose labels were read on the host (targets on a device: CHECK_LABELS)
         # CTC reads the lengths on the host: on the device PyTorch's loss copies them back, a
         # synchronisation every step (the loaders leave these entries where they are)
         self.host_keys = (input_length_key, target_length_key) if mode == "ctc" else ()
@@ -105,12 +107,19 @@ class Sequence(Task):
         logits, lengths = self._call(model, batch)
         target = self._entry(batch, self.target_key).long()
         if self.mode == "per_step":
+            if target.shape[1] < logits.shape[1]:  # shapes: no host read
+                raise DataError(
+                    f"data: per_step targets have {target.shape[1]} steps, the model's outputs {logits.shape[1]}; "
+                    "task.mode=per_step needs one label per output frame (for label sequences not aligned with the "
+                    "frames, task.mode=ctc)"
+                )
             valid = torch.arange(logits.shape[1], device=logits.device)[None, :] < lengths[:, None]
             labels = torch.where(valid, target[:, : logits.shape[1]], IGNORE)
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
             return loss, (logits, lengths)
         log_probs = logits.float().log_softmax(-1).transpose(0, 1)  # (T', B, C), as ctc_loss takes it
         target_lengths = self._entry(batch, self.target_length_key).long()
+        self._check_ctc(lengths, target, target_lengths)
         per_sample = F.ctc_loss(
             log_probs, target, lengths, target_lengths, blank=0, reduction="none", zero_infinity=True
         )
@@ -118,6 +127,42 @@ class Sequence(Task):
         # divides by them where they are: a GPU loss by host lengths is a device mismatch)
         loss = (per_sample / target_lengths.clamp_min(1).to(per_sample.device, non_blocking=True)).mean()
         return loss, (logits, lengths)
+
+    def _check_ctc(self, lengths: torch.Tensor, target: torch.Tensor, target_lengths: torch.Tensor) -> None:
+        """Targets CTC cannot align, named: a DataError, where torch's zero_infinity would make
+        their loss 0 and train on nothing (or a label outside 1..C-1 would train the wrong
+        class). The lengths live on the host: checked every batch. The labels are read where
+        they are on the host too, else in the first batches only (a read is a synchronisation)."""
+        on_host = lengths.device.type == "cpu" and target_lengths.device.type == "cpu"
+        if on_host:
+            self._too_few_frames(lengths, target_lengths, torch.zeros_like(target_lengths))
+        if target.device.type != "cpu" and self.labels_checked >= self.CHECK_LABELS:
+            return
+        self.labels_checked += 1
+        counts = target_lengths.to(target.device)
+        within = torch.arange(target.shape[1], device=target.device)[None, :] < counts[:, None]
+        given = target[within]
+        if given.numel():
+            low, high = (int(v) for v in torch.stack([given.min(), given.max()]).cpu())
+            allowed = f"labels are 1 to {self.num_classes - 1} (task.num_classes={self.num_classes} counts the blank)"
+            if low == 0:
+                raise DataError(f"data: a CTC target holds label 0, the blank; {allowed}: shift your labels up by one")
+            if low < 0 or high >= self.num_classes:
+                raise DataError(f"data: a CTC target holds label {low if low < 0 else high}; {allowed}")
+        repeats = ((target[:, 1:] == target[:, :-1]) & within[:, 1:]).sum(1).cpu()
+        self._too_few_frames(lengths.cpu(), target_lengths.cpu(), repeats)
+
+    @staticmethod
+    def _too_few_frames(frames: torch.Tensor, count: torch.Tensor, repeats: torch.Tensor) -> None:
+        short = (frames < count + repeats).nonzero().flatten()
+        if len(short):
+            i = int(short[0])
+            said = f" ({int(repeats[i])} of them repeats, each needing a blank between)" if repeats[i] else ""
+            raise DataError(
+                f"data: sample {i} of a batch has {int(frames[i])} output frames for {int(count[i])} labels{said}; "
+                "CTC needs at least one frame per label and one more per repeat: shorten the target, or keep more "
+                "frames (less downsampling in the model)"
+            )
 
     def own_metrics(self) -> dict:
         if self.mode == "per_step":
