@@ -66,7 +66,9 @@ EXAMPLES = {
     "sign": Example("val/ter", 0.05, "min", "val_ter", "test/ter", "test_ter", ("--out", "{out}")),
     "gray128": Example("val/acc", 0.80, "max", "val_acc", "val/acc", "last_val_acc", ("--out", "{out}")),
     "segmentation": Example("val/dice", 0.70, "max", "val_dice", "val/dice", "last_val_dice"),
-    "forecast": Example("val/loss", 0.20, "min", "val_loss", "val/loss", "last_val_loss"),
+    "forecast": Example(
+        "val/loss", 0.015, "min", "val_loss", "val/loss", "last_val_loss", quick_ref=("--train_epochs", "2")
+    ),
     "mixup": Example("val/acc", 0.90, "max", "val_acc", "val/acc", "last_val_acc", quick_ref=("--epoch", "2")),
 }
 SIDES = ("saturate", "reference")
