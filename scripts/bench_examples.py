@@ -44,6 +44,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from saturate import names
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -67,7 +69,7 @@ EXAMPLES = {
     "gray128": Example("val/acc", 0.80, "max", "val_acc", "val/acc", "last_val_acc", ("--out", "{out}")),
     "segmentation": Example("val/dice", 0.70, "max", "val_dice", "val/dice", "last_val_dice"),
     "forecast": Example(
-        "val/loss", 0.015, "min", "val_loss", "val/loss", "last_val_loss", quick_ref=("--train_epochs", "2")
+        names.VAL_LOSS, 0.015, "min", "val_loss", names.VAL_LOSS, "last_val_loss", quick_ref=("--train_epochs", "2")
     ),
     "mixup": Example("val/acc", 0.90, "max", "val_acc", "val/acc", "last_val_acc", quick_ref=("--epoch", "2")),
 }
@@ -115,8 +117,8 @@ def parse_reference(text: str, spec: Example) -> dict:
 def read_saturate(metrics: dict, spec: Example) -> dict:
     """saturate's own figures from its run's metrics.json."""
     return {
-        "first_step_s": float(metrics.get("time/first_step_s", math.nan)),
-        "to_target_s": float(metrics.get("time/to_target_s", math.nan)),
+        "first_step_s": float(metrics.get(names.FIRST_STEP_S, math.nan)),
+        "to_target_s": float(metrics.get(names.TO_TARGET_S, math.nan)),
         "final": float(metrics.get(spec.final, math.nan)),
         "startup": {k: float(v) for k, v in metrics.items() if k.startswith("startup/")},
     }
