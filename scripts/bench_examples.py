@@ -226,7 +226,7 @@ class Summary:
     failed: int = 0
 
 
-FIGURES = ("wall_s", "first_step_s", "to_target_s", "final")
+FIGURES = ("wall_s", "cpu_s", "first_step_s", "to_target_s", "final")
 
 
 def summarize(records: list[dict]) -> list[Summary]:
@@ -243,7 +243,7 @@ def summarize(records: list[dict]) -> list[Summary]:
         for side in SIDES:
             summary.sides[side] = {f: median([p[side][f] for p in good]) for f in FIGURES}
             summary.sides[side]["reached"] = sum(not math.isnan(p[side]["to_target_s"]) for p in good)
-        summary.ratio = {f: ratios(good, f) for f in ("wall_s", "first_step_s", "to_target_s")}
+        summary.ratio = {f: ratios(good, f) for f in ("wall_s", "cpu_s", "first_step_s", "to_target_s")}
         keys = sorted({k for p in good for k in p["saturate"].get("startup", {})})
         summary.startup = {k: median([p["saturate"]["startup"].get(k, math.nan) for p in good]) for k in keys}
         loads = [p[s]["load1"] for p in good for s in SIDES]
@@ -258,23 +258,25 @@ def _s(x: float, digits: int = 1) -> str:
 
 def table(summaries: list[Summary]) -> str:
     head = (
-        "| example | pairs | side | whole process s | first step s | to target s (reached) | final |\n"
-        "|---|---|---|---|---|---|---|\n"
+        "| example | pairs | side | whole process s | CPU s | first step s | to target s (reached) | final |\n"
+        "|---|---|---|---|---|---|---|---|\n"
     )
     rows = []
     for s in summaries:
         for side in SIDES:
             f = s.sides[side]
             rows.append(
-                f"| {s.example} | {s.pairs} | {side} | {_s(f['wall_s'])} | {_s(f['first_step_s'])} | "
+                f"| {s.example} | {s.pairs} | {side} | {_s(f['wall_s'])} | {_s(f['cpu_s'])} | "
+                f"{_s(f['first_step_s'])} | "
                 f"{_s(f['to_target_s'])} ({f['reached']}/{s.pairs}) | {_s(f['final'], 4)} |"
             )
     ratio_head = (
-        "\n| example | whole process, saturate / reference | first step | to target | load1 |\n|---|---|---|---|---|\n"
+        "\n| example | whole process, saturate / reference | to target | first step | CPU s | load1 |\n"
+        "|---|---|---|---|---|---|\n"
     )
     ratio_rows = [
-        f"| {s.example} | {s.ratio['wall_s'].text()} | {s.ratio['first_step_s'].text()} | "
-        f"{s.ratio['to_target_s'].text()} | {_s(s.load[0])}-{_s(s.load[1])} |"
+        f"| {s.example} | {s.ratio['wall_s'].text()} | {s.ratio['to_target_s'].text()} | "
+        f"{s.ratio['first_step_s'].text()} | {s.ratio['cpu_s'].text()} | {_s(s.load[0])}-{_s(s.load[1])} |"
         for s in summaries
     ]
     startup = [

@@ -64,6 +64,7 @@ def _side(example, pair, side, wall, first, target, final=0.9, rc=0, load=3.0):
         pair=pair,
         side=side,
         wall_s=wall,
+        cpu_s=wall / 2,
         first_step_s=first,
         to_target_s=target,
         final=final,
@@ -89,6 +90,7 @@ def test_the_summary_pairs_the_sides_and_takes_ratios_median_p80_and_spread():
     assert s.ratio["wall_s"].median == pytest.approx(ratios[2])
     assert s.ratio["wall_s"].p80 == pytest.approx(ratios[3] + 0.2 * (ratios[4] - ratios[3]))
     assert (s.ratio["wall_s"].low, s.ratio["wall_s"].high) == (pytest.approx(0.75), pytest.approx(1.3))
+    assert s.ratio["cpu_s"].median == pytest.approx(ratios[2])  # cpu_s is wall_s / 2 on both sides
     assert s.ratio["first_step_s"].median == pytest.approx(2.0)
     assert s.sides["saturate"]["wall_s"] == 22 and s.sides["reference"]["wall_s"] == 24
     assert s.startup == {"startup/data_s": 0.5}
@@ -108,7 +110,7 @@ def test_summarize_prints_the_tables_of_a_results_file(tmp_path, capsys):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert main(["--summarize", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "| har | 1 | saturate | 20.0 | 4.0 | 10.0 (1/1) | 0.9000 |" in out
+    assert "| har | 1 | saturate | 20.0 | 10.0 | 4.0 | 10.0 (1/1) | 0.9000 |" in out
     assert "0.80 (p80 0.80, 0.80-0.80, n=1)" in out  # whole process 20 / 25
 
 
