@@ -34,6 +34,13 @@ def test_the_references_lines_give_first_step_time_to_target_and_final_metric():
     assert got["final"] == pytest.approx(0.7125)  # test_acc from the final line
 
 
+def test_lines_after_a_progress_bar_are_read():
+    log = "Epoch 1/1:   7%|  | 16/240 [00:00<00:05, 38.21img/s]BENCH first_step t=6.019\n"
+    log += "Epoch 1/1:  20%|  | 48/240 [00:01<00:05]BENCH eval t=6.809 step=3 epoch=1 val_dice=0.7568\n"
+    got = parse_reference(log, EXAMPLES["segmentation"])
+    assert got["first_step_s"] == pytest.approx(6.019) and got["to_target_s"] == pytest.approx(6.809)
+
+
 def test_a_lower_is_better_target_and_a_reference_that_never_reached_it():
     log = "BENCH eval t=5.0 epoch=1 val_ter=0.2000\nBENCH eval t=8.0 epoch=2 val_ter=0.0400\n"
     assert parse_reference(log, EXAMPLES["sign"])["to_target_s"] == pytest.approx(8.0)
