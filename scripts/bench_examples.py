@@ -1,0 +1,360 @@
+"""saturate's run of each ported example against the plain PyTorch loop it stands for.
+
+    python scripts/bench_examples.py [--examples har,sign] [--pairs 5] [--threads 1]
+                                     [--author-scripts DIR] [--results FILE] [--quick]
+    python scripts/bench_examples.py --summarize FILE      # the tables again, from recorded runs (and their logs)
+
+Each pair runs both sides, one after the other, in fresh processes, alternating which goes
+first (saturate then the reference, then the reference then saturate, ...):
+
+- saturate: the example's own command from the README (`python train.py
+  hydra.searchpath=[file://examples/<name>/conf] experiment=<name>`) with no loader,
+  precision or monitor key added: only `target.metric=... target.value=...` (the example's
+  target) and `hydra.run.dir` (where the run is written). Its time to the first step, to the
+  target and its start-up spans are read from the run's metrics.json (`time/first_step_s`,
+  `time/to_target_s`, `startup/*`: seconds since the process started).
+- the reference: `examples/<name>/reference.py` where the author's licence lets it be shipped,
+  else `DIR/<name>/reference.py` from `--author-scripts DIR` (made from the author's own
+  checkout as `examples/<name>/REFERENCE.md` says). It is called with `--target VALUE` and
+  prints, in seconds since its process started: `BENCH first_step t=...`, one
+  `BENCH eval t=... <metric>=...` per evaluation and `BENCH final <key>=<value> ...`.
+
+Both sides: whole-process wall time measured here (from before the fork to the end of
+wait4), CPU seconds (user + sys, with children). Per example it prints each side's median
+whole-process wall, first step, time to target and final metric, and the ratios
+saturate / reference over the pairs: median, 80th percentile and spread (min-max). The
+issue's target: median <= 1.0 and p80 <= 1.05 for time to target and whole process.
+
+`--threads N` sets OMP_NUM_THREADS=N for both sides (an environment variable, not a
+saturate key; on a shared 2-core machine torch's default of one thread per core waits on
+descheduled threads and makes a single run 5-10x slower at random). `--quick` runs one
+short pair (each side's `quick` settings) for a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from saturate import names
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Example:
+    metric: str  # saturate's target metric (a val/* tag)
+    value: float  # the target
+    better: str  # "max" or "min"
+    ref_metric: str  # the reference's name for it on its BENCH eval lines
+    final: str  # saturate's final metric in metrics.json
+    ref_final: str  # the reference's, on its BENCH final line
+    ref_args: tuple[str, ...] = ()  # more arguments for the reference ({out}: its own folder)
+    quick_sat: tuple[str, ...] = ("trainer.max_epochs=2",)  # --quick only
+    quick_ref: tuple[str, ...] = ("--epochs", "2")
+
+
+EXAMPLES = {
+    "pm25": Example("val/rmse_raw", 40.0, "min", "val_rmse_raw", "test/rmse_raw", "test_rmse_raw"),
+    "har": Example("val/acc", 0.65, "max", "val_acc", "test/acc", "test_acc"),
+    "sign": Example("val/ter", 0.05, "min", "val_ter", "test/ter", "test_ter", ("--out", "{out}")),
+    "gray128": Example("val/acc", 0.80, "max", "val_acc", "val/acc", "last_val_acc", ("--out", "{out}")),
+    "segmentation": Example("val/dice", 0.70, "max", "val_dice", "val/dice", "last_val_dice"),
+    "forecast": Example(
+        names.VAL_LOSS, 0.015, "min", "val_loss", names.VAL_LOSS, "last_val_loss", quick_ref=("--train_epochs", "2")
+    ),
+    "mixup": Example("val/acc", 0.90, "max", "val_acc", "val/acc", "last_val_acc", quick_ref=("--epoch", "2")),
+}
+SIDES = ("saturate", "reference")
+
+
+# ---------------------------------------------------------------- the figures of one side
+
+
+def meets(value: float, target: float, better: str) -> bool:
+    return value >= target if better == "max" else value <= target
+
+
+_NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)"
+
+
+def parse_reference(text: str, spec: Example) -> dict:
+    """The reference's own figures from its BENCH lines: first step, each evaluation's (t,
+    value), the time its metric first met the target (recomputed here from the evaluations)
+    and its final figures."""
+    # not anchored to the line's start: a progress bar (tqdm, \r without \n) may precede them
+    first = re.search(rf"BENCH first_step t={_NUMBER}", text)
+    evals = []
+    for line in re.findall(r"BENCH eval (.*)$", text, re.M):
+        t = re.search(rf"\bt={_NUMBER}", line)
+        v = re.search(rf"\b{re.escape(spec.ref_metric)}={_NUMBER}", line)
+        if t and v:
+            evals.append((float(t.group(1)), float(v.group(1))))
+    hit = next((t for t, v in evals if meets(v, spec.value, spec.better)), math.nan)
+    final_line = re.search(r"BENCH final (.*)$", text, re.M)
+    final = {}
+    for word in final_line.group(1).split() if final_line else ():
+        key, _, value = word.partition("=")
+        try:
+            final[key] = float(value)
+        except ValueError:
+            continue
+    return {
+        "first_step_s": float(first.group(1)) if first else math.nan,
+        "to_target_s": hit,
+        "evals": evals,
+        "final": final.get(spec.ref_final, evals[-1][1] if evals else math.nan),
+    }
+
+
+def read_saturate(metrics: dict, spec: Example) -> dict:
+    """saturate's own figures from its run's metrics.json."""
+    return {
+        "first_step_s": float(metrics.get(names.FIRST_STEP_S, math.nan)),
+        "to_target_s": float(metrics.get(names.TO_TARGET_S, math.nan)),
+        "final": float(metrics.get(spec.final, math.nan)),
+        "startup": {k: float(v) for k, v in metrics.items() if k.startswith("startup/")},
+    }
+
+
+# ---------------------------------------------------------------- running the two sides
+
+
+def run_process(cmd: list[str], cwd: Path, log: Path, threads: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    load = os.getloadavg()[0]
+    with open(log, "w") as out:
+        start = time.perf_counter()
+        process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - start
+    return {
+        "rc": os.waitstatus_to_exitcode(status),
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "load1": load,
+        "log": str(log),
+    }
+
+
+def run_saturate(name: str, spec: Example, out: Path, args) -> dict:
+    run_dir = out / "run"
+    cmd = [sys.executable, str(ROOT / "train.py"), f"hydra.searchpath=[file://examples/{name}/conf]"]
+    cmd += [f"experiment={name}", f"target.metric={spec.metric}", f"target.value={spec.value}"]
+    cmd += [f"hydra.run.dir={run_dir}", *(spec.quick_sat if args.quick else ())]
+    record = run_process(cmd, ROOT, out / "saturate.log", args.threads)
+    path = run_dir / "metrics.json"
+    metrics = json.loads(path.read_text()) if path.exists() else {}
+    return {**record, **read_saturate(metrics, spec), "command": " ".join(cmd[1:])}
+
+
+def reference_script(name: str, author_scripts: Path | None) -> Path | None:
+    shipped = ROOT / "examples" / name / "reference.py"
+    if shipped.exists():
+        return shipped
+    if author_scripts is not None and (author_scripts / name / "reference.py").exists():
+        return author_scripts / name / "reference.py"
+    return None
+
+
+def run_reference(name: str, spec: Example, script: Path, out: Path, args) -> dict:
+    extra = [a.replace("{out}", str(out / "out")) for a in spec.ref_args]
+    cmd = [sys.executable, str(script), "--target", str(spec.value), *extra, *(spec.quick_ref if args.quick else ())]
+    record = run_process(cmd, out, out / "reference.log", args.threads)
+    parsed = parse_reference(Path(record["log"]).read_text(errors="replace"), spec)
+    return {**record, **parsed, "command": " ".join(cmd[1:])}
+
+
+def reread(record: dict) -> dict:
+    """A recorded reference run read again from its log, where the log is still there (so
+    that a fix to the parsing applies to recorded runs)."""
+    log = Path(record.get("log", ""))
+    if record.get("side") != "reference" or record.get("example") not in EXAMPLES or not log.is_file():
+        return record
+    return {**record, **parse_reference(log.read_text(errors="replace"), EXAMPLES[record["example"]])}
+
+
+# ---------------------------------------------------------------- summarising
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100), linear between the closest ranks (numpy's default);
+    NaNs are left out; NaN when nothing is left."""
+    xs = sorted(v for v in values if not math.isnan(v))
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q / 100
+    low, high = math.floor(pos), math.ceil(pos)
+    return xs[low] + (xs[high] - xs[low]) * (pos - low)
+
+
+def median(values: list[float]) -> float:
+    return percentile(values, 50)
+
+
+@dataclass
+class Ratio:
+    median: float
+    p80: float
+    low: float
+    high: float
+    n: int
+
+    def text(self) -> str:
+        if not self.n:
+            return "-"
+        return f"{self.median:.2f} (p80 {self.p80:.2f}, {self.low:.2f}-{self.high:.2f}, n={self.n})"
+
+
+def ratios(pairs: list[dict], key: str) -> Ratio:
+    """saturate / reference for each pair where both sides have the figure."""
+    rs = [p["saturate"][key] / p["reference"][key] for p in pairs if p["saturate"][key] > 0 and p["reference"][key] > 0]
+    rs = [r for r in rs if not math.isnan(r)]
+    if not rs:
+        return Ratio(math.nan, math.nan, math.nan, math.nan, 0)
+    return Ratio(median(rs), percentile(rs, 80), min(rs), max(rs), len(rs))
+
+
+@dataclass
+class Summary:
+    example: str
+    pairs: int
+    sides: dict = field(default_factory=dict)  # side -> {figure: median}
+    ratio: dict = field(default_factory=dict)  # figure -> Ratio
+    startup: dict = field(default_factory=dict)  # startup/* -> median
+    load: tuple[float, float] = (math.nan, math.nan)
+    failed: int = 0
+
+
+FIGURES = ("wall_s", "cpu_s", "first_step_s", "to_target_s", "final")
+
+
+def summarize(records: list[dict]) -> list[Summary]:
+    """One Summary per example from the recorded pairs (records: one per side and pair, as
+    --results writes them). A pair where either side failed (non-zero exit) is left out."""
+    by_example: dict[str, dict[int, dict]] = {}
+    for r in records:
+        by_example.setdefault(r["example"], {}).setdefault(r["pair"], {})[r["side"]] = r
+    out = []
+    for example, pairs in by_example.items():
+        complete = [p for p in pairs.values() if all(s in p for s in SIDES)]
+        good = [p for p in complete if all(p[s]["rc"] == 0 for s in SIDES)]
+        summary = Summary(example, len(good), failed=len(complete) - len(good))
+        for side in SIDES:
+            summary.sides[side] = {f: median([p[side][f] for p in good]) for f in FIGURES}
+            summary.sides[side]["reached"] = sum(not math.isnan(p[side]["to_target_s"]) for p in good)
+        summary.ratio = {f: ratios(good, f) for f in ("wall_s", "cpu_s", "first_step_s", "to_target_s")}
+        keys = sorted({k for p in good for k in p["saturate"].get("startup", {})})
+        summary.startup = {k: median([p["saturate"]["startup"].get(k, math.nan) for p in good]) for k in keys}
+        loads = [p[s]["load1"] for p in good for s in SIDES]
+        summary.load = (min(loads), max(loads)) if loads else (math.nan, math.nan)
+        out.append(summary)
+    return out
+
+
+def _s(x: float, digits: int = 1) -> str:
+    return "-" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def table(summaries: list[Summary]) -> str:
+    head = (
+        "| example | pairs | side | whole process s | CPU s | first step s | to target s (reached) | final |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+    )
+    rows = []
+    for s in summaries:
+        for side in SIDES:
+            f = s.sides[side]
+            rows.append(
+                f"| {s.example} | {s.pairs} | {side} | {_s(f['wall_s'])} | {_s(f['cpu_s'])} | "
+                f"{_s(f['first_step_s'])} | "
+                f"{_s(f['to_target_s'])} ({f['reached']}/{s.pairs}) | {_s(f['final'], 4)} |"
+            )
+    ratio_head = (
+        "\n| example | whole process, saturate / reference | to target | first step | CPU s | load1 |\n"
+        "|---|---|---|---|---|---|\n"
+    )
+    ratio_rows = [
+        f"| {s.example} | {s.ratio['wall_s'].text()} | {s.ratio['to_target_s'].text()} | "
+        f"{s.ratio['first_step_s'].text()} | {s.ratio['cpu_s'].text()} | {_s(s.load[0])}-{_s(s.load[1])} |"
+        for s in summaries
+    ]
+    startup = [
+        f"{s.example}: saturate's start-up (median s): "
+        + ", ".join(f"{k.removeprefix('startup/').removesuffix('_s')} {v:.2f}" for k, v in s.startup.items())
+        for s in summaries
+        if s.startup
+    ]
+    failed = [f"{s.example}: {s.failed} pair(s) left out (a side exited non-zero)" for s in summaries if s.failed]
+    return head + "\n".join(rows) + "\n" + ratio_head + "\n".join(ratio_rows) + "\n\n" + "\n".join(startup + failed)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--examples", default=",".join(EXAMPLES), help="comma-separated names")
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--first-pair", type=int, default=1, help="the first pair's number (to add pairs to a file)")
+    parser.add_argument("--author-scripts", type=Path, default=None, help="DIR/<name>/reference.py for the unshipped")
+    parser.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for both sides (0: unset)")
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_examples")
+    parser.add_argument("--results", type=Path, default=None, help="append one JSON line per run (default: OUT/...)")
+    parser.add_argument("--quick", action="store_true", help="one short pair per example (a test)")
+    parser.add_argument("--summarize", type=Path, default=None, help="print the tables of a results file and exit")
+    args = parser.parse_args(argv)
+    if args.summarize:
+        records = [json.loads(line) for line in args.summarize.read_text().splitlines() if line.strip()]
+        print(table(summarize([reread(r) for r in records])))
+        return 0
+    names = [n for n in args.examples.split(",") if n]
+    unknown = [n for n in names if n not in EXAMPLES]
+    if unknown:
+        parser.error(f"unknown example(s) {', '.join(unknown)}; known: {', '.join(EXAMPLES)}")
+    pairs = 1 if args.quick else args.pairs
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    results = args.results or args.out / f"results-{stamp}.jsonl"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    records = []
+    for name in names:
+        spec, script = EXAMPLES[name], reference_script(name, args.author_scripts)
+        if script is None:
+            print(f"{name}: no reference (examples/{name}/REFERENCE.md says how to make one; --author-scripts DIR)")
+            continue
+        for pair in range(args.first_pair, args.first_pair + pairs):
+            order = SIDES if pair % 2 else SIDES[::-1]
+            for side in order:
+                out = args.out / stamp / f"{name}-{pair}-{side}"
+                out.mkdir(parents=True, exist_ok=True)
+                r = (
+                    run_saturate(name, spec, out, args)
+                    if side == "saturate"
+                    else run_reference(name, spec, script, out, args)
+                )
+                r.update(example=name, pair=pair, side=side, threads=args.threads or "unset", quick=args.quick)
+                records.append(r)
+                with open(results, "a") as f:
+                    f.write(json.dumps(r) + "\n")
+                print(
+                    f"{name} pair {pair} {side}: rc {r['rc']}, wall {r['wall_s']:.1f} s, first step "
+                    f"{_s(r['first_step_s'])} s, to target {_s(r['to_target_s'])} s, final {_s(r['final'], 4)}",
+                    flush=True,
+                )
+    print(f"\nresults: {results}\n")
+    print(table(summarize(records)))
+    return 0 if records and all(r["rc"] == 0 for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""scripts/bench_examples.py: its summary (ratios, medians, 80th percentiles) from recorded
+runs and its reading of a reference's BENCH lines, without running anything; and (slow) its
+quick mode on the one reference this repository ships (har, MIT)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from scripts.bench_examples import EXAMPLES, main, parse_reference, percentile, read_saturate, summarize
+from tests.conftest import ROOT
+
+REFERENCE_LOG = """\
+Training on CPU
+BENCH first_step t=3.512
+2026-11-27 07:11:40.123 | DEBUG | models - epoch:1/15 step=100
+BENCH eval t=6.001 epoch=1 step=19 val_acc=0.4100 val_loss=1.20000
+BENCH eval t=9.250 epoch=2 step=38 val_acc=0.6600 val_loss=0.90000
+BENCH eval t=12.500 epoch=3 step=57 val_acc=0.6400 val_loss=0.95000
+BENCH target val_acc>=0.65 t=9.250 epoch=2 step=38
+BENCH final test_acc=0.7125 test_f1_macro=0.7000 test_n=384 last_val_acc=0.6400 best_val_acc=0.6600 t_end=13.1
+"""
+
+
+def test_the_references_lines_give_first_step_time_to_target_and_final_metric():
+    got = parse_reference(REFERENCE_LOG, EXAMPLES["har"])
+    assert got["first_step_s"] == pytest.approx(3.512)
+    assert got["evals"] == [(6.001, 0.41), (9.25, 0.66), (12.5, 0.64)]
+    assert got["to_target_s"] == pytest.approx(9.25)  # the first evaluation at or above 0.65
+    assert got["final"] == pytest.approx(0.7125)  # test_acc from the final line
+
+
+def test_lines_after_a_progress_bar_are_read():
+    log = "Epoch 1/1:   7%|  | 16/240 [00:00<00:05, 38.21img/s]BENCH first_step t=6.019\n"
+    log += "Epoch 1/1:  20%|  | 48/240 [00:01<00:05]BENCH eval t=6.809 step=3 epoch=1 val_dice=0.7568\n"
+    got = parse_reference(log, EXAMPLES["segmentation"])
+    assert got["first_step_s"] == pytest.approx(6.019) and got["to_target_s"] == pytest.approx(6.809)
+
+
+def test_a_lower_is_better_target_and_a_reference_that_never_reached_it():
+    log = "BENCH eval t=5.0 epoch=1 val_ter=0.2000\nBENCH eval t=8.0 epoch=2 val_ter=0.0400\n"
+    assert parse_reference(log, EXAMPLES["sign"])["to_target_s"] == pytest.approx(8.0)
+    never = parse_reference("BENCH eval t=5.0 epoch=1 val_ter=0.2000\n", EXAMPLES["sign"])
+    assert math.isnan(never["to_target_s"]) and math.isnan(never["first_step_s"])
+    assert never["final"] == pytest.approx(0.2)  # no final line: the last evaluation
+
+
+def test_saturates_side_is_read_from_metrics_json():
+    metrics = {"time/first_step_s": 4.2, "time/to_target_s": 11.0, "test/acc": 0.93, "startup/data_s": 0.1}
+    got = read_saturate(metrics, EXAMPLES["har"])
+    assert (got["first_step_s"], got["to_target_s"], got["final"]) == (4.2, 11.0, 0.93)
+    assert got["startup"] == {"startup/data_s": 0.1}
+    assert math.isnan(read_saturate({}, EXAMPLES["har"])["to_target_s"])  # target never met
+
+
+def test_percentile_is_numpys_linear_one():
+    assert percentile([1, 2, 3, 4, 5], 50) == 3
+    assert percentile([1, 2, 3, 4, 5], 80) == pytest.approx(4.2)
+    assert percentile([10.0], 80) == 10.0
+    assert percentile([1.0, math.nan, 3.0], 50) == 2.0
+    assert math.isnan(percentile([], 50))
+
+
+def _side(example, pair, side, wall, first, target, final=0.9, rc=0, load=3.0):
+    return dict(
+        example=example,
+        pair=pair,
+        side=side,
+        wall_s=wall,
+        cpu_s=wall / 2,
+        first_step_s=first,
+        to_target_s=target,
+        final=final,
+        rc=rc,
+        load1=load,
+        startup={"startup/data_s": 0.5} if side == "saturate" else {},
+    )
+
+
+def test_the_summary_pairs_the_sides_and_takes_ratios_median_p80_and_spread():
+    walls = [(20, 25), (22, 20), (30, 30), (18, 24), (26, 20)]  # (saturate, reference) per pair
+    records = []
+    for pair, (sat, ref) in enumerate(walls, 1):
+        records += [
+            _side("har", pair, "saturate", sat, 4.0, sat / 2),
+            _side("har", pair, "reference", ref, 2.0, ref / 2),
+        ]
+    records += [_side("har", 6, "saturate", 99, 4.0, 50, rc=1), _side("har", 6, "reference", 20, 2.0, 10)]
+    records.append(_side("har", 7, "saturate", 20, 4.0, 10))  # no reference side: left out
+    (s,) = summarize(records)
+    assert s.pairs == 5 and s.failed == 1
+    ratios = sorted(sat / ref for sat, ref in walls)  # 0.75 0.8 1.0 1.1 1.3
+    assert s.ratio["wall_s"].median == pytest.approx(ratios[2])
+    assert s.ratio["wall_s"].p80 == pytest.approx(ratios[3] + 0.2 * (ratios[4] - ratios[3]))
+    assert (s.ratio["wall_s"].low, s.ratio["wall_s"].high) == (pytest.approx(0.75), pytest.approx(1.3))
+    assert s.ratio["cpu_s"].median == pytest.approx(ratios[2])  # cpu_s is wall_s / 2 on both sides
+    assert s.ratio["first_step_s"].median == pytest.approx(2.0)
+    assert s.sides["saturate"]["wall_s"] == 22 and s.sides["reference"]["wall_s"] == 24
+    assert s.startup == {"startup/data_s": 0.5}
+
+
+def test_a_pair_where_one_side_missed_the_target_has_no_target_ratio():
+    records = [_side("sign", 1, "saturate", 20, 4, math.nan), _side("sign", 1, "reference", 20, 4, 10)]
+    records += [_side("sign", 2, "saturate", 20, 4, 12), _side("sign", 2, "reference", 20, 4, 10)]
+    (s,) = summarize(records)
+    assert s.ratio["to_target_s"].n == 1 and s.ratio["to_target_s"].median == pytest.approx(1.2)
+    assert s.sides["saturate"]["reached"] == 1 and s.sides["reference"]["reached"] == 2
+
+
+def test_summarize_prints_the_tables_of_a_results_file(tmp_path, capsys):
+    path = tmp_path / "results.jsonl"
+    rows = [_side("har", 1, "saturate", 20, 4, 10), _side("har", 1, "reference", 25, 3, 12)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["--summarize", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| har | 1 | saturate | 20.0 | 10.0 | 4.0 | 10.0 (1/1) | 0.9000 |" in out
+    assert "0.80 (p80 0.80, 0.80-0.80, n=1)" in out  # whole process 20 / 25
+
+
+def test_every_example_has_a_shipped_reference_or_says_how_to_make_one():
+    for name in EXAMPLES:
+        folder = ROOT / "examples" / name
+        assert folder.is_dir(), name
+        assert (folder / "reference.py").exists() or (folder / "REFERENCE.md").exists(), name
+
+
+@pytest.mark.slow
+def test_the_quick_bench_runs_both_sides_of_the_shipped_har_reference(tmp_path):
+    results = tmp_path / "results.jsonl"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_examples.py"), "--quick", "--examples", "har"]
+    cmd += ["--threads", "1", "--out", str(tmp_path), "--results", str(results)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted(r["side"] for r in records) == ["reference", "saturate"]
+    for r in records:
+        assert r["wall_s"] > 0 and 0 < r["first_step_s"] < r["wall_s"], r
+        assert 0 <= r["final"] <= 1, r
+    sat = next(r for r in records if r["side"] == "saturate")
+    assert "target.metric=val/acc" in sat["command"] and sat["startup"], sat
+    assert "| har | 1 | saturate |" in done.stdout
