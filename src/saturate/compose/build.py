@@ -33,6 +33,7 @@ from saturate.data.mix import BatchMix
 from saturate.errors import ConfigError, Problem, UserError
 from saturate.loop.faults import NonFiniteGuard
 from saturate.loop.step import TrainStep
+from saturate.loop.target import Target
 from saturate.observe.costs import COST_SAMPLES, scaling, step_cost
 from saturate.observe.environment import cpu_name
 from saturate.observe.timing import Startup
@@ -514,3 +515,9 @@ def build_parts(
     parts = Parts(data, spec, task, precision, models, loaders, optimizer, scheduler, batch_size, total_steps, nodes)
     chosen = {"trials": trials, "search_s": search_s, "checkpointing": checkpointing}
     return dataclasses.replace(parts, **chosen)
+
+
+def build_target(run: RunConfig, parts: Parts) -> Target | None:
+    """target.metric and target.value, checked against what the evaluations log, or None."""
+    aim = run.target.resolved(parts.task, parts.spec.has_val)
+    return Target(aim[0], float(run.target.value), aim[1], run.target.stop) if aim else None

@@ -362,3 +362,20 @@ def abandon(session: Session, state: TrainState, signum: int) -> None:
     finally:
         logging.shutdown()
         os._exit(128 + signum)
+
+
+def setup_record(parts: Parts, monitor: str, started_at: str, overrides: list[str], env: dict) -> dict:
+    """What metrics.json records of how the run was set up."""
+    outcome = {
+        "data": parts.spec.name,
+        "synthetic": parts.spec.synthetic,
+        "precision": parts.precision.name,
+        "task": task_name(parts.task),
+        "monitor": monitor,
+        "started_at": started_at,
+        "overrides": overrides,
+        "fingerprint": env,
+    }
+    if parts.trials is not None:  # loader.batch_size=auto: what was tried, and how long it took
+        outcome["batch_search"] = {"seconds": parts.search_s, "trials": [dataclasses.asdict(t) for t in parts.trials]}
+    return outcome

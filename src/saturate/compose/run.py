@@ -9,7 +9,6 @@ the same run.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
@@ -24,7 +23,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from saturate import names
 from saturate.callbacks import CallbackError, Observers, Plan, Run
 from saturate.callbacks.profiler import Profiler
-from saturate.compose.build import Parts, UserObjects, build_parts, make_step
+from saturate.compose.build import Parts, UserObjects, build_parts, build_target, make_step
 from saturate.compose.outcome import (
     Metrics,
     Session,
@@ -33,6 +32,7 @@ from saturate.compose.outcome import (
     class_names,
     finish,
     recorded_config,
+    setup_record,
     start_records,
     task_name,
     write,
@@ -47,7 +47,6 @@ from saturate.errors import UserError
 from saturate.loop.engine import Control, Engine, Training, TrainState, Watch
 from saturate.loop.evaluate import EvaluationError, Evaluator
 from saturate.loop.faults import NotRequeued, Preempted, StopSignal, TrainingDiverged
-from saturate.loop.target import Target
 from saturate.observe.environment import fingerprint
 from saturate.observe.monitor import ResourceMonitor, peak_memory
 from saturate.observe.timing import RunClock, Startup, StepTimer
@@ -131,7 +130,7 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
         monitor = ResourceMonitor(run.monitor.interval_s, device, enabled=run.monitor.enabled)
         watch = Watch(tracker, timer, monitor, peak_memory(device), RunClock())
         hint = resume_hint(run.run_dir, dist.world_size, invocation)
-        target = _target(run, parts)
+        target = build_target(run, parts)
         limits = (run.trainer.max_epochs, run.trainer.max_steps)
         control = Control(*limits, stop, dist, start_time, hint, target, origin=startup.origin)
         training, evaluator = _training(run, parts, device, dist), _evaluator(run, parts)
@@ -144,7 +143,7 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
         observers.check_state()  # a callback state a checkpoint cannot hold: one line now, not at the first save
         start_records(run, invocation, parts, tracker, config, env, dist)
         startup.mark("loggers and records")
-        outcome = _outcome(parts, checkpointing.monitor, started_at, list(invocation.overrides), env)
+        outcome = setup_record(parts, checkpointing.monitor, started_at, list(invocation.overrides), env)
         session = Session(
             run, invocation, parts, engine, view, tracker, observers, dist, device, outcome, start_time, startup
         )
@@ -195,23 +194,6 @@ def _checkpointer(
         fingerprint=env,
         enabled=dist.is_main,
     )
-
-
-def _outcome(parts: Parts, monitor: str, started_at: str, overrides: list[str], env: dict) -> dict:
-    """What metrics.json records of how the run was set up."""
-    outcome = {
-        "data": parts.spec.name,
-        "synthetic": parts.spec.synthetic,
-        "precision": parts.precision.name,
-        "task": task_name(parts.task),
-        "monitor": monitor,
-        "started_at": started_at,
-        "overrides": overrides,
-        "fingerprint": env,
-    }
-    if parts.trials is not None:  # loader.batch_size=auto: what was tried, and how long it took
-        outcome["batch_search"] = {"seconds": parts.search_s, "trials": [dataclasses.asdict(t) for t in parts.trials]}
-    return outcome
 
 
 def _drive(session: Session, state: TrainState) -> Metrics:
@@ -278,12 +260,6 @@ def _fit(session: Session, state: TrainState) -> Metrics:
         if record is not None and record["status"] == "completed":
             session.dist.barrier()  # the ranks leave together: one tearing gloo down as another writes can abort
     raise failure  # out here, so the frames holding the loader's workers are freed
-
-
-def _target(run: RunConfig, parts: Parts) -> Target | None:
-    """target.metric and target.value, checked against what the evaluations log, or None."""
-    aim = run.target.resolved(parts.task, parts.spec.has_val)
-    return Target(aim[0], float(run.target.value), aim[1], run.target.stop) if aim else None
 
 
 def _training(run: RunConfig, parts: Parts, device: torch.device, dist: Dist) -> Training:
