@@ -375,6 +375,17 @@ def test_cuda_requested_without_cuda(make_cfg):
         saturate.train(make_cfg("device=cuda"))
 
 
+def test_a_folder_in_a_checkpoints_place_is_named_and_nothing_said_intact(tmp_path):
+    """Red team round 4, c108: best.pt a folder said "the previous one is intact"."""
+    from saturate.parts.checkpoint import CheckpointError, atomic_save
+
+    (tmp_path / "best.pt").mkdir()
+    with pytest.raises(CheckpointError) as err:
+        atomic_save({"step": 1}, tmp_path / "best.pt")
+    assert str(err.value).endswith("best.pt: Is a directory; a folder is in its place: move it away")
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 def test_disk_full_during_a_save_keeps_the_previous_checkpoint(make_cfg, monkeypatch):
     cfg = make_cfg("trainer.max_epochs=2")
     real_fsync, calls = os.fsync, []

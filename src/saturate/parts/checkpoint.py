@@ -96,10 +96,15 @@ def _atomic_save(obj: Any, path: Path) -> None:
         cause = _os_error(e)
         if cause is None:
             raise
-        # a full disk, a quota, a vanished mount: the user's to fix; the message names this file
-        raise CheckpointError(
-            f"cannot write checkpoint {path}: {cause.strerror or cause}; the previous one is intact"
-        ) from None
+        # a full disk, a quota, a vanished mount, a folder in its place: the user's to fix; the message names this file
+        kept = (
+            "a folder is in its place: move it away"
+            if path.is_dir()
+            else "the previous one is intact"
+            if path.is_file()
+            else "no earlier one was written"
+        )
+        raise CheckpointError(f"cannot write checkpoint {path}: {cause.strerror or cause}; {kept}") from None
 
 
 def rng_state() -> dict[str, Any]:
