@@ -209,7 +209,8 @@ def test_validation_batches_are_not_augmented(tmp_path):
         model, train, val, overrides=[*TINY, "augmentation=gpu", "augmentation.preset=strong"], run_dir=tmp_path
     )
     mean, std = channel_stats(train.images)
-    evaluated = torch.cat([x for training, x in model.seen if not training][-2:])  # the last evaluation's 2 batches
+    # the last evaluation's 2 batches (after training, the report's advice checks run 2 samples)
+    evaluated = torch.cat([x for training, x in model.seen if not training and len(x) == 32][-2:])
     plain = (val.images[: len(evaluated)].float() / 255 - mean[0]) / std[0]
     torch.testing.assert_close(evaluated, plain)
 
@@ -217,7 +218,7 @@ def test_validation_batches_are_not_augmented(tmp_path):
         level = (x * std[0] + mean[0]) * 255
         return ((level - level.round()).abs() < 1e-3).float().mean().item()
 
-    trained = [x for training, x in model.seen if training][-1]
+    trained = [x for training, x in model.seen if training and len(x) == 32][-1]  # (the cost probes after: 8)
     assert trained.shape == (32, 1, 8, 8)
     assert on_uint8_grid(evaluated) == 1.0
     assert on_uint8_grid(trained) < 0.5  # rotated, shifted, brightness and contrast: interpolated values

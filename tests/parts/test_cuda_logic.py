@@ -234,7 +234,7 @@ def test_evaluation_runs_the_uncompiled_model_without_autograd(make_cfg, monkeyp
     original = SmallCNN.forward
 
     def forward(self, x):
-        if not self.training:
+        if not self.training and len(x) == 32:  # an evaluation batch (the start-up and advice checks take 2)
             calls["eval"].append(torch.is_inference_mode_enabled())
         return original(self, x)
 
@@ -243,8 +243,8 @@ def test_evaluation_runs_the_uncompiled_model_without_autograd(make_cfg, monkeyp
     metrics = saturate.train(make_cfg("trainer.compile=true"))
     assert "val/acc" in metrics
     assert calls["wrapper"] and all(calls["wrapper"])  # the compiled wrapper only ever trained
-    # validation: the plain model, under inference_mode (first: the start-up check)
-    assert calls["eval"][-2:] == [
+    # validation: the plain model, under inference_mode
+    assert calls["eval"] == [
         True,
         True,
     ]

@@ -73,7 +73,7 @@ class Sequence(Task):
         self.input_length_key, self.target_length_key = input_length_key, target_length_key
         self.main = "ter" if mode == "ctc" else "acc"
         self._takes_lengths: bool | None = None
-        self.labels_checked = 0  # batches whose labels were read on the host (targets on a device: CHECK_LABELS)
+        self.labels_checked = 0  # batches whose labels were read on the host (the first CHECK_LABELS)
         # CTC reads the lengths on the host: on the device PyTorch's loss copies them back, a
         # synchronisation every step (the loaders leave these entries where they are)
         self.host_keys = (input_length_key, target_length_key) if mode == "ctc" else ()
@@ -131,14 +131,18 @@ class Sequence(Task):
     def _check_ctc(self, lengths: torch.Tensor, target: torch.Tensor, target_lengths: torch.Tensor) -> None:
         """Targets CTC cannot align, named: a DataError, where torch's zero_infinity would make
         their loss 0 and train on nothing (or a label outside 1..C-1 would train the wrong
-        class). The lengths live on the host: checked every batch. The labels are read where
-        they are on the host too, else in the first batches only (a read is a synchronisation)."""
+        class). The lengths live on the host: checked every batch. The labels in the first
+        CHECK_LABELS batches (on a device a read is a synchronisation) and at start-up."""
         on_host = lengths.device.type == "cpu" and target_lengths.device.type == "cpu"
         if on_host:
             self._too_few_frames(lengths, target_lengths, torch.zeros_like(target_lengths))
-        if target.device.type != "cpu" and self.labels_checked >= self.CHECK_LABELS:
-            return
-        self.labels_checked += 1
+        if self.labels_checked < self.CHECK_LABELS:  # on a device each read is a synchronisation
+            self.labels_checked += 1
+            self._check_labels(lengths, target, target_lengths)
+
+    def _check_labels(self, lengths: torch.Tensor, target: torch.Tensor, target_lengths: torch.Tensor) -> None:
+        """The labels within each target's length: none the blank, none past num_classes - 1,
+        and frames enough for the repeats (a blank between two equal labels)."""
         counts = target_lengths.to(target.device)
         within = torch.arange(target.shape[1], device=target.device)[None, :] < counts[:, None]
         given = target[within]
@@ -152,8 +156,7 @@ class Sequence(Task):
         repeats = ((target[:, 1:] == target[:, :-1]) & within[:, 1:]).sum(1).cpu()
         self._too_few_frames(lengths.cpu(), target_lengths.cpu(), repeats)
 
-    @staticmethod
-    def _too_few_frames(frames: torch.Tensor, count: torch.Tensor, repeats: torch.Tensor) -> None:
+    def _too_few_frames(self, frames: torch.Tensor, count: torch.Tensor, repeats: torch.Tensor) -> None:
         short = (frames < count + repeats).nonzero().flatten()
         if len(short):
             i = int(short[0])
