@@ -7,6 +7,7 @@ and says, with measurements, why it is not.
 - `saturate.callbacks`: the hooks and loggers a run calls.
 """
 
+import saturate.started  # noqa: F401  (first: the start-up clock's fallback origin)
 from saturate.config.registration import register
 
 __all__ = ["Metrics", "fit", "register", "train"]

@@ -123,3 +123,24 @@ def test_train_py_counts_the_interpreter_and_imports(tmp_path):
     assert on_disk["startup/interpreter_and_imports_s"] > 0.1  # torch alone takes longer to import
     spans = sum(v for k, v in on_disk.items() if k.startswith("startup/"))
     assert spans == pytest.approx(on_disk[names.FIRST_STEP_S], rel=1e-6)
+
+
+def test_a_process_that_began_as_a_shell_counts_from_saturates_import(monkeypatch):
+    """`pip install ... && python train.py` in one shell: bash exec's python, whose process then
+    keeps the shell's start time, before pip ran (the first quick-start run said "interpreter
+    and imports 76.61 s"). A start more than PROCESS_SLACK_S before saturate's import is not
+    the interpreter's: the clock starts at the import."""
+    import time
+
+    import psutil
+
+    from saturate.observe import timing
+    from saturate.started import IMPORTED_AT
+
+    monkeypatch.setattr(timing.Startup, "runs", 0)
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: time.time() - 100.0)
+    assert timing.Startup(from_process=True).origin == IMPORTED_AT
+    monkeypatch.setattr(timing.Startup, "runs", 0)
+    young = time.time() - (time.perf_counter() - IMPORTED_AT) - 0.3  # began 0.3 s before the import
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: young)
+    assert timing.Startup(from_process=True).origin == pytest.approx(IMPORTED_AT - 0.3, abs=0.05)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from saturate import names
+from saturate.started import IMPORTED_AT
 
 LAUNCH_RATIO = 1.1  # device time within this factor of the host's time to launch the same work: it kept pace
 
@@ -232,6 +233,9 @@ class RunClock:
         return {f"time/{name}": value for name, value in vars(self).items()}
 
 
+PROCESS_SLACK_S = 5.0  # the most a process's start may precede saturate's import and still count as its start
+
+
 class Startup:
     """Where the time from the command to the end of the first optimizer step went: spans
     marked in order as the run builds its parts (`mark(name)`: the time since the previous
@@ -249,7 +253,10 @@ class Startup:
         if from_process:
             import psutil
 
-            self.origin = now - max(0.0, time.time() - psutil.Process().create_time())
+            began = now - max(0.0, time.time() - psutil.Process().create_time())
+            # a process older than saturate's import by more than the interpreter and Hydra take
+            # began as something else (a shell that exec'd python after pip install): from the import
+            self.origin = began if IMPORTED_AT - began < PROCESS_SLACK_S else IMPORTED_AT
         self.last = self.origin
         self.spans: dict[str, float] = {}
         if from_process:
