@@ -81,6 +81,9 @@ def run(main: Callable[[], object]) -> None:
             f"error: cannot write {what} ({e.strerror}); run from a writable folder or set hydra.run.dir=<writable "
             "folder>"
         )
+    finally:  # run() called in a process that goes on (a test, a notebook): its processes after it answer as before
+        os.environ.pop("HYDRA_FULL_ERROR", None)
+        _answering = False
 
 
 def help_text(argv: list[str]) -> str:

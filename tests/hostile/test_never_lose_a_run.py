@@ -658,3 +658,19 @@ def test_a_hook_that_changes_its_metrics_changes_nothing_recorded(tmp_path):
     metrics = fit(mlp(), data, data, task="regression", callbacks={"meddles": Meddles()}, run_dir=tmp_path)
     assert np.isfinite(metrics["val/mae"]) and np.isfinite(read_metrics(tmp_path)["val/mae"])
     assert "val/mae" in events(tmp_path).Tags()["scalars"] and read_metrics(tmp_path)["best"]["value"] is not None
+
+
+def test_run_leaves_the_process_environment_as_it_found_it(capsys, monkeypatch):
+    """cli.run() sets HYDRA_FULL_ERROR for itself: left set in a process that goes on, every
+    train.py started from it after showed Hydra's traceback instead of one line (seen as 7 CLI
+    tests failing after this file's interrupt test ran in the same pytest worker)."""
+    from saturate.cli import run
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+
+    def main():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit):
+        run(main)
+    assert "HYDRA_FULL_ERROR" not in os.environ

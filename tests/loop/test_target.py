@@ -137,10 +137,12 @@ def test_a_process_that_began_as_a_shell_counts_from_saturates_import(monkeypatc
     from saturate.observe import timing
     from saturate.started import IMPORTED_AT
 
+    def began(before_import_s: float) -> float:  # a process start, as psutil gives it (epoch seconds)
+        return time.time() - (time.perf_counter() - IMPORTED_AT) - before_import_s
+
     monkeypatch.setattr(timing.Startup, "runs", 0)
-    monkeypatch.setattr(psutil.Process, "create_time", lambda self: time.time() - 100.0)
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: began(76.0))  # pip install ran first
     assert timing.Startup(from_process=True).origin == IMPORTED_AT
     monkeypatch.setattr(timing.Startup, "runs", 0)
-    young = time.time() - (time.perf_counter() - IMPORTED_AT) - 0.3  # began 0.3 s before the import
-    monkeypatch.setattr(psutil.Process, "create_time", lambda self: young)
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: began(0.3))  # the interpreter and Hydra
     assert timing.Startup(from_process=True).origin == pytest.approx(IMPORTED_AT - 0.3, abs=0.05)
