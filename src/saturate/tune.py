@@ -443,11 +443,12 @@ class Tuner:
         if not self.affordable(reserve=3):
             return True  # no room: one trial decides, as the table's single figures say
         rival_changes = merged(self.changes, rival.changes) if rival is not None else self.changes
-        again = [self.trial([], base=rival_changes), self.trial([], base=merged(self.changes, result.changes))]
-        for r in again:
-            r.outcome = r.outcome or "recheck"
-        if any(r.status != "ok" for r in again):
-            return False
+        again = []
+        for base in (rival_changes, merged(self.changes, result.changes)):  # an interrupt in the first stops at once
+            again.append(self.trial([], base=base))
+            again[-1].outcome = again[-1].outcome or "recheck"
+            if again[-1].status != "ok":
+                return False
         return again[1].samples_per_s > again[0].samples_per_s * (1 + self.tune.min_gain)
 
     def try_dimension(self, dimension: str, options: list[list[str]]) -> None:
