@@ -221,7 +221,11 @@ def costs(session: Session, steady: dict) -> dict:
     if names.STEP_MS not in steady:
         return {}
     started = time.perf_counter()
-    cost, fixed = step_costs(session.config, session.parts, session.device)
+    try:
+        cost, fixed = step_costs(session.config, session.parts, session.device)
+    except Exception as e:  # noqa: BLE001 (after training, for the report only: a run that trained is not lost to it)
+        log.warning("costs: not counted after training (%s: %s)", type(e).__name__, str(e)[:200])
+        return {}
     if cost is None:
         return {}
     name = torch.cuda.get_device_name(session.device) if session.device.type == "cuda" else None
@@ -230,6 +234,15 @@ def costs(session: Session, steady: dict) -> dict:
         dtype = "tf32"
     figures = cost.figures(steady[names.STEP_MS] / 1000, name, dtype, fixed, steady.get(names.COMPUTE_MS, 0.0) / 1000)
     return {**figures, names.COST_DEVICE: session.device.type, names.COST_PROBE_S: time.perf_counter() - started}
+
+
+def _advice(run, parts: Parts, device: torch.device) -> tuple[bool, bool]:
+    """Whether the model takes channels_last and autocast (the report's and tune's advice)."""
+    try:
+        return advice_checks(run, parts, device)
+    except Exception as e:  # noqa: BLE001 (advice only: without the check, none that could break the model)
+        log.warning("report: the model's layout and autocast not checked (%s: %s)", type(e).__name__, str(e)[:200])
+        return False, False
 
 
 def report(session: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, dict]:
@@ -243,7 +256,7 @@ def report(session: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, di
         {n: metrics.get(f"time/{n}_s", 0.0) / loop for n in ("evaluation", "checkpoint", "logging")} if loop > 0 else {}
     )
     launch = metrics.get(names.LAUNCH_BOUND_FRAC) if device.type == "cuda" else metrics.get(names.FIXED_FRAC)
-    layout_ok, amp_ok = advice_checks(run, parts, device)
+    layout_ok, amp_ok = _advice(run, parts, device)
     facts = RunFacts(
         device=device.type,
         batch_size=parts.batch_size,
