@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import saturate
-from tests.conftest import compose_config
+from tests.conftest import TINY, compose_config
 
 EVERY_LOGGER = "logger=[tensorboard,csv,mlflow,wandb]"
 
@@ -45,13 +45,8 @@ def tracked_run(mlflow_template, tmp_path_factory):
     uri = f"sqlite:///{root / 'mlflow' / 'mlflow.db'}"
     cfg = compose_config(
         [
+            *(o for o in TINY if not o.startswith("trainer.max_epochs=")),
             "trainer.max_epochs=2",
-            "trainer.limit_train_batches=3",
-            "trainer.limit_val_batches=2",
-            "trainer.log_interval=1",
-            "trainer.progress=false",
-            "loader.batch_size=32",
-            "loader.num_workers=0",
             EVERY_LOGGER,
             f"logger.mlflow.tracking_uri={uri}",
             f"run_dir={root / 'run'}",

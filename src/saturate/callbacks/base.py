@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from saturate import names
+from saturate.errors import ConfigError, Problem
 
 
 @dataclass(frozen=True)
@@ -173,3 +174,15 @@ HOOKS = (
     "on_layout",
     "on_hparams",
 )
+
+
+def agreed_mode(run: Run, monitor: str, mode: str, key: str) -> str:
+    """`mode` (auto, max or min) for `monitor` as the task's direction says: auto takes it, the
+    other direction is refused as checkpoint.mode refuses it (a contradiction, not a choice).
+    `key`: the callback's config node, for the message (callbacks.early_stopping)."""
+    direction = run.direction(monitor)
+    if mode not in ("auto", direction):
+        better = "higher" if direction == "max" else "lower"
+        allowed = f"{direction} or auto for {key}.monitor={monitor} ({better} is better)"
+        raise ConfigError([Problem(f"{key}.mode", mode, allowed)])
+    return direction

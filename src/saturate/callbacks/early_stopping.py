@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from saturate.callbacks.base import agreed_mode
 from saturate.errors import ConfigError, Problem
 
 
@@ -36,12 +37,7 @@ class EarlyStopping:
     def on_run_start(self, run) -> None:
         if self.monitor == "auto":
             self.monitor = run.monitor
-        direction = run.direction(self.monitor)
-        if self.mode not in ("auto", direction):  # as checkpoint.mode: a contradiction, not a choice
-            better = "higher" if direction == "max" else "lower"
-            allowed = f"{direction} or auto for callbacks.early_stopping.monitor={self.monitor} ({better} is better)"
-            raise ConfigError([Problem("callbacks.early_stopping.mode", self.mode, allowed)])
-        self.mode = direction
+        self.mode = agreed_mode(run, self.monitor, self.mode, "callbacks.early_stopping")
 
     def on_eval_end(self, run, metrics: dict[str, float]) -> None:
         value = metrics.get(self.monitor.removeprefix("val/"), metrics.get(self.monitor))

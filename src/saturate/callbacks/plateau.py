@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from saturate.callbacks.base import agreed_mode
 from saturate.errors import ConfigError, Problem
 
 
@@ -43,12 +44,7 @@ class Plateau:
     def on_run_start(self, run) -> None:
         if self.monitor == "auto":
             self.monitor = run.monitor
-        direction = run.direction(self.monitor)
-        if self.mode not in ("auto", direction):  # as checkpoint.mode: a contradiction, not a choice
-            better = "higher" if direction == "max" else "lower"
-            allowed = f"{direction} or auto for callbacks.plateau.monitor={self.monitor} ({better} is better)"
-            raise ConfigError([Problem("callbacks.plateau.mode", self.mode, allowed)])
-        self.mode = direction
+        self.mode = agreed_mode(run, self.monitor, self.mode, "callbacks.plateau")
         base = max(run.scheduler.base_lrs)
         scale = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
         self.rule = torch.optim.lr_scheduler.ReduceLROnPlateau(
