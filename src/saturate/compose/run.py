@@ -237,6 +237,7 @@ def _fit(session: Session, state: TrainState) -> Metrics:
         failure = loader_failure(e, session.config.loader.timeout_s, session.parts.loaders.train.num_workers)
         if failure is None:
             raise
+        session.parts.loaders.close()  # first: another worker's death (torch's SIGCHLD) then breaks no save
         session.engine.save(state, {})  # at the last completed step: the run resumes from there
         failure = type(failure)(
             f"{failure} The last completed step ({state.step}) is saved: {session.engine.checkpointer.last_good()}"
