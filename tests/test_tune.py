@@ -252,11 +252,11 @@ def test_tune_keeps_the_resident_loader_for_in_memory_data_and_skips_failing_tri
     # the table, in tune.md and in TensorBoard; each trial that trained is a run with an HParams entry
     table = (tmp_path / "tune" / "tune.md").read_text()
     assert "loader.resident=true" in table and "diverged" in table and "Fastest" in table
-    text = _events(tmp_path / "tune" / "tb").Tensors("tune/text_summary")[0].tensor_proto.string_val[0].decode()
+    text = _events(tmp_path / "tune").Tensors("tune/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "loader.resident=true" in text
     trials = sorted((tmp_path / "tune" / "trials").iterdir())
     # one HParams row per trial
-    assert len(trials) == len(result["results"]) and all(_has_hparams(f / "tb") for f in trials)
+    assert len(trials) == len(result["results"]) and all(_has_hparams(f) for f in trials)
     # the preset: `experiment=tuned_digits` is the start plus the winner's changes, exactly
     assert yaml.safe_load(preset.read_text())["loader"]["resident"] is True
     searchpath = f"hydra.searchpath=[file://{preset.parent.parent}]"

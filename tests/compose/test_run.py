@@ -32,14 +32,14 @@ CONTRACT_METRICS = [
 
 
 def events(run_dir) -> EventAccumulator:
-    acc = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     return acc
 
 
 def session_hparams(run_dir) -> dict:
     """This run's HParams values, from its session (in the run's own event files)."""
-    acc = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
     content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
@@ -290,7 +290,8 @@ def test_hparams_hold_the_values_used_and_the_compared_metrics(make_cfg):
     # train(cfg) of a composed config is given none (train.py's: tests/observe/test_sweep.py)
     assert hp["overrides"] == "(none)"
     # one run in TensorBoard's list: the session sits in the run's own event files, no sub-run
-    assert [p.name for p in (Path(cfg.run_dir) / "tb").iterdir() if p.is_dir()] == []
+    assert len(list(Path(cfg.run_dir).glob("events.out.tfevents.*"))) == 1
+    assert not list(Path(cfg.run_dir).glob("*/**/events.out.tfevents.*"))
     session = events(cfg.run_dir)
     # TensorBoard offers every scalar of the session's run as a metric, sorted, and shows the first five: the
     # compared metrics' final values as compare/*, which sort first

@@ -170,9 +170,9 @@ def test_fit_end_to_end_writes_the_run_dir(user_package, tmp_path):
         "report.md",
         "checkpoints/last.pt",
         "checkpoints/best.pt",
-        "tb",
     ):
         assert (tmp_path / name).exists(), name
+    assert list(tmp_path.glob("events.out.tfevents.*"))  # TensorBoard's, in the run dir
     written = read_metrics(tmp_path)
     assert written["status"] == "completed" and written["monitor"] == "val/loss" and written["data"] == "Arrays"
     assert float(metrics) == metrics["val/loss"] == written["val/loss"]
@@ -321,7 +321,9 @@ def test_loggers_and_callbacks_from_the_config(user_package, tmp_path):
     )
     saturate.train(cfg)
     assert json.loads(out.read_text()) == "completed"
-    assert (tmp_path / "run" / "metrics.csv").is_file() and not (tmp_path / "run" / "tb").exists()
+    assert (tmp_path / "run" / "metrics.csv").is_file() and not list(
+        (tmp_path / "run").glob("**/events.out.tfevents.*")
+    )
 
 
 @pytest.mark.parametrize(

@@ -332,7 +332,7 @@ def a_sweep(root: Path, jobs: int = 3) -> Path:
     """A sweep dir as `train.py -m` leaves it: numbered job dirs with `.hydra/overrides.yaml`
     and `metrics.json`."""
     for n in range(jobs):
-        job = root / f"{n}_loader.batch_size-{16 << n}"
+        job = root / f"{n}_batch_size-{16 << n}"
         (job / ".hydra").mkdir(parents=True)
         (job / ".hydra" / "overrides.yaml").write_text(f"- loader.batch_size={16 << n}\n- trainer.max_epochs=1\n")
         metrics = {"status": "completed", "perf/samples_per_s": 100.0 * (n + 1), "perf/data_wait_frac": 0.1}
@@ -376,7 +376,7 @@ def test_a_report_never_writes_through_a_symlink_nor_copies_lines_from_a_run(tmp
 
 def test_a_report_does_not_follow_a_job_dir_or_file_out_of_the_sweep(tmp_path):
     sweep = a_sweep(tmp_path / "sweep")
-    outside = a_sweep(tmp_path / "outside", jobs=1) / "0_loader.batch_size-16"
+    outside = a_sweep(tmp_path / "outside", jobs=1) / "0_batch_size-16"
     (sweep / "7_root").symlink_to(outside)
     job = next(sweep.glob("0_*"))
     (job / "metrics.json").unlink()
@@ -401,7 +401,7 @@ def test_trainer_restart_with_a_mistake_deletes_nothing(make_cfg, mistake):
     with pytest.raises(saturate.errors.UserError):
         saturate.train(make_cfg(f"run_dir={run_dir}", "trainer.restart=true", mistake))
     assert unchanged(run_dir, saved) and read_metrics(run_dir)["status"] == "completed"
-    assert len(list((run_dir / "tb").glob("events.out.tfevents.*"))) == 1
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
 
 
 def test_trainer_restart_deletes_everything_of_the_earlier_run_and_lists_it(make_cfg, caplog):
@@ -409,12 +409,12 @@ def test_trainer_restart_deletes_everything_of_the_earlier_run_and_lists_it(make
     saturate.train(cfg)
     run_dir = Path(cfg.run_dir)
     (run_dir / "checkpoints" / "my_notes.txt").write_text("mine")
-    earlier_events = set((run_dir / "tb").glob("events.out.tfevents.*"))  # its scalars and HParams session
+    earlier_events = set(run_dir.glob("events.out.tfevents.*"))  # its scalars and HParams session
     assert (run_dir / "predictions" / "val.npz").is_file() and len(earlier_events) == 1
     with caplog.at_level(logging.WARNING, logger="saturate"):
         saturate.train(make_cfg(f"run_dir={run_dir}", "trainer.restart=true", "data.val_fraction=0.5"))
     assert not (run_dir / "predictions").exists()  # the earlier run's predictions of another split
-    events = set((run_dir / "tb").glob("events.out.tfevents.*"))
+    events = set(run_dir.glob("events.out.tfevents.*"))
     assert len(events) == 1 and not events & earlier_events  # this run's events (and session) only
     assert (run_dir / "checkpoints" / "my_notes.txt").read_text() == "mine"  # not saturate's: kept
     (said,) = [r.getMessage() for r in caplog.records if "trainer.restart=true: deleted" in r.getMessage()]

@@ -33,20 +33,56 @@ def test_a_run_is_one_run_in_tensorboard_holding_its_hparams_session(tmp_path):
     multiplexer = EventMultiplexer()
     multiplexer.AddRunsFromDirectory(str(tmp_path))
     multiplexer.Reload()
-    assert sorted(multiplexer.Runs()) == ["a/tb", "b/tb"]  # each run once
+    assert sorted(multiplexer.Runs()) == ["a", "b"]  # each run once, named by its dir
     sessions = multiplexer.PluginRunToTagToContent("hparams")
-    assert sorted(sessions) == ["a/tb", "b/tb"] and all("_hparams_/session_start_info" in s for s in sessions.values())
+    assert sorted(sessions) == ["a", "b"] and all("_hparams_/session_start_info" in s for s in sessions.values())
     for name, lr in runs.items():
 
         def values(tag: str, name: str = name) -> list[tuple[int, float]]:
-            return [
-                (e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
-                for e in multiplexer.Tensors(f"{name}/tb", tag)
-            ]
+            return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in multiplexer.Tensors(name, tag)]
 
         assert values("val/acc")[-1] == (3, pytest.approx(3 * lr))
         # the HParams table's metric columns: compare/*, sorted before cpu/ and memory/ (it shows the first five)
         assert values("compare/gpu/mean") == [(3, 50.0)] and values("compare/val/acc") == [(3, pytest.approx(3 * lr))]
         assert [s for s, _ in values("train/loss")] == [1, 2, 3]  # no extra point from the session
-        scalars = sorted(multiplexer.PluginRunToTagToContent("scalars")[f"{name}/tb"])
+        scalars = sorted(multiplexer.PluginRunToTagToContent("scalars")[name])
         assert scalars == ["compare/gpu/mean", "compare/val/acc", "train/loss", "val/acc"]
+
+
+def test_a_resumed_run_drops_what_the_earlier_attempt_wrote_after_its_checkpoint(tmp_path):
+    run = SimpleNamespace(run_dir=tmp_path / "run", start_step=0, step=0, metrics={})
+    run.run_dir.mkdir()
+    for start, steps, value in ((0, (1, 2, 3), 1.0), (2, (3, 4), 2.0)):  # interrupted after step 3, saved at 2
+        run.start_step = start
+        logger = TensorBoardLogger()
+        logger.on_run_start(run)
+        for step in steps:
+            logger.on_log(run, {"train/loss": value * step}, step)
+        logger.on_run_end(run, {})
+    multiplexer = EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    curve = [
+        (e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in multiplexer.Tensors("run", "train/loss")
+    ]
+    assert curve == [(1, 1.0), (2, 2.0), (3, 6.0), (4, 8.0)]  # step 3 once: the resumed attempt's
+
+
+def test_a_run_written_before_events_moved_into_the_run_dir_goes_on_in_its_tb_folder(tmp_path):
+    """One run in TensorBoard's list whichever layout wrote it first: a resumed run of the old
+    layout (`<run dir>/tb`) adds its events there."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = SimpleNamespace(run_dir=tmp_path / "old", start_step=2, step=2, metrics={})
+    with SummaryWriter(str(run.run_dir / "tb")) as earlier:  # the earlier attempt, as the old layout wrote it
+        for step in (1, 2, 3):
+            earlier.add_scalar("train/loss", float(step), step)
+    logger = TensorBoardLogger()  # resumed from step 2
+    logger.on_run_start(run)
+    logger.on_log(run, {"train/loss": 4.0}, 4)
+    logger.on_run_end(run, {})
+    multiplexer = EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    assert multiplexer.Runs().keys() == {"old/tb"}
+    assert [e.step for e in multiplexer.Tensors("old/tb", "train/loss")][-1] == 4

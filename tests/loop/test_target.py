@@ -19,7 +19,7 @@ EPOCHS = ["trainer.max_epochs=3", "trainer.limit_train_batches=-1", "trainer.lim
 
 
 def scalars(run_dir, tag: str) -> list[tuple[int, float]]:
-    acc = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
     return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 

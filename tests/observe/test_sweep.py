@@ -93,15 +93,15 @@ def test_a_sweep_of_four_jobs_leaves_four_runs_hparams_and_a_report(tmp_path):
     root = sweep_dir(tmp_path)
     jobs = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name)
     assert [p.name for p in jobs] == [  # each job named by its swept values: TensorBoard's run list shows them
-        "0_loader.batch_size-32+loader.num_workers-0",
-        "1_loader.batch_size-32+loader.num_workers-2",
-        "2_loader.batch_size-64+loader.num_workers-0",
-        "3_loader.batch_size-64+loader.num_workers-2",
+        "0_batch_size-32+num_workers-0",
+        "1_batch_size-32+num_workers-2",
+        "2_batch_size-64+num_workers-0",
+        "3_batch_size-64+num_workers-2",
     ]
     seen = set()
     for job in jobs:
         assert json.loads((job / "metrics.json").read_text())["status"] == "completed"
-        acc = EventAccumulator(str(job / "tb"))
+        acc = EventAccumulator(str(job))
         acc.Reload()
         hp = session_hparams(job)  # the swept overrides are columns, integers as numbers
         seen.add((hp["loader.batch_size"], hp["loader.num_workers"]))
@@ -164,9 +164,9 @@ def test_a_failing_job_does_not_lose_the_others(tmp_path):
     assert result.returncode == 1  # the sweep as a whole failed ...
     assert "loader.batch_size=5000: larger than the training set" in result.stderr and "Traceback" not in result.stderr
     root = sweep_dir(tmp_path)
-    ok = json.loads((root / "0_loader.batch_size-auto" / "metrics.json").read_text())
+    ok = json.loads((root / "0_batch_size-auto" / "metrics.json").read_text())
     assert ok["status"] == "completed" and ok["batch_size"] >= 16  # ... but the auto-sized job ran
-    failed = json.loads((root / "1_loader.batch_size-5000" / "metrics.json").read_text())
+    failed = json.loads((root / "1_batch_size-5000" / "metrics.json").read_text())
     assert failed == {
         "status": "failed",
         "error": "UserError: loader.batch_size=5000: larger than the training set (1437 samples)",

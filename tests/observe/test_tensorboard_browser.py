@@ -6,9 +6,11 @@ README's are made so: docs/tensorboard/)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -39,7 +41,10 @@ def logdir(tmp_path_factory):
         r"review: tensorboard --logdir (\S+), then (http://localhost:6006/\S+)", runs[0].stdout + runs[0].stderr
     )
     assert hint and hint[1] == "outputs", runs[0].stdout[-2000:]
-    return cwd / "outputs", hint[2]
+    # a sweep job's: its sweep, the jobs side by side under their own names
+    sweep = re.search(r"review: tensorboard --logdir (\S+), then", runs[1].stdout + runs[1].stderr)
+    assert sweep and re.fullmatch(r"outputs/multirun/[0-9-]+/[0-9-]+", sweep[1]), runs[1].stdout[-2000:]
+    return cwd / "outputs", hint[2], cwd / sweep[1]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +63,7 @@ def shot(page, name: str) -> None:
 
 
 def test_hparams_shows_every_swept_key_whichever_run_is_read_first(logdir, browser):
-    outputs, _ = logdir
+    outputs, _, _ = logdir
     with tensorboard(outputs) as post:
         page = browser.new_page(viewport={"width": 1600, "height": 900})
         page.goto(f"{post.url}/#hparams")
@@ -80,8 +85,9 @@ def test_hparams_shows_every_swept_key_whichever_run_is_read_first(logdir, brows
             "loader.batch_size=64 trainer.channels_last=false",
             "loader.batch_size=64 trainer.channels_last=true",
         ]
-        # run names carry their overrides
-        assert any("0_loader.batch_size-32+trainer.channels_last-True" in c for c in cells)
+        # run names carry their overrides, each run once (no `<run>/tb`, no `<run>/tb/hparams`)
+        trials = [c for c in cells if c.startswith(("a_plain_run", "multirun/"))]
+        assert len(trials) == 7 and any(c.endswith("/0_batch_size-32+channels_last-True") for c in trials), trials
         experiment = post("experiment", {"experimentName": ""})
         types = {h["name"]: h["type"] for h in experiment["hparamInfos"]}
         assert types["loader.batch_size"] == types["model.width"] == "DATA_TYPE_FLOAT64"  # numeric axes, range filters
@@ -93,7 +99,7 @@ def test_hparams_shows_every_swept_key_whichever_run_is_read_first(logdir, brows
 
 
 def test_the_link_a_run_prints_opens_time_series_on_its_learning_curves(logdir, browser):
-    outputs, link = logdir
+    outputs, link, _ = logdir
     with tensorboard(outputs) as post:
         page = browser.new_page(viewport={"width": 1600, "height": 900})
         page.goto(link.replace("http://localhost:6006", post.url))
@@ -103,3 +109,23 @@ def test_the_link_a_run_prints_opens_time_series_on_its_learning_curves(logdir, 
         shot(page, "time_series_landing")
         assert titles[:3] == ["train/loss", "val/loss", "val/acc"], titles
         assert "smoothing=0" in page.url  # a short run drawn as it is
+
+
+def test_a_sweeps_jobs_read_by_what_it_varied_under_the_logdir_it_prints(logdir, browser):
+    _, _, sweep = logdir
+    jobs = [
+        "0_batch_size-32+channels_last-True",
+        "1_batch_size-32+channels_last-False",
+        "2_batch_size-64+channels_last-True",
+        "3_batch_size-64+channels_last-False",
+    ]
+    with tensorboard(sweep) as post:
+        runs = json.loads(urllib.request.urlopen(f"{post.url}/data/runs", timeout=30).read())
+        assert sorted(runs) == jobs  # TensorBoard's run list: each job once, by its swept values
+        page = browser.new_page(viewport={"width": 1600, "height": 900})
+        page.goto(f"{post.url}/#hparams")
+        page.locator("vaadin-grid-cell-content", has_text="Trial ID").wait_for(timeout=30000)
+        page.wait_for_timeout(1500)
+        cells = [c.strip() for c in page.locator("vaadin-grid-cell-content").all_inner_texts()]
+        shot(page, "hparams_sweep")
+        assert sorted(c for c in cells if c in jobs) == jobs  # the Trial IDs, whole

@@ -50,15 +50,16 @@ def test_trainer_restart_starts_the_run_over(make_cfg):
     (run_dir / "mlflow.json").write_text('{"run_id": "earlier"}')
     (run_dir / "wandb" / "offline-run-1-earlier").mkdir(parents=True)
     (run_dir / "wandb" / "run_id").write_text("earlier")
-    (run_dir / "tb" / "hparams").mkdir()
+    (run_dir / "tb" / "hparams").mkdir(parents=True)  # the layout before events moved into the run dir
     (run_dir / "tb" / "hparams" / "events.out.tfevents.1.old").write_bytes(b"")
+    (run_dir / "tb" / "events.out.tfevents.2.old").write_bytes(b"")
     metrics = saturate.train(make_cfg(f"run_dir={run_dir}", "trainer.restart=true"))
     assert not (run_dir / "mlflow.json").exists() and not (run_dir / "wandb").exists()
-    assert not (run_dir / "tb" / "hparams").exists()  # emptied and removed
+    assert not (run_dir / "tb").exists()  # emptied and removed
     # the earlier run's are gone
     assert metrics["progress/step"] == 3 and not (run_dir / "checkpoints" / "top-001-0000003.pt").exists()
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 3
-    assert len(list((run_dir / "tb").glob("events.out.tfevents.*"))) == 1  # this run's events only
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1  # this run's events only
 
 
 def test_resume_and_restart_together_are_a_config_error(make_cfg):

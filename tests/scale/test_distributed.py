@@ -61,13 +61,13 @@ def ddp_run(tmp_path_factory) -> Path:
 def test_two_processes_one_run_dir_identical_ranks_and_the_single_process_result(ddp_run, make_cfg):
     outputs = [p for p in ddp_run.parent.rglob("metrics.json")]
     assert outputs == [ddp_run / "metrics.json"]  # exactly one run dir and one metrics.json
-    assert sorted(p.name for p in ddp_run.iterdir()) == [
+    assert len(list(ddp_run.glob("events.out.tfevents.*"))) == 1  # rank 0's TensorBoard events
+    assert sorted(p.name for p in ddp_run.iterdir() if not p.name.startswith("events.out.tfevents.")) == [
         ".hydra",
         ".lock",  # rank 0 holds the run dir (saturate.parts.rundir)
         "checkpoints",
         "metrics.json",
         "report.md",
-        "tb",
         "train.log",
         "train.rank1.log",
     ]
@@ -185,7 +185,7 @@ def test_multirun_under_torchrun_runs_each_job_on_both_ranks(tmp_path):
     result = torchrun("-m", "loader.batch_size=32,64", *SAME, "trainer.max_epochs=1", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")  # one sweep dir, shared by the ranks
-    for job, batch in (("0_loader.batch_size-32", 32), ("1_loader.batch_size-64", 64)):
+    for job, batch in (("0_batch_size-32", 32), ("1_batch_size-64", 64)):
         metrics = json.loads((sweep / job / "metrics.json").read_text())
         assert (
             metrics["world_size"] == 2

@@ -144,9 +144,9 @@ def _say_done(session: Session, metrics: dict) -> None:
         session.config.run_dir,
     )
     run_dir = Path(session.config.run_dir)
-    if session.dist.is_main and (run_dir / "tb").is_dir():
+    if session.dist.is_main and any(p for d in (run_dir, run_dir / "tb") for p in d.glob("events.out.tfevents.*")):
         watched = [monitor, *(f"val/{n}" for n in session.parts.task.names())]
-        log.info("review: %s", review_hint(run_dir, watched, metrics))
+        log.info("review: %s", review_hint(run_dir, watched, metrics, session.invocation.sweep_dir))
 
 
 def tested(session: Session) -> dict[str, float]:

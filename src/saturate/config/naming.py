@@ -3,8 +3,9 @@
 The name ends the run directory (`outputs/runs/<date>/<time>_<name>`, a sweep job's
 `<job>_<name>`), so TensorBoard's run list, which shows directories, tells runs apart. In a
 multirun the name holds only the swept keys: what tells its jobs apart. It is written
-`key-value+key-value` (`precision-bf16+loader-fast`): `=` and `,` would make the directory
-unusable as an override value (`trainer.resume=<run dir>`, `hydra.run.dir=<run dir>`).
+`key-value+key-value`, keys by their last part (`precision-bf16+batch_size-64`): `=` and `,`
+would make the directory unusable as an override value (`trainer.resume=<run dir>`,
+`hydra.run.dir=<run dir>`).
 """
 
 from __future__ import annotations
@@ -32,12 +33,19 @@ def override_value(text: str) -> str:
 
 
 def slug(overrides: Iterable[str], keep: set[str] | frozenset[str] | None = None) -> str:
-    """`key-value+key-value` for the overrides that are settings (those in `keep` when given)."""
-    pairs = []
+    """`key-value+key-value` for the overrides that are settings (those in `keep` when given),
+    each key by its last part (`batch_size-32` for `loader.batch_size=32`) unless two of them
+    would then read the same (`optim.lr` and `scheduler.lr` stay whole)."""
+    settings = []
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
         if is_setting(override) and (keep is None or key_of(override) in keep):
-            pairs.append(_clean(f"{key}-{value}"))
+            settings.append((key, value))
+    short = [key.rsplit(".", 1)[-1] for key, _ in settings]
+    pairs = [
+        _clean(f"{name if short.count(name) == 1 else key}-{value}")
+        for name, (key, value) in zip(short, settings, strict=True)
+    ]
     kept = []  # whole pairs, as many as fit
     for pair in pairs:
         if len("+".join([*kept, pair])) > MAX_LENGTH:

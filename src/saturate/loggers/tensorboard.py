@@ -1,6 +1,8 @@
-"""TensorBoard event files under `<run dir>/tb`: every metric as a scalar, texts (the report,
+"""TensorBoard event files in the run dir itself: every metric as a scalar, texts (the report,
 the config), image grids, the Custom Scalars overview, and the run's HParams session: one run
-in TensorBoard's run list per run dir.
+in TensorBoard's run list per run dir, named by the run dir's path below the logdir (a sweep's
+jobs, under `--logdir <sweep dir>`: `0_batch_size-32+channels_last-True`). Runs written before
+this layout hold their events in `<run dir>/tb`: resumed, they go on writing there (one run).
 
 HParams: no run writes an experiment summary. TensorBoard then builds the table's columns
 from every run's own values (the union of keys, each marked as differing when its values
@@ -22,22 +24,29 @@ from saturate import names
 
 class TensorBoardLogger:
     """A run resumed at step N first drops the events an earlier attempt wrote after N
-    (TensorBoard's purge_step), so its curves do not fork."""
+    (TensorBoard's purge_step), so its curves do not fork. (Runs written before this layout
+    started no session, so TensorBoard does not drop theirs.)"""
 
     # in metrics.json, not plotted: the step is every chart's x axis and the wall time its
     # "Relative" axis; the main process's CPU in % of one core (over 100 with threads) is
     # cpu/run_util's share of the machine, restated
     HIDDEN = frozenset({names.STEP, names.WALL_S, names.PROCESS_UTIL})
 
-    def __init__(self, subdir: str = "tb"):
+    EARLIER = "tb"  # where runs written before this layout hold their events
+
+    def __init__(self, subdir: str = ""):
         self.subdir, self.writer = subdir, None
 
     def on_run_start(self, run) -> None:
         from torch.utils.tensorboard import SummaryWriter  # imported here: slow, and rank 0 only
 
-        self.writer = SummaryWriter(
-            str(run.run_dir / self.subdir), purge_step=run.start_step + 1 if run.start_step else None
+        earlier = run.run_dir / self.EARLIER
+        logdir = (
+            earlier if not self.subdir and any(earlier.glob("events.out.tfevents.*")) else run.run_dir / self.subdir
         )
+        # every attempt starts a session (SessionLog.START): TensorBoard takes the first one it reads as the
+        # run's start and each later one as a restart, dropping what came at or after its step
+        self.writer = SummaryWriter(str(logdir), purge_step=run.start_step + 1 if run.start_step else 0)
 
     def on_log(self, run, metrics: dict[str, float], step: int) -> None:
         for tag, value in metrics.items():

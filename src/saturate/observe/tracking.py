@@ -176,18 +176,20 @@ def hparams_columns(run, invocation, ran: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def review_hint(run_dir, watched: list[str], metrics: dict) -> str:
-    """The TensorBoard command for this run's logdir (the `outputs` folder above it, which
-    `tensorboard --logdir outputs` shows) and a link to Time Series with the learning curves
-    pinned first (its groups are ordered by name: cpu/ before train/), unsmoothed for a run of
-    few evaluations (the default smoothing, 0.6, draws their last value far from the real one)."""
+def review_hint(run_dir, watched: list[str], metrics: dict, sweep_dir: str | None = None) -> str:
+    """The TensorBoard command for this run's logdir and a link to Time Series with the learning
+    curves pinned first (its groups are ordered by name: cpu/ before train/), unsmoothed for a
+    run of few evaluations (the default smoothing, 0.6, draws their last value far from the
+    real one). The logdir is a sweep job's sweep dir (its jobs side by side, each named by
+    what the sweep varied), else the `outputs` folder above the run (`tensorboard --logdir
+    outputs`: every run)."""
     import json
     import urllib.parse
     from pathlib import Path
 
     parts_of = Path(run_dir).parts
     outputs = len(parts_of) - parts_of[::-1].index("outputs") if "outputs" in parts_of else None
-    logdir = Path(*parts_of[:outputs]) if outputs else Path(run_dir)
+    logdir = Path(sweep_dir) if sweep_dir else Path(*parts_of[:outputs]) if outputs else Path(run_dir)
     if logdir.is_absolute() and logdir.is_relative_to(Path.cwd()):  # as the user would type it, from where they ran
         logdir = logdir.relative_to(Path.cwd())
     pinned = [t for t in dict.fromkeys([names.TRAIN_LOSS, names.VAL_LOSS, *watched]) if t in metrics]

@@ -64,8 +64,8 @@ def _earlier_run(run_dir: Path) -> str:
 
 
 # what a run writes in its dir besides checkpoints (Hydra's .hydra/ and train.log are Hydra's): its
-# metrics, report, predictions, TensorBoard events (tb/hparams: a session written before it moved into
-# the run's own events), and what the trackers keep to continue their run (saturate.loggers.mlflow,
+# metrics, report, predictions, TensorBoard events (in the run dir; tb/ and tb/hparams/: where runs
+# written before that layout kept them), and what the trackers keep to continue their run (saturate.loggers.mlflow,
 # saturate.loggers.wandb: deleted, MLflow and W&B start a new run; the old one stays in their store)
 OWN_FILES = (
     "metrics.json",
@@ -73,6 +73,7 @@ OWN_FILES = (
     "report.md",
     "mlflow.json",
     "predictions/*.npz",
+    "events.out.tfevents.*",
     "tb/**/events.out.tfevents.*",
     "wandb/**/*",
 )
@@ -87,7 +88,7 @@ def _start_over(run_dir: Path) -> None:
     for path in deleted:
         path.unlink(missing_ok=True)
     shutil.rmtree(run_dir / "wandb", ignore_errors=True)  # its folders, emptied above
-    for folder in (run_dir / "predictions", run_dir / "tb" / "hparams"):
+    for folder in (run_dir / "predictions", run_dir / "tb" / "hparams", run_dir / "tb"):
         with contextlib.suppress(OSError):  # only if empty: a user's file there stays
             folder.rmdir()
     log.warning(
