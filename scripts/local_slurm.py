@@ -89,12 +89,15 @@ def _node_hardware() -> dict[str, int]:
 def slurm_conf(root: Path, host: str, ports: tuple[int, int], cpus: int, memory_mb: int, user: str = "root") -> str:
     """The minimal slurm.conf for one node on localhost, everything under `root`. `user`:
     who runs the daemons (root, or this user: then only this user's jobs can run, which is
-    all a test needs)."""
+    all a test needs). Job ids start at the controller's port x 100: two clusters at once
+    (pytest -n 2) give their jobs different ids, so submitit's MASTER_PORT, seeded by the job
+    id, differs too (job 3 of both clusters shared one and broke each other's collectives)."""
     return f"""\
 ClusterName=saturate-test
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ports[0]}
 SlurmdPort={ports[1]}
+FirstJobId={ports[0] * 100}
 SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
