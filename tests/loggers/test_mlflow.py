@@ -158,9 +158,9 @@ def test_a_three_job_sweep_is_one_parent_run_with_three_children(tmp_path):
     assert len(children) == 3
     assert sorted(c.data.params["optim.lr"] for c in children) == ["0.01", "0.02", "0.05"]  # the swept params differ
     assert sorted(c.info.run_name for c in children) == [
-        "optim.optimizer.lr-0.01",
-        "optim.optimizer.lr-0.02",
-        "optim.optimizer.lr-0.05",
+        "lr-0.01",
+        "lr-0.02",
+        "lr-0.05",
     ]
     for child in children:
         assert child.info.status == "FINISHED" and child.data.tags["saturate.status"] == "completed"
