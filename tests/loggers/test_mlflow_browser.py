@@ -46,7 +46,7 @@ pytestmark = [
 
 SWEEP = "optim.optimizer.lr=0.01,0.02,0.05"  # the parent run's name: the sweep's command line
 LRS = ["0.01", "0.02", "0.05"]
-JOBS = [f"optim.optimizer.lr-{lr}" for lr in LRS]  # the children's names: what the sweep varied
+JOBS = [f"lr-{lr}" for lr in LRS]  # the children's names: what the sweep varied
 NAME = '[role=gridcell][col-id="attributes.`Run Name`"]'
 
 

@@ -78,7 +78,7 @@ def open_store(uri: str, experiment: str):
     found = client.get_experiment_by_name(experiment)
     if found is not None:
         return client, found.experiment_id
-    # the UI opens a new experiment on its GenAI pages unless told it is model training
+    # the experiment's kind, model training (MLflow 3.17's UI still opens on its GenAI pages: click "Model training")
     tags = {"mlflow.experimentKind": "custom_model_development"}
     return client, client.create_experiment(experiment, artifact_location=_artifacts(uri), tags=tags)
 
