@@ -265,6 +265,40 @@ def test_tune_keeps_the_resident_loader_for_in_memory_data_and_skips_failing_tri
     )
 
 
+@pytest.mark.slow
+def test_with_a_target_the_start_and_the_winner_are_trained_to_it(tmp_path):
+    """digits with a worker process, target val/acc 0.9: after the search (half the budget),
+    the start and the winner are each trained to the target with the user's epochs and
+    evaluations, stopped there; the winner stays only if it got there no later."""
+    start = ["data=digits", "loader.num_workers=1", "trainer.max_epochs=10", "target.metric=val/acc"]
+    done = run_cli(
+        *start,
+        "target.value=0.9",
+        "tune=true",
+        "tune.budget_s=90",
+        "tune.trial_s=0.5",
+        f"tune.preset={tmp_path / 'conf' / 'experiment' / 'tuned.yaml'}",
+        "hydra.run.dir=tune",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    runs = [r for r in result["results"] if r["outcome"].startswith("to target")]
+    assert [r["changes"] for r in runs] == [[], runs[1]["changes"]] and runs[1]["changes"], result["results"]
+    start_s, best_s = result["to_target_s"]
+    assert [start_s, best_s] == [r["to_target_s"] for r in runs] and start_s is not None and best_s is not None
+    # each stopped at the target: the run's own record says when, and that it stopped there
+    for folder in sorted((tmp_path / "tune" / "trials").glob("*_to_target")):
+        record = json.loads((folder / "metrics.json").read_text())
+        assert (
+            record["val/acc"] >= 0.9
+            and record["progress/epoch"] < 10
+            and record["time/to_target_s"] in (start_s, best_s)
+        )
+    assert (result["changes"] == runs[1]["changes"]) is (best_s <= start_s)  # the rule, whichever way it went
+    assert "To the target, each trained to it once" in (tmp_path / "tune" / "tune.md").read_text()
+
+
 @pytest.fixture
 def jpeg_folder(tmp_path):
     from scripts.make_image_folder import write_digits
@@ -568,11 +602,13 @@ class Scripted:
     def __init__(self, tuner, rates: list[float]):
         self.tuner, self.rates, self.calls = tuner, list(rates), []
 
-    def __call__(self, changes, base=None):
+    def __call__(self, changes, base=None, until=None):
         from saturate.tune import Result
 
-        self.calls.append((list(changes), base))
+        self.calls.append((list(changes), base) if until is None else (list(changes), base, "to target"))
         result = Result(len(self.tuner.results), changes, samples_per_s=self.rates.pop(0), seconds=0.01)
+        if until is not None:  # a run to the target: the script's next entry is when it met it (None: never)
+            result.to_target_s = self.to_target.pop(0)
         self.tuner.results.append(result)
         return result
 
@@ -584,6 +620,7 @@ def scripted_tuner(rates: list[float]):
 
     tuner = Tuner.__new__(Tuner)
     tuner.tune = SimpleNamespace(min_gain=0.05, budget_s=1e9)
+    tuner.target, tuner.search_budget, tuner.to_target_s = False, 1e9, None
     tuner.results, tuner.changes, tuner.interrupted, tuner.stop = [], [], False, None
     tuner.started = 0.0
     tuner.best = Result(0, [], samples_per_s=100.0)
@@ -603,3 +640,29 @@ def test_a_candidate_faster_once_is_measured_again_before_it_is_kept():
     real = scripted_tuner([150.0, 100.0, 140.0])
     real.try_dimension("channels_last", [["trainer.channels_last=true"]])
     assert real.changes == ["trainer.channels_last=true"] and real.results[1].outcome == "kept"
+
+
+@pytest.mark.parametrize(
+    ("start_s", "best_s", "kept"),
+    [(10.0, 8.0, True), (10.0, 12.0, False), (None, 30.0, True), (10.0, None, False), (None, None, True)],
+)
+def test_a_winner_that_meets_the_target_later_than_the_start_is_dropped(start_s, best_s, kept):
+    """With a target, the start and the fastest are each trained to it (in that order, from the
+    start's overrides): more samples/s that take longer to the figure do not win."""
+    from saturate.tune import Result, _to_target_lines
+
+    tuner = scripted_tuner([100.0, 150.0])
+    tuner.target, tuner.changes = True, ["precision=bf16"]
+    tuner.best = Result(1, ["precision=bf16"], samples_per_s=150.0)
+    tuner.results.append(tuner.best)
+    tuner.speedup, tuner.rate = 1.5, 150.0
+    tuner.trial.to_target = [start_s, best_s]
+    tuner.to_target()
+    assert tuner.trial.calls == [([], [], "to target"), ([], ["precision=bf16"], "to target")]
+    assert tuner.to_target_s == (start_s, best_s)
+    assert (tuner.changes == ["precision=bf16"]) is kept and (tuner.best is tuner.results[0]) is not kept
+    assert tuner.speedup == (1.5 if kept else 1.0)
+    said = "\n".join(_to_target_lines(tuner))
+    assert ("kept" in said or "samples/s decided" in said) and ("not kept" in said) is not kept
+    if start_s and best_s:
+        assert f"({start_s / best_s:.2f}x)" in said

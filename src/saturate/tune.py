@@ -17,7 +17,11 @@ A candidate is kept when its samples/s beat the best so far by more than `tune.m
 that does not pay. A trial that fails, diverges or runs out of memory is recorded and
 skipped. At the end the start and the winner are measured again back to back, and the
 speed-up claimed is the median of the pairs' ratios (a winner that does not hold up is
-dropped). The whole tune stays within `tune.budget_s`; an interrupt (Ctrl-C, SIGTERM) keeps
+dropped). With a target (`target.metric`, `target.value`), the start and the winner are then
+each trained to it, with the user's own epochs and evaluations, and a winner that gets there
+later than the start is dropped: more samples/s (a larger batch, bf16) can take longer to a
+figure. The search then has half the budget, the runs to the target the other half. The whole
+tune stays within `tune.budget_s`; an interrupt (Ctrl-C, SIGTERM) keeps
 the best so far. The result: a table (console, tune.md, TensorBoard text; each trial's run
 has its HParams entry), and a preset `experiment/tuned_<name>.yaml` holding the user's
 overrides and the winner's, so that `python train.py experiment=tuned_<name>` reproduces
@@ -84,6 +88,18 @@ TRIAL = (
     "augmentation.preview_images=0",
     "tune.enabled=false",
 )
+# What a run to the target adds: the user's own epochs, evaluations and checkpoints, quiet, one process,
+# stopped at the target (or at the budget's end)
+TO_TARGET = (
+    "trainer.progress=false",
+    "trainer.log_level=WARNING",
+    "trainer.devices=1",
+    "trainer.resume=null",
+    "trainer.profile=false",
+    "augmentation.preview_images=0",
+    "tune.enabled=false",
+    "target.stop=true",
+)
 
 
 @dataclass
@@ -119,6 +135,7 @@ class Result:
     verdict: str = ""
     facts: dict = field(default_factory=dict)  # what the bottleneck report judged on
     batch_size: int | None = None  # the batch size trained with (what loader.batch_size=auto chose)
+    to_target_s: float | None = None  # a run to the target: when it met it (time/to_target_s), None if it did not
     outcome: str = ""  # start | kept | slower | failed: <why> | ...
     seconds: float = 0.0  # wall time, set-up included
 
@@ -264,6 +281,8 @@ class Tuner:
         """`invocation`: how the tune was started: every trial composes with its whole
         command line, Hydra's own overrides first (a user's config dir included)."""
         self.tune = cfg.tune
+        self.target = cfg.target.metric is not None  # the start and the winner are then run to it
+        self.search_budget = self.tune.budget_s / 2 if self.target else self.tune.budget_s
         self.invocation = invocation
         overrides = invocation.command_line()
         self.hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra.")]
@@ -278,12 +297,14 @@ class Tuner:
         self.interrupted = False
         # the fastest's samples/s and its ratio to the start's: from the confirmation when it ran
         self.rate, self.speedup, self.confirmed = 0.0, 1.0, False
+        self.to_target_s: tuple[float | None, float | None] | None = None  # the start's and the fastest's run to it
         self.stop: StopSignal | None = None  # SIGINT/SIGTERM between trials (a trial's own run handles them within it)
 
     # -- trials
 
     def remaining(self) -> float:
-        return self.tune.budget_s - (time.perf_counter() - self.started)
+        """What is left of the search's budget (all of tune.budget_s, or half with a target)."""
+        return self.search_budget - (time.perf_counter() - self.started)
 
     def affordable(self, reserve: int = 0) -> bool:
         """Whether another trial, and `reserve` more after it, fit in what is left of the
@@ -292,13 +313,15 @@ class Tuner:
         done = [r.seconds for r in self.results if r.status == "ok"]
         return not self.interrupted and self.remaining() > (1 + reserve) * (statistics.median(done) if done else 0.0)
 
-    def trial(self, changes: list[str], base: list[str] | None = None) -> Result:
-        """Measure the best config so far (or `base`) with `changes` on top."""
+    def trial(self, changes: list[str], base: list[str] | None = None, until: float | None = None) -> Result:
+        """Measure the best config so far (or `base`) with `changes` on top; with `until` (a
+        perf_counter time), train it to the target instead, stopped there at the latest."""
         number, explicit = len(self.results), base is not None
         base = base if explicit else self.changes
         result = Result(number, merged(base, changes) if explicit else changes)
         overrides = merged(self.start_overrides, base, changes)
-        trial_dir = self.run_dir / "trials" / f"{number:02d}{_trial_name(result.changes)}"
+        name = _trial_name(result.changes) + ("_to_target" if until else "")
+        trial_dir = self.run_dir / "trials" / f"{number:02d}{name}"
         started = time.perf_counter()
         log.info(
             "tune: trial %d (%.0f s of the budget left): %s",
@@ -310,7 +333,7 @@ class Tuner:
         level = saturate_log.level
         fresh_compile_state()
         try:
-            trial = merged(overrides, TRIAL, [f"run_dir={trial_dir}"])
+            trial = merged(overrides, TO_TARGET if until else TRIAL, [f"run_dir={trial_dir}"])
             cfg = compose("config", overrides=[*self.hydra_overrides, *trial], return_hydra_config=True)
             invocation = dataclasses.replace(
                 self.invocation,
@@ -321,14 +344,9 @@ class Tuner:
             )
             with open_dict(cfg):
                 del cfg["hydra"]
-            settings = {
-                "cxx": shutil.which("c++") is not None or shutil.which("g++") is not None,
-                "prefetch_factor": cfg.loader.prefetch_factor,
-                "tf32": cfg.device.tf32,
-                "cudnn": cfg.device.cudnn_benchmark,
-            }
-            deadline = self.started + self.tune.budget_s
-            measured = Measured(self.tune.trial_s, MIN_STEPS, deadline)
+            settings = _settings(cfg)
+            deadline = until or self.started + self.search_budget
+            measured = Measured(math.inf if until else self.tune.trial_s, MIN_STEPS, deadline)
             train(cfg, invocation, UserObjects(callbacks={"tune_measured": measured}))
             self._read(result, trial_dir, settings)
         except (KeyboardInterrupt, Preempted):
@@ -358,6 +376,7 @@ class Tuner:
         result.samples_per_s, result.data_wait = m[names.SAMPLES_PER_S], m[names.DATA_WAIT_FRAC]
         result.gpu_util, result.peak_mb = m.get(names.GPU_UTIL_MEAN), m.get(names.PEAK_MB)
         result.verdict, result.facts, result.batch_size = m["verdict"], {**m["facts"], **settings}, m["batch_size"]
+        result.to_target_s = m.get(names.TO_TARGET_S)
         if not math.isfinite(m.get(names.TRAIN_LOSS, 0.0)):
             result.status, result.outcome = "diverged", "diverged: the training loss is not finite"
 
@@ -395,6 +414,8 @@ class Tuner:
                 break
             self.try_dimension("extra", [text.split()])
         self.confirm()
+        if self.target and self.best is not self.results[0]:
+            self.to_target()
 
     def confirm(self) -> None:
         """The starting config and the fastest measured again, back to back, up to
@@ -434,6 +455,31 @@ class Tuner:
                 1.0,
                 start_rate,
             )
+
+    def to_target(self) -> None:
+        """The start, then the fastest, each trained to the target (the user's own epochs and
+        evaluations) within half of what is left of tune.budget_s, then the rest. The fastest is
+        dropped when it met the target later than the start, or not at all where the start did;
+        when neither met it in time, samples/s decide."""
+        left = lambda: self.tune.budget_s - (time.perf_counter() - self.started)  # noqa: E731
+        runs = []
+        for base, share in (([], 2), (self.changes, 1)):  # an interrupt in the first stops at once
+            if self.interrupted or left() <= 0:
+                return
+            runs.append(self.trial([], base=base, until=time.perf_counter() + left() / share))
+            reached = runs[-1].to_target_s
+            runs[-1].outcome = f"to target: {reached:.1f} s" if reached is not None else "to target: not met"
+            if runs[-1].status != "ok":
+                runs[-1].outcome = f"to target: {runs[-1].status}"
+                return
+        self.to_target_s = (runs[0].to_target_s, runs[1].to_target_s)
+        start_s, best_s = self.to_target_s
+        if best_s is None and start_s is None:
+            return
+        if best_s is None or (start_s is not None and best_s > start_s):
+            log.info("tune: the fastest met the target later than the starting config: not kept")
+            self.best.outcome, self.best, self.changes = "later to the target", self.results[0], []
+            self.speedup, self.rate = 1.0, self.results[0].samples_per_s
 
     def holds(self, result: Result, rival: Result | None) -> bool:
         """A candidate that measured faster than `rival` (None: the best config so far) is
@@ -522,6 +568,7 @@ def _measure_or_reuse(tuner: Tuner, cache: Cache, key: dict, cfg) -> None:
         tuner.changes = hit["changes"]
         tuner.best = next(r for r in tuner.results if r.number == hit["best"])
         tuner.rate, tuner.speedup, tuner.confirmed = hit["rate"], hit["speedup"], hit["confirmed"]
+        tuner.to_target_s = tuple(hit["to_target_s"]) if hit.get("to_target_s") else None
         log.info(
             "tune: reused the tune of this config on this hardware from %s (tune.cache= to measure again)",
             cfg.cache,
@@ -554,6 +601,7 @@ def _measure_or_reuse(tuner: Tuner, cache: Cache, key: dict, cfg) -> None:
                     "rate": tuner.rate,
                     "speedup": tuner.speedup,
                     "confirmed": tuner.confirmed,
+                    "to_target_s": tuner.to_target_s,
                 },
             )
 
@@ -580,12 +628,24 @@ def _record_tune(tuner: Tuner, preset: Path, run_dir: Path) -> None:
             "changes": tuner.changes,
             "speedup": speedup,
             "confirmed": tuner.confirmed,
+            "to_target_s": tuner.to_target_s,  # the start's and the fastest's runs to the target
             "preset": str(preset),
             "interrupted": tuner.interrupted,
         },
     )
     _tensorboard(run_dir, lambda tb, run: tb.on_text(run, "tune", text, 0))
     log.info("\n%s", text)
+
+
+def _settings(cfg: DictConfig) -> dict:
+    """What a trial's facts add to its report's: whether compile can build kernels here, and
+    the settings the compute side's candidates start from."""
+    return {
+        "cxx": shutil.which("c++") is not None or shutil.which("g++") is not None,
+        "prefetch_factor": cfg.loader.prefetch_factor,
+        "tf32": cfg.device.tf32,
+        "cudnn": cfg.device.cudnn_benchmark,
+    }
 
 
 def _check(cfg: DictConfig) -> None:
@@ -746,6 +806,21 @@ def _rows(results: list[Result], start: Result) -> Iterator[str]:
         yield "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 
 
+def _to_target_lines(tuner: Tuner) -> list[str]:
+    """What the runs to the target measured (with a target set)."""
+    if tuner.to_target_s is None:
+        return []
+    start_s, best_s = tuner.to_target_s
+    said = lambda seconds: f"{seconds:.1f} s" if seconds is not None else "not met"  # noqa: E731
+    figures = f"the starting config {said(start_s)}, the fastest {said(best_s)}"
+    if start_s is not None and best_s is not None:
+        figures += f" ({start_s / best_s:.2f}x)"
+    kept = "kept" if tuner.changes else "not kept: it met the target later"
+    if start_s is None and best_s is None:
+        kept = "neither met it within the budget: samples/s decided"
+    return ["", f"To the target, each trained to it once within the budget: {figures}; {kept}."]
+
+
 def reproduce(preset: Path, searchpath: list[str]) -> str:
     """The command that trains with the preset: with the config dirs the tune was given
     (`searchpath`: its hydra.searchpath override) and the one the preset is in."""
@@ -797,5 +872,6 @@ def render(tuner: Tuner, *, preset: Path) -> str:
         lines.append(
             f"**Nothing measured faster than the starting config** ({tuner.rate:,.0f} samples/s): keep it as it is."
         )
+    lines += _to_target_lines(tuner)
     lines += ["", f"Preset: `{preset}`; run it with `{reproduce(preset, tuner.searchpath)}`."]
     return "\n".join(lines) + "\n"
