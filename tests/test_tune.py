@@ -649,7 +649,7 @@ def test_a_candidate_faster_once_is_measured_again_before_it_is_kept():
 def test_a_winner_that_meets_the_target_later_than_the_start_is_dropped(start_s, best_s, kept):
     """With a target, the start and the fastest are each trained to it (in that order, from the
     start's overrides): more samples/s that take longer to the figure do not win."""
-    from saturate.tune import Result, _to_target_lines
+    from saturate.tune import Result, _to_target_lines, render
 
     tuner = scripted_tuner([100.0, 150.0])
     tuner.target, tuner.changes = True, ["precision=bf16"]
@@ -664,5 +664,10 @@ def test_a_winner_that_meets_the_target_later_than_the_start_is_dropped(start_s,
     assert tuner.speedup == (1.5 if kept else 1.0)
     said = "\n".join(_to_target_lines(tuner))
     assert ("kept" in said or "samples/s decided" in said) and ("not kept" in said) is not kept
+    tuner.confirmed, tuner.searchpath = True, []
+    for r in tuner.results:  # what a real trial also reads
+        r.data_wait, r.verdict = 0.0, "balanced"
+    table = render(tuner, preset=Path("conf/experiment/tuned.yaml"))
+    assert ("Keep the starting config" in table and "`precision=bf16`, met the target later" in table) is not kept
     if start_s and best_s:
         assert f"({start_s / best_s:.2f}x)" in said

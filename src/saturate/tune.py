@@ -815,7 +815,7 @@ def _to_target_lines(tuner: Tuner) -> list[str]:
     figures = f"the starting config {said(start_s)}, the fastest {said(best_s)}"
     if start_s is not None and best_s is not None:
         figures += f" ({start_s / best_s:.2f}x)"
-    kept = "kept" if tuner.changes else "not kept: it met the target later"
+    kept = "kept" if tuner.changes else "not kept"
     if start_s is None and best_s is None:
         kept = "neither met it within the budget: samples/s decided"
     return ["", f"To the target, each trained to it once within the budget: {figures}; {kept}."]
@@ -867,6 +867,11 @@ def render(tuner: Tuner, *, preset: Path) -> str:
             f"confirmed** with `{' '.join(tuner.changes)}`: the budget (or an interrupt) left no room to measure the "
             "start and the fastest again side by side; a single trial is at the mercy of a noisy machine. Tune again "
             "with a larger tune.budget_s to confirm it."
+        )
+    elif later := next((r for r in tuner.results if r.outcome == "later to the target"), None):
+        lines.append(
+            f"**Keep the starting config** ({tuner.rate:,.0f} samples/s): the fastest in samples/s, "
+            f"`{' '.join(later.changes)}`, met the target later."
         )
     else:
         lines.append(
