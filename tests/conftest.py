@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,8 @@ import saturate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+# the browser that the real-browser tests (TensorBoard, the MLflow UI) drive
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 saturate.register()  # the schema and resolvers, before anything composes conf/
 
 
@@ -107,3 +110,13 @@ def pytest_collection_modifyitems(config, items):
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium driven by Playwright (skipped, saying why, without playwright)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import CHROMIUM, run_cli
 from tests.observe.test_sweep import QUICK, sweep_dir
-from tests.observe.test_tensorboard_browser import CHROMIUM, shot
+from tests.observe.test_tensorboard_browser import shot
 
 
 def _no_ui() -> str | None:
@@ -110,15 +110,6 @@ def mlflow_ui(db: Path):
 def ui(store):
     with mlflow_ui(store[0]) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 def runs_table(browser, url: str):

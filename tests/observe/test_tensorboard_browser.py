@@ -9,16 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import CHROMIUM, run_cli
 from tests.observe.test_sweep import QUICK, tensorboard
-
-CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
 pytestmark = [
     pytest.mark.slow,
@@ -47,30 +44,27 @@ def logdir(tmp_path_factory):
     return cwd / "outputs", hint[2], cwd / sweep[1]
 
 
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
 def shot(page, name: str) -> None:
     if os.environ.get("SATURATE_SCREENSHOTS"):
         Path(os.environ["SATURATE_SCREENSHOTS"]).mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(Path(os.environ["SATURATE_SCREENSHOTS"]) / f"{name}.png"))
 
 
+def hparams_table(browser, url: str, name: str):
+    """The HParams tab of the TensorBoard at `url`, once its table is drawn: (the page, the
+    text of every grid cell); screenshot `name`."""
+    page = browser.new_page(viewport={"width": 1600, "height": 900})
+    page.goto(f"{url}/#hparams")
+    page.locator("vaadin-grid-cell-content", has_text="Trial ID").wait_for(timeout=30000)
+    page.wait_for_timeout(1500)
+    shot(page, name)
+    return page, [c.strip() for c in page.locator("vaadin-grid-cell-content").all_inner_texts()]
+
+
 def test_hparams_shows_every_swept_key_whichever_run_is_read_first(logdir, browser):
     outputs, _, _ = logdir
     with tensorboard(outputs) as post:
-        page = browser.new_page(viewport={"width": 1600, "height": 900})
-        page.goto(f"{post.url}/#hparams")
-        page.locator("vaadin-grid-cell-content", has_text="Trial ID").wait_for(timeout=30000)
-        page.wait_for_timeout(1500)
-        cells = [c.strip() for c in page.locator("vaadin-grid-cell-content").all_inner_texts()]
-        shot(page, "hparams_table")
+        page, cells = hparams_table(browser, post.url, "hparams_table")
         header = cells[: cells.index("Trial ID") + 12]
         for key in ("loader.batch_size", "trainer.channels_last", "model.width", "overrides"):  # ticked: they differ
             assert key in header, header
@@ -122,10 +116,5 @@ def test_a_sweeps_jobs_read_by_what_it_varied_under_the_logdir_it_prints(logdir,
     with tensorboard(sweep) as post:
         runs = json.loads(urllib.request.urlopen(f"{post.url}/data/runs", timeout=30).read())
         assert sorted(runs) == jobs  # TensorBoard's run list: each job once, by its swept values
-        page = browser.new_page(viewport={"width": 1600, "height": 900})
-        page.goto(f"{post.url}/#hparams")
-        page.locator("vaadin-grid-cell-content", has_text="Trial ID").wait_for(timeout=30000)
-        page.wait_for_timeout(1500)
-        cells = [c.strip() for c in page.locator("vaadin-grid-cell-content").all_inner_texts()]
-        shot(page, "hparams_sweep")
+        _, cells = hparams_table(browser, post.url, "hparams_sweep")
         assert sorted(c for c in cells if c in jobs) == jobs  # the Trial IDs, whole
