@@ -1,6 +1,7 @@
-"""The U-Net segmenter from Python: saturate.fit with the UNet class as the model factory, the
-Kornia transforms of this example's config group moving each mask with its image on the
-device, and the author's recipe. Extra arguments are overrides, as on train.py's command line.
+"""The U-Net segmenter from Python: saturate.fit with the UNet class as the model factory and
+the author's recipe, plus what the author does not do: the Kornia transforms of this
+example's config group (`augmentation=shapes_gpu`) moving each mask with its image on the
+device. Extra arguments are overrides, as on train.py's command line.
 
     python examples/segmentation/fit_segment.py [trainer.max_epochs=3 trainer.predict=val ...]
 """
@@ -17,7 +18,7 @@ if __name__ == "__main__":
     data = load_shapes()
     conf = Path(__file__).resolve().parent / "conf"
     metrics = saturate.fit(
-        partial(UNet, out_channels=1, width=8, depth=3),
+        partial(UNet, out_channels=1, width=8, depth=4),
         data["train"],
         data["val"],
         task="segmentation",
@@ -30,6 +31,7 @@ if __name__ == "__main__":
             "optim.scheduler={_target_:torch.optim.lr_scheduler.ReduceLROnPlateau,_partial_:true,patience:5}",
             "optim.warmup_epochs=0",
             *["loader.batch_size=16", "trainer.max_epochs=10", "trainer.eval_every=0.2", "trainer.grad_clip=1.0"],
+            "trainer.channels_last=true",
             *sys.argv[1:],
         ],
     )

@@ -14,10 +14,10 @@ lives here:
   ReduceLROnPlateau(mode max, patience 5)             epoch), optim.scheduler: ReduceLROnPlateau
                                                       (fed val/dice, the monitored metric)
 - RMSprop(lr, weight_decay 1e-8, momentum 0.999), clip 1.0  -> optim=rmsprop, trainer.grad_clip=1
-- flips and small rotations of image and mask      -> Kornia modules in
-                                                      conf/augmentation/shapes_gpu.yaml, run
-                                                      on the device; the mask moves with its
-                                                      image (never brightness or contrast)
+- model.to(memory_format=torch.channels_last)      -> trainer.channels_last: true
+- no augmentation                                  -> none; `augmentation=shapes_gpu` adds flips
+                                                      and small rotations (Kornia, on the
+                                                      device) that move each mask with its image
 
 The images are drawn, not downloaded: 1-3 filled shapes (ellipses, rotated rectangles,
 triangles) on a noisy, shaded background, as an inspection or a cell-imaging crop would be.
