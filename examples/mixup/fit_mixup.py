@@ -20,7 +20,10 @@ if __name__ == "__main__":
         test_data=data["test"],
         overrides=[
             "mix.mixup=1.0",
-            *["augmentation=gpu", "augmentation.preset=minimal"],
+            "augmentation=gpu",  # the author's RandomCrop(32, padding=4) and flip, batched on the device
+            "augmentation.transforms=[{_target_:kornia.augmentation.RandomAffine,degrees:0,translate:[0.125,0.125],"
+            "resample:nearest,padding_mode:zeros},"
+            "{_target_:kornia.augmentation.RandomHorizontalFlip}]",
             *["optim.optimizer.lr=0.1", "optim.optimizer.nesterov=false", "optim.optimizer.weight_decay=1e-4"],
             *["optim.schedule=constant", "optim.warmup_epochs=0"],
             *["loader.batch_size=128", "loader.drop_last=false", "trainer.max_epochs=40"],
