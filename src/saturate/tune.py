@@ -298,6 +298,7 @@ class Tuner:
         # the fastest's samples/s and its ratio to the start's: from the confirmation when it ran
         self.rate, self.speedup, self.confirmed = 0.0, 1.0, False
         self.to_target_s: tuple[float | None, float | None] | None = None  # the start's and the fastest's run to it
+        self.dropped: list[str] = []  # the fastest's changes, when its run to the target did not beat the start's
         self.stop: StopSignal | None = None  # SIGINT/SIGTERM between trials (a trial's own run handles them within it)
 
     # -- trials
@@ -326,7 +327,7 @@ class Tuner:
         log.info(
             "tune: trial %d (%.0f s of the budget left): %s",
             number,
-            self.remaining(),
+            until - started if until else self.remaining(),  # a run to the target: until its deadline
             " ".join(result.changes) or "the starting config",
         )
         saturate_log = logging.getLogger("saturate")
@@ -477,7 +478,8 @@ class Tuner:
         if best_s is None and start_s is None:
             return
         if best_s is None or (start_s is not None and best_s > start_s):
-            log.info("tune: the fastest met the target later than the starting config: not kept")
+            log.info("tune: the fastest met the target later than the starting config, or not at all: not kept")
+            self.dropped = self.changes
             self.best.outcome, self.best, self.changes = "later to the target", self.results[0], []
             self.speedup, self.rate = 1.0, self.results[0].samples_per_s
 
@@ -569,6 +571,7 @@ def _measure_or_reuse(tuner: Tuner, cache: Cache, key: dict, cfg) -> None:
         tuner.best = next(r for r in tuner.results if r.number == hit["best"])
         tuner.rate, tuner.speedup, tuner.confirmed = hit["rate"], hit["speedup"], hit["confirmed"]
         tuner.to_target_s = tuple(hit["to_target_s"]) if hit.get("to_target_s") else None
+        tuner.dropped = hit.get("dropped", [])
         log.info(
             "tune: reused the tune of this config on this hardware from %s (tune.cache= to measure again)",
             cfg.cache,
@@ -602,6 +605,7 @@ def _measure_or_reuse(tuner: Tuner, cache: Cache, key: dict, cfg) -> None:
                     "speedup": tuner.speedup,
                     "confirmed": tuner.confirmed,
                     "to_target_s": tuner.to_target_s,
+                    "dropped": tuner.dropped,
                 },
             )
 
@@ -629,6 +633,7 @@ def _record_tune(tuner: Tuner, preset: Path, run_dir: Path) -> None:
             "speedup": speedup,
             "confirmed": tuner.confirmed,
             "to_target_s": tuner.to_target_s,  # the start's and the fastest's runs to the target
+            "dropped": tuner.dropped,  # the fastest's changes, dropped for its time to the target
             "preset": str(preset),
             "interrupted": tuner.interrupted,
         },
@@ -868,10 +873,11 @@ def render(tuner: Tuner, *, preset: Path) -> str:
             "start and the fastest again side by side; a single trial is at the mercy of a noisy machine. Tune again "
             "with a larger tune.budget_s to confirm it."
         )
-    elif later := next((r for r in tuner.results if r.outcome == "later to the target"), None):
+    elif tuner.dropped:
+        met = tuner.to_target_s is not None and tuner.to_target_s[1] is not None
         lines.append(
             f"**Keep the starting config** ({tuner.rate:,.0f} samples/s): the fastest in samples/s, "
-            f"`{' '.join(later.changes)}`, met the target later."
+            f"`{' '.join(tuner.dropped)}`, {'met the target later' if met else 'did not meet the target'}."
         )
     else:
         lines.append(
