@@ -463,6 +463,7 @@ def good_entry() -> dict:
         "rate": 290.0,
         "speedup": 2.7,
         "confirmed": True,
+        "dropped": [],
     }
 
 
@@ -477,6 +478,8 @@ TAMPERED = {
     "results of another shape": lambda e: e["results"][0].pop("verdict"),
     "results that are not a list": lambda e: e.update(results={"0": 1}),
     "changes that are text": lambda e: e.update(changes="loader.resident=true"),
+    "dropped changes tune never makes": lambda e: e.update(dropped=["+model._target_=os.system"]),
+    "an entry written before dropped changes were kept": lambda e: e.pop("dropped"),
 }
 
 
@@ -662,6 +665,8 @@ def test_a_winner_that_meets_the_target_later_than_the_start_is_dropped(start_s,
     assert tuner.trial.calls == [([], [], "to target"), ([], both, "to target")]
     assert tuner.to_target_s == (start_s, best_s)
     assert (tuner.changes == both) is kept and (tuner.best is tuner.results[0]) is not kept
+    if not kept:  # the dropped fastest's own row says which
+        assert tuner.results[1].outcome == ("later to the target" if best_s is not None else "target not met")
     assert tuner.speedup == (1.5 if kept else 1.0)
     said = "\n".join(_to_target_lines(tuner))
     assert ("kept" in said or "samples/s decided" in said) and ("not kept" in said) is not kept

@@ -17,7 +17,8 @@ lives here:
 - model.to(memory_format=torch.channels_last)      -> trainer.channels_last: true
 - no augmentation                                  -> none; `augmentation=shapes_gpu` adds flips
                                                       and small rotations (Kornia, on the
-                                                      device) that move each mask with its image
+                                                      device) that move each mask with its image,
+                                                      and a brightness change of the image only
 
 The images are drawn, not downloaded: 1-3 filled shapes (ellipses, rotated rectangles,
 triangles) on a noisy, shaded background, as an inspection or a cell-imaging crop would be.
@@ -101,7 +102,7 @@ class UNet(nn.Module):
     """An encoder of `depth` halvings and a decoder of as many doublings joined to the
     encoder's stages by skip connections; `out_channels` logits per pixel (1: binary)."""
 
-    def __init__(self, in_channels: int, out_channels: int = 1, width: int = 8, depth: int = 3):
+    def __init__(self, in_channels: int, out_channels: int = 1, width: int = 8, depth: int = 4):
         super().__init__()
         widths = [width * 2**i for i in range(depth + 1)]
         pairs = list(itertools.pairwise(widths))

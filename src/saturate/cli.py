@@ -38,8 +38,8 @@ def run(main: Callable[[], object]) -> None:
         print(help_text(sys.argv[1:]))
         return
     register()
-    atexit.unregister(_freeze_at_exit)  # once, however many runs a process starts (a test, a notebook)
-    atexit.register(_freeze_at_exit)  # runs after the handlers registered during the run
+    atexit.unregister(_freeze_at_exit)  # once, however many runs a process starts (a test, a notebook):
+    atexit.register(_freeze_at_exit)  # after the handlers registered during this (the last) run
     os.environ[SCRIPT] = os.path.abspath(sys.argv[0])  # SLURM jobs inherit it: their resume command names it
     sys.argv[1:] = [shorthand(arg) for arg in sys.argv[1:]]
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -92,9 +92,10 @@ def run(main: Callable[[], object]) -> None:
 
 def _freeze_at_exit() -> None:
     """Spare the interpreter freeing every object one by one at exit: with torch, dynamo,
-    torchmetrics and scipy loaded that is about 480k objects and 1.0 s on a 2-core CPU (0.17 s
-    frozen). What is already garbage is collected first; Python does not promise to finalize
-    objects still alive at exit, and every atexit handler still runs."""
+    torchmetrics and scipy loaded, about 480k objects; a run's process ended 1.0 s after its
+    last line, 0.4 s with this, on a 2-core CPU. What is already garbage is collected first;
+    Python does not promise to finalize objects still alive at exit, and every atexit handler
+    still runs."""
     gc.collect()
     gc.freeze()
 

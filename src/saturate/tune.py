@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 
 INPUT = ("augmentation", "resident", "num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
 COMPUTE = ("channels_last", "compile", "cudnn", "precision", "batch_size")
-CACHE_VERSION = 1  # of the cached entries' layout (Result's fields)
+CACHE_VERSION = 2  # of the cached entries' layout (Result's fields; 2: the dropped changes)
 CONFIRM_ROUNDS = 2  # the start and the fastest measured again, back to back, at most this many times
 WARMUP_STEPS = 5  # a trial's first log window: workers starting, caches, autotuning
 NEVER = 10**9  # an interval no trial reaches: evaluation and checkpoints only at its end
@@ -249,6 +249,9 @@ def valid_entry(entry: dict, extra: list[str]) -> bool:
         return False
     if isinstance(best, bool) or best not in ok or 0 not in ok:
         return False
+    dropped = entry.get("dropped")
+    if not (isinstance(dropped, list) and all(isinstance(c, str) and tunable(c, extra) for c in dropped)):
+        return False
     figures = [entry.get("rate"), entry.get("speedup")]
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in figures):
         return False
@@ -325,9 +328,10 @@ class Tuner:
         trial_dir = self.run_dir / "trials" / f"{number:02d}{name}"
         started = time.perf_counter()
         log.info(
-            "tune: trial %d (%.0f s of the budget left): %s",
+            "tune: trial %d (%.0f s %s): %s",
             number,
-            until - started if until else self.remaining(),  # a run to the target: until its deadline
+            until - started if until else self.remaining(),
+            "to its deadline" if until else "of the budget left",
             " ".join(result.changes) or "the starting config",
         )
         saturate_log = logging.getLogger("saturate")
@@ -480,7 +484,8 @@ class Tuner:
         if best_s is None or (start_s is not None and best_s > start_s):
             log.info("tune: the fastest met the target later than the starting config, or not at all: not kept")
             self.dropped = self.changes
-            self.best.outcome, self.best, self.changes = "later to the target", self.results[0], []
+            self.best.outcome = "later to the target" if best_s is not None else "target not met"
+            self.best, self.changes = self.results[0], []
             self.speedup, self.rate = 1.0, self.results[0].samples_per_s
 
     def holds(self, result: Result, rival: Result | None) -> bool:
@@ -571,7 +576,7 @@ def _measure_or_reuse(tuner: Tuner, cache: Cache, key: dict, cfg) -> None:
         tuner.best = next(r for r in tuner.results if r.number == hit["best"])
         tuner.rate, tuner.speedup, tuner.confirmed = hit["rate"], hit["speedup"], hit["confirmed"]
         tuner.to_target_s = tuple(hit["to_target_s"]) if hit.get("to_target_s") else None
-        tuner.dropped = hit.get("dropped", [])
+        tuner.dropped = hit["dropped"]
         log.info(
             "tune: reused the tune of this config on this hardware from %s (tune.cache= to measure again)",
             cfg.cache,
