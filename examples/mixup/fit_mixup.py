@@ -22,7 +22,7 @@ if __name__ == "__main__":
             "mix.mixup=1.0",
             "augmentation=gpu",  # the author's RandomCrop(32, padding=4) and flip, batched on the device
             "augmentation.transforms=[{_target_:kornia.augmentation.RandomAffine,degrees:0,translate:[0.125,0.125],"
-            "resample:nearest,padding_mode:zeros},"
+            "resample:nearest,padding_mode:zeros,p:1.0},"
             "{_target_:kornia.augmentation.RandomHorizontalFlip}]",
             *["optim.optimizer.lr=0.1", "optim.optimizer.nesterov=false", "optim.optimizer.weight_decay=1e-4"],
             *["optim.schedule=constant", "optim.warmup_epochs=0"],

@@ -5,12 +5,13 @@ lives here:
 - CIFAR-10's 32x32 RGB images, RandomCrop(32, padding=4) and a horizontal flip, normalised
                                         -> `load_digits_rgb`: scikit-learn's bundled digits
                                            upsampled to (3, 32, 32) uint8 (no download);
-                                           whole-pixel shifts of up to 4 with zero fill
-                                           (Kornia's RandomAffine, nearest: the crop of the
-                                           padded image) and a flip, batched on the device;
-                                           the preset `minimal` shifts by fractions of a
-                                           pixel, bilinear: it blurs, and met val/acc 0.9 at
-                                           epoch 23.5 against 17 (median of seeds 1-6)
+                                           whole-pixel shifts of up to 4 with zero fill,
+                                           every image (Kornia's RandomAffine, nearest, p 1:
+                                           the crop of the padded image) and a flip, batched
+                                           on the device; the preset `minimal` shifts by
+                                           fractions of a pixel, bilinear: it blurs, and met
+                                           val/acc 0.9 at epoch 23.5 against 18 (median of
+                                           seeds 1-6)
 - `mixup_data`: one weight per batch from Beta(1, 1), a permutation of the batch as partners;
   `mixup_criterion`: lam*CE(y_a) + (1-lam)*CE(y_b)
                                         -> mix.mixup: 1.0 (cross-entropy against the mixed

@@ -176,6 +176,17 @@ def test_mixup_classifier_through_fit(tmp_path):
     assert "trainer.channels_last=true" not in metrics["suggestions"]
 
 
+@pytest.mark.slow  # two short runs
+def test_mixup_fit_script_and_experiment_train_the_same(tmp_path):
+    """fit_mixup.py writes the experiment's recipe out again (its transforms among it): the two
+    must give the same run, seed for seed, or one of them has drifted."""
+    _, fitted = fit_script(tmp_path / "fit", "mixup", "fit_mixup.py")
+    cli = example_cli(tmp_path / "cli", "mixup", "mixup")
+    assert (fitted["val/acc"], fitted["train/loss"]) == (cli["val/acc"], cli["train/loss"])
+    plain = example_cli(tmp_path / "plain", "mixup", "mixup", "augmentation=none")
+    assert plain["train/loss"] != cli["train/loss"]  # the transforms did change the training batches
+
+
 @pytest.mark.slow
 def test_a_user_dataset_under_ddp(tmp_path):
     """Two gloo processes on the sequence example: one run dir, identical parameters."""
