@@ -178,7 +178,7 @@ def test_help_lists_the_groups_of_a_users_config_dir_too(tmp_path):
 
 def test_at_exit_the_heap_is_frozen_after_the_handlers_registered_during_the_run(tmp_path):
     """A finished run's process does not free its ~480k objects one by one at exit (1.0 s of a
-    2-core CPU's process end with torch, dynamo, torchmetrics and scipy loaded; 0.17 s frozen;
+    2-core CPU's process end with torch, dynamo, torchmetrics and scipy loaded, 0.4 s frozen;
     scripts/bench_examples.py measures whole processes): run() registers an atexit handler that
     collects what is already garbage, then freezes the rest. Handlers that libraries register
     during the run (MLflow's, wandb's) still run before it, and handlers registered before run()

@@ -233,24 +233,22 @@ def valid_entry(entry: dict, extra: list[str]) -> bool:
     that trained, changes a tune can make, and figures that match its confirmation (at least
     one measured pair behind `confirmed`)."""
     fields = {f.name for f in dataclasses.fields(Result)}
+    tunable_list = lambda x: isinstance(x, list) and all(isinstance(c, str) and tunable(c, extra) for c in x)  # noqa: E731
     results = entry.get("results")
     if not (isinstance(results, list) and results and all(isinstance(r, dict) and set(r) == fields for r in results)):
         return False
     rows = [Result(**r) for r in results]
-    if not all(
-        isinstance(r.changes, list) and all(isinstance(c, str) and tunable(c, extra) for c in r.changes) for r in rows
-    ):
+    if not all(tunable_list(r.changes) for r in rows):
         return False
     ok = {
         r.number for r in rows if r.status == "ok" and isinstance(r.samples_per_s, (int, float)) and r.samples_per_s > 0
     }
     changes, best = entry.get("changes"), entry.get("best")
-    if not (isinstance(changes, list) and all(isinstance(c, str) and tunable(c, extra) for c in changes)):
+    if not tunable_list(changes):
         return False
     if isinstance(best, bool) or best not in ok or 0 not in ok:
         return False
-    dropped = entry.get("dropped")
-    if not (isinstance(dropped, list) and all(isinstance(c, str) and tunable(c, extra) for c in dropped)):
+    if not tunable_list(entry.get("dropped")):
         return False
     figures = [entry.get("rate"), entry.get("speedup")]
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in figures):

@@ -13,6 +13,17 @@ from tensorboard.util import tensor_util
 from saturate.loggers import TensorBoardLogger
 
 
+def read_back(logdir) -> EventMultiplexer:
+    """The runs under `logdir`, as `tensorboard --logdir` reads them."""
+    multiplexer = EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    return multiplexer.Reload()
+
+
+def curve(multiplexer: EventMultiplexer, run: str, tag: str) -> list[tuple[int, float]]:
+    return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in multiplexer.Tensors(run, tag)]
+
+
 def test_a_run_is_one_run_in_tensorboard_holding_its_hparams_session(tmp_path):
     runs = {}
     for name, lr in (("a", 0.1), ("b", 0.2)):  # two runs under one logdir, as a sweep's jobs
@@ -30,16 +41,14 @@ def test_a_run_is_one_run_in_tensorboard_holding_its_hparams_session(tmp_path):
         logger.on_log(run, {"val/acc": 3 * lr}, 3)  # the tracker logs the plotted ones' final values after
         logger.on_run_end(run, {"status": "completed"})
         runs[name] = lr
-    multiplexer = EventMultiplexer()
-    multiplexer.AddRunsFromDirectory(str(tmp_path))
-    multiplexer.Reload()
+    multiplexer = read_back(tmp_path)
     assert sorted(multiplexer.Runs()) == ["a", "b"]  # each run once, named by its dir
     sessions = multiplexer.PluginRunToTagToContent("hparams")
     assert sorted(sessions) == ["a", "b"] and all("_hparams_/session_start_info" in s for s in sessions.values())
     for name, lr in runs.items():
 
         def values(tag: str, name: str = name) -> list[tuple[int, float]]:
-            return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in multiplexer.Tensors(name, tag)]
+            return curve(multiplexer, name, tag)
 
         assert values("val/acc")[-1] == (3, pytest.approx(3 * lr))
         # the HParams table's metric columns: compare/*, sorted before cpu/ and memory/ (it shows the first five)
@@ -59,13 +68,8 @@ def test_a_resumed_run_drops_what_the_earlier_attempt_wrote_after_its_checkpoint
         for step in steps:
             logger.on_log(run, {"train/loss": value * step}, step)
         logger.on_run_end(run, {})
-    multiplexer = EventMultiplexer()
-    multiplexer.AddRunsFromDirectory(str(tmp_path))
-    multiplexer.Reload()
-    curve = [
-        (e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in multiplexer.Tensors("run", "train/loss")
-    ]
-    assert curve == [(1, 1.0), (2, 2.0), (3, 6.0), (4, 8.0)]  # step 3 once: the resumed attempt's
+    drawn = curve(read_back(tmp_path), "run", "train/loss")
+    assert drawn == [(1, 1.0), (2, 2.0), (3, 6.0), (4, 8.0)]  # step 3 once: the resumed attempt's
 
 
 def test_a_run_written_before_events_moved_into_the_run_dir_goes_on_in_its_tb_folder(tmp_path):
@@ -81,8 +85,6 @@ def test_a_run_written_before_events_moved_into_the_run_dir_goes_on_in_its_tb_fo
     logger.on_run_start(run)
     logger.on_log(run, {"train/loss": 4.0}, 4)
     logger.on_run_end(run, {})
-    multiplexer = EventMultiplexer()
-    multiplexer.AddRunsFromDirectory(str(tmp_path))
-    multiplexer.Reload()
+    multiplexer = read_back(tmp_path)
     assert multiplexer.Runs().keys() == {"old/tb"}
     assert [e.step for e in multiplexer.Tensors("old/tb", "train/loss")][-1] == 4

@@ -34,16 +34,14 @@ class TensorBoardLogger:
 
     EARLIER = "tb"  # where runs written before this layout hold their events
 
-    def __init__(self, subdir: str = ""):
-        self.subdir, self.writer = subdir, None
+    def __init__(self):
+        self.writer = None
 
     def on_run_start(self, run) -> None:
         from torch.utils.tensorboard import SummaryWriter  # imported here: slow, and rank 0 only
 
         earlier = run.run_dir / self.EARLIER
-        logdir = (
-            earlier if not self.subdir and any(earlier.glob("events.out.tfevents.*")) else run.run_dir / self.subdir
-        )
+        logdir = earlier if any(earlier.glob("events.out.tfevents.*")) else run.run_dir
         # every attempt starts a session (SessionLog.START): TensorBoard takes the first one it reads as the
         # run's start and each later one as a restart, dropping what came at or after its step
         self.writer = SummaryWriter(str(logdir), purge_step=run.start_step + 1 if run.start_step else 0)
