@@ -353,12 +353,15 @@ class TuneConfig:
     extra: list[str] = field(default_factory=list)  # your own candidates, each "key=value [key=value ...]", tried last
     preset: str = "auto"  # the preset written; auto: <your config dir>/experiment/tuned_<name>.yaml
     cache: str = "outputs/tune_cache.json"  # earlier tunes, reused for the same config and hardware; "" disables
+    # with a target: the start and the fastest each trained to it with this many seeds (trainer.seed, +1, ...)
+    target_seeds: int = 3
 
     def problems(self) -> Issues:
         yield from _at_least("budget_s", self.budget_s, 1.0)
         if not self.trial_s > 0:
             yield "trial_s", self.trial_s, "a number of seconds > 0"
         yield from _at_least("min_gain", self.min_gain, 0.0)
+        yield from _at_least("target_seeds", self.target_seeds, 1)
         for i, name in enumerate(self.allow):
             yield from _choice(f"allow[{i}]", name, TUNABLE)
         for i, text in enumerate(self.extra):
