@@ -356,10 +356,7 @@ class Tuner:
         base = base if explicit else self.changes
         result = Result(number, merged(base, changes) if explicit else changes, seed=seed)
         overrides = merged(self.start_overrides, base, changes, [f"trainer.seed={seed}"] if seed is not None else [])
-        name = (
-            _trial_name(result.changes) + ("_to_target" if until else "") + (f"_seed{seed}" if seed is not None else "")
-        )
-        trial_dir = self.run_dir / "trials" / f"{number:02d}{name}"
+        trial_dir = self.run_dir / "trials" / f"{number:02d}{_trial_name(result.changes, until is not None, seed)}"
         started = time.perf_counter()
         log.info(
             "tune: trial %d (%.0f s %s): %s",
@@ -716,9 +713,9 @@ def _check(cfg: DictConfig) -> None:
     validate(cfg, presets=tuple(PRESETS))  # every mistake now, not in the first trial
 
 
-def _trial_name(changes: list[str]) -> str:
-    name = slug(changes)
-    return f"_{name}" if name else "_start"
+def _trial_name(changes: list[str], to_target: bool = False, seed: int | None = None) -> str:
+    name = f"_{slug(changes) or 'start'}" + ("_to_target" if to_target else "")
+    return name + (f"_seed{seed}" if seed is not None else "")
 
 
 def _record(trial_dir: Path, result: Result) -> None:
