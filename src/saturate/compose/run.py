@@ -246,6 +246,7 @@ def _fit(session: Session, state: TrainState) -> Metrics:
         write(session, record)  # this run's progress, with the error (train() would keep an earlier attempt's record)
         failure.recorded = True
     finally:
+        session.engine.checkpointer.close()  # a save in flight, on disk before the process can end
         session.parts.loaders.close()
         session.tracker.close()
         try:

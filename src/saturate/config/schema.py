@@ -376,6 +376,8 @@ class CheckpointConfig:
     mode: str = "auto"  # max | min | auto: from the metric (max for accuracy and r2, min for losses and errors)
     top_k: int = 1  # > 1: also keep the k best as top-<epoch>-<step>.pt
     every_n_steps: int = 0  # > 0: also save last.pt every n steps (mid-epoch resume points)
+    # the saves during training written by a thread beside it (the loop waits only for a copy of the state)
+    background: bool = True
 
     def problems(self) -> Issues:
         if self.monitor != "auto" and not re.fullmatch(r"(train|val)/[\w./-]+", self.monitor):

@@ -170,6 +170,8 @@ class Engine:
         if not self.finished(state):
             with self.clock.timing("loop"):
                 self._fit(state, steps_per_epoch)
+                with self.phase("checkpoint"):
+                    self.checkpointer.flush()  # the last save's files on disk before anything reads them
         return self.summary()
 
     def summary(self) -> Summary:
@@ -209,7 +211,7 @@ class Engine:
                 evaluated = self.evaluate(state, steps_per_epoch)
                 last = last or self.stopping()  # a stop asked for at this evaluation (early stopping)
             if fresh and self.checkpointer.due(state.epoch, last):
-                self.save(state, self.tracker.latest)
+                self.save(state, self.tracker.latest, background=True)
             self.tracker.progress(state.step, state.epoch)
             self.epoch_line(state, evaluated or self.evaluated_inside, time.perf_counter() - epoch_start)
             if last:
@@ -255,7 +257,7 @@ class Engine:
         and whether a callback asked the run to stop at it."""
         self.log_train(state, steps_per_epoch)  # the timing window closes before the evaluation
         self.evaluated_inside = self.evaluate(state, steps_per_epoch)
-        self.save(state, self.tracker.latest)
+        self.save(state, self.tracker.latest, background=True)
         self.training.model.train()
         return self.stopping()
 
@@ -281,7 +283,7 @@ class Engine:
             if self.tracker.due(state.step):
                 self.log_train(state, steps_per_epoch)
             if self.checkpointer.due_step(state.step):
-                self.save(state, self.tracker.latest)
+                self.save(state, self.tracker.latest, background=True)
             if self.evaluator.due_step(state.step) and self.evaluate_inside(state, steps_per_epoch):
                 return
             signalled, failed, requested = self.halting(state.step)
@@ -373,10 +375,13 @@ class Engine:
             counts[names.LOSS_SCALE] = scaler.get_scale()
         return counts
 
-    def save(self, state: TrainState, metrics: dict[str, float]) -> float:
+    def save(self, state: TrainState, metrics: dict[str, float], *, background: bool = False) -> float:
+        """last.pt (and best.pt): `background`, written beside training (checkpoint.background),
+        unless an on_checkpoint hook is to read the files now."""
+        hooked = self.dist.is_main and self.observers.has("on_checkpoint")
         with self.phase("checkpoint"):
-            seconds = self.checkpointer.save(state, metrics, self.run)
-        if self.dist.is_main:
+            seconds = self.checkpointer.save(state, metrics, self.run, background=background and not hooked)
+        if hooked:
             self.observers.call("on_checkpoint", self.run, str(self.checkpointer.last_path))
         return seconds
 

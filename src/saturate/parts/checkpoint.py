@@ -5,6 +5,13 @@ one (and the directory fsynced), so a crash or kill during a save leaves the pre
 checkpoint intact, and no partial file ever has a name that is picked up. `last.pt` is
 rewritten at every save; `best.pt` when the monitored metric improves; with top_k > 1 the
 k best are also kept as `top-<epoch>-<step>.pt`.
+
+The saves during training (`checkpoint.background`, on by default) are written by a thread
+beside it, as Lightning's AsyncCheckpointIO and torch.distributed.checkpoint's async_save do:
+the loop waits only while the state is copied to the host, one save is in flight at a time,
+and its files are on disk before the next save, the end of the loop, a stop or an
+`on_checkpoint` hook (which reads them). A save that fails in the thread (a full disk) fails
+the run at the next of these, with the same message.
 """
 
 from __future__ import annotations
@@ -105,6 +112,55 @@ def _atomic_save(obj: Any, path: Path) -> None:
             else "no earlier one was written"
         )
         raise CheckpointError(f"cannot write checkpoint {path}: {cause.strerror or cause}; {kept}") from None
+
+
+def snapshot(obj: Any) -> Any:
+    """A copy of a checkpoint that training can no longer change: every tensor copied to the
+    host (on the CPU: cloned), the containers rebuilt, anything else deep-copied."""
+    from torch.utils._pytree import tree_map
+
+    copied = lambda x: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else copy.deepcopy(x)  # noqa: E731
+    return tree_map(copied, obj)
+
+
+class Writer:
+    """Checkpoint files written by a thread, one save at a time: `submit` waits for the save
+    before it, `wait` for the one in flight and raises its error, if it failed."""
+
+    def __init__(self):
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def submit(self, checkpoint: dict, paths: list[Path]) -> None:
+        self.wait()
+        self.thread = threading.Thread(target=self._write, args=(checkpoint, paths), name="saturate-checkpoint")
+        self.thread.start()
+
+    def _write(self, checkpoint: dict, paths: list[Path]) -> None:
+        start = time.perf_counter()
+        try:
+            for path in paths:
+                _atomic_save(checkpoint, path)
+        except BaseException as e:  # noqa: BLE001 (raised in the training thread, at its next wait)
+            self.error = e
+            return
+        seconds = time.perf_counter() - start
+        if seconds > SLOW_SAVE_S:
+            log.warning(
+                "checkpoint at step %d took %.1fs to write (> %.0fs): a preempted run may be killed before it finishes",
+                checkpoint["step"],
+                seconds,
+                SLOW_SAVE_S,
+            )
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            with signals_held():  # as in a save in the loop: a stop signal meanwhile waits for whole files
+                self.thread.join()
+            self.thread = None
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
 
 
 def rng_state() -> dict[str, Any]:
@@ -281,6 +337,7 @@ class Checkpointer:
         self.saved_step: int | None = None  # of the last checkpoint written (finite weights)
         self.top: list[tuple[float, str]] = []  # (metric, file name) of the kept top-k files
         self.last_path = directory / "last.pt"
+        self.writer = Writer()
         # the hyperparameters this run's config gives, before any step (a scheduler may move some,
         # e.g. OneCycleLR's momentum): saved, so that a resume applies only what the config changed
         self.configured = _configured(stateful)
@@ -326,16 +383,31 @@ class Checkpointer:
             "fingerprint": self.fingerprint,
         }
 
-    def save(self, state: Any, metrics: dict[str, float], run: Any = None) -> float:
+    def save(self, state: Any, metrics: dict[str, float], run: Any = None, *, background: bool = False) -> float:
         """Save last.pt (and best.pt / a top-k file when `metrics` improve on them); return
-        the seconds it took. Stop signals wait for the whole save (gathering the state too)."""
+        the seconds the caller waited. Stop signals wait for the whole save (gathering the
+        state too). `background` (with checkpoint.background): the files are written by a
+        thread from a copy of the state; `flush` waits for them."""
         if not self.enabled:
             return 0.0
         with signals_held():
-            return self._save(state, metrics, run)
+            return self._save(state, metrics, run, background and self.cfg.background)
 
-    def _save(self, state: Any, metrics: dict[str, float], run: Any) -> float:
+    def flush(self) -> None:
+        """Wait until the save in flight is on disk; a failed one raises its error here."""
+        self.writer.wait()
+
+    def close(self) -> None:
+        """Wait for the save in flight as the run ends on an error: its own failure is
+        logged, not raised over the run's."""
+        try:
+            self.writer.wait()
+        except Exception as e:  # noqa: BLE001 (the run's own error is the one raised)
+            log.error("%s", e)
+
+    def _save(self, state: Any, metrics: dict[str, float], run: Any, background: bool) -> float:
         start = time.perf_counter()
+        self.writer.wait()  # the save before this one is on disk (and did not fail)
         checkpoint = self.state_dict(state, metrics, run)
         bad = non_finite(checkpoint["model"]) + non_finite(checkpoint.get("train_model", {}))
         if bad:  # never write a state that cannot be trained on: the previous file stays the last good one
@@ -366,12 +438,18 @@ class Checkpointer:
             and self.cfg.top_k > 1
             and (len(self.top) < self.cfg.top_k or self._better(value, self.top[-1][0]))
         )
-        atomic_save(checkpoint, self.last_path)
+        paths = [self.last_path] + ([self.directory / "best.pt"] if improved else [])
+        top = f"top-{state.epoch:03d}-{state.step:07d}.pt" if ranked else None
+        if background:
+            self.writer.submit(snapshot(checkpoint), paths + ([self.directory / top] if top else []))
+        else:
+            for path in paths:
+                atomic_save(checkpoint, path)
+            if top:
+                atomic_save(checkpoint, self.directory / top)
         self.saved_step = state.step
-        if improved:
-            atomic_save(checkpoint, self.directory / "best.pt")
-        if ranked:
-            self._keep_top(checkpoint, value, f"top-{state.epoch:03d}-{state.step:07d}.pt")
+        if top:
+            self._keep_top(value, top)
         seconds = time.perf_counter() - start
         if seconds > SLOW_SAVE_S:
             log.warning(
@@ -382,8 +460,8 @@ class Checkpointer:
             )
         return seconds
 
-    def _keep_top(self, checkpoint: dict, value: float, name: str) -> None:
-        atomic_save(checkpoint, self.directory / name)
+    def _keep_top(self, value: float, name: str) -> None:
+        """`name` (written, or being written) among the k best; the file that drops out is removed."""
         self.top.append((value, name))
         self.top.sort(key=lambda t: t[0], reverse=self.cfg.mode == "max")
         for _, dropped in self.top[self.cfg.top_k :]:
