@@ -80,7 +80,7 @@ class Shapes(Dataset):
         return {"image": self.images[i], "mask": self.masks[i]}
 
 
-def load_shapes(num_train: int = 240, num_val: int = 40, size: int = 128, seed: int = 0) -> dict:
+def load_shapes(num_train: int = 240, num_val: int = 48, size: int = 128, seed: int = 0) -> dict:
     """Training and validation shapes from independent streams of one seed."""
     train, val = make_shapes(num_train, size, seed * 2), make_shapes(num_val, size, seed * 2 + 1)
     return {"train": Shapes(*train), "val": Shapes(*val)}
