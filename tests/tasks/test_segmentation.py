@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -145,6 +146,26 @@ def test_a_segmenter_learns_and_exports_its_masks(tmp_path):
     assert read_metrics(tmp_path)["monitor"] == "val/dice"
     previews = events(tmp_path).Tags()["images"]
     assert "val/preview" in previews, previews  # image, mask and prediction side by side
+
+
+@pytest.mark.parametrize(("every_s", "steps"), [(1e9, [1, 8]), (0.0, list(range(1, 9)))])
+def test_previews_are_logged_at_the_first_evaluation_then_at_most_every_few_seconds_and_at_the_end(
+    tmp_path, monkeypatch, every_s, steps
+):
+    """Each preview costs a PNG and TensorBoard's pure-Python CRC of it: with an evaluation every
+    step (8 here), the images come at the first, then once engine.PICTURES_EVERY_S has passed
+    (never here, with 1e9 s; every time with 0), and at the last step; the metrics at every one."""
+    from saturate.loop import engine
+
+    monkeypatch.setattr(engine, "PICTURES_EVERY_S", every_s)
+    overrides = [*SEGMENT, "trainer.limit_train_batches=4", "trainer.max_epochs=2", "trainer.eval_every=1"]
+    saturate.fit(
+        tiny_segmenter, Squares(128), Squares(16, 1), task="segmentation", run_dir=tmp_path, overrides=list(overrides)
+    )
+    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0, "scalars": 0})  # every one, not a sample
+    acc.Reload()
+    assert [e.step for e in acc.Images("val/preview")] == steps
+    assert sorted({e.step for e in acc.Scalars("val/dice")}) == list(range(1, 9))
 
 
 def test_masks_of_another_size_than_their_images_are_refused_in_one_message(tmp_path):
