@@ -18,13 +18,13 @@ from saturate.parts import checkpoint
 from tests.conftest import read_metrics
 
 
-def checkpointer(directory: Path, background: bool = True):
+def checkpointer(directory: Path, background: bool = True, top_k: int = 1):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(3, 4)).sum().backward()
     optimizer.step()
-    cfg = CheckpointConfig(monitor="val/acc", mode="max", background=background)
+    cfg = CheckpointConfig(monitor="val/acc", mode="max", background=background, top_k=top_k)
     parts = {"optimizer": optimizer}
     return checkpoint.Checkpointer(directory, cfg, interval=1, model=model, stateful=parts, config={}, fingerprint={})
 
@@ -81,6 +81,37 @@ def test_the_next_save_waits_for_the_one_in_flight_and_a_failed_write_is_raised_
     with pytest.raises(checkpoint.CheckpointError, match="last.pt: Is a directory; a folder is in its place"):
         saver.save(at(4), {"val/acc": 0.3}, background=True)
     saver.flush()  # said once, not again
+    assert saver.saved_step == 2 and saver.last_good().endswith("(step 2)")  # the failed saves claim nothing
+
+
+def test_a_stop_save_after_a_failed_background_write_is_still_made(tmp_path, caplog):
+    """The save of a stop (in the loop) logs the failure of the write before it and saves."""
+    saver = checkpointer(tmp_path)
+    (tmp_path / "best.pt").mkdir()  # the first save's best.pt fails in the thread
+    saver.save(at(1), {"val/acc": 0.5}, background=True)
+    saver.save(at(2), {}, background=False)
+    assert "best.pt: Is a directory" in caplog.text
+    assert checkpoint.load(tmp_path / "last.pt")["step"] == 2 and saver.saved_step == 2
+
+
+def test_a_top_k_file_that_drops_out_is_removed_only_once_its_replacement_is_written(tmp_path, held_writes):
+    started, release = held_writes
+    release.set()
+    saver = checkpointer(tmp_path, top_k=2)
+    for step, acc in ((1, 0.5), (2, 0.6)):
+        saver.save(at(step), {"val/acc": acc}, background=True)
+    saver.flush()
+    first, second = "top-001-0000001.pt", "top-001-0000002.pt"
+    assert {p.name for p in tmp_path.glob("top-*.pt")} == {first, second}
+    release.clear()
+    started.clear()
+    saver.save(at(3), {"val/acc": 0.7}, background=True)  # step 1's file drops out
+    assert started.wait(30)
+    assert (tmp_path / first).exists()  # still there while its replacement is written
+    release.set()
+    saver.flush()
+    assert {p.name for p in tmp_path.glob("top-*.pt")} == {second, "top-001-0000003.pt"}
+    assert [name for _, name in saver.top] == ["top-001-0000003.pt", second]
 
 
 def test_without_background_the_files_are_written_before_save_returns(tmp_path, held_writes):
@@ -101,7 +132,13 @@ class ReadsItsCheckpoint:
         self.steps.append((run.step, checkpoint.load(Path(path))["step"]))
 
 
-def test_an_on_checkpoint_hook_reads_the_file_of_its_step(make_cfg):
+def test_an_on_checkpoint_hook_reads_the_file_of_its_step(make_cfg, monkeypatch):
+    """With such a hook every save is written before it runs (never handed to the thread)."""
+
+    def never(*args):
+        raise AssertionError("a save with an on_checkpoint hook went to the thread")
+
+    monkeypatch.setattr(checkpoint.Writer, "submit", never)
     hook = ReadsItsCheckpoint()
     cfg = make_cfg("trainer.max_epochs=3", "trainer.eval_every=2")
     saturate.train(cfg, objects=UserObjects(callbacks={"reads": hook}))
@@ -123,5 +160,23 @@ def test_background_saves_leave_the_run_and_its_files_as_synchronous_ones(make_c
         a, b = (checkpoint.load(r / "checkpoints" / name) for r in runs)
         assert a["step"] == b["step"] and a["best"] == b["best"]
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+        assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
+        for i, state in a["optimizer"]["state"].items():
+            assert all(torch.equal(v, b["optimizer"]["state"][i][k]) for k, v in state.items())
         assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
     assert not [p for r in runs for p in (r / "checkpoints").glob(".*.tmp")]
+
+
+def test_a_callback_subclass_that_does_not_override_on_checkpoint_keeps_saves_in_the_background():
+    """Callback's own hooks do nothing: a subclass that overrides only on_eval_end is not given
+    on_checkpoint (which would make every save wait for its files)."""
+    from saturate.callbacks import Callback
+    from saturate.callbacks.dispatch import Observers
+
+    class Evaluations(Callback):
+        def on_eval_end(self, run, metrics):
+            pass
+
+    observers = Observers({"mine": Evaluations()})
+    assert observers.has("on_eval_end") and not observers.has("on_checkpoint")
+    assert not observers.has("on_train_batch_end")  # no call per step either

@@ -24,7 +24,7 @@ PLACEMENT = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.mo
 # Keys that say where or how a run is kept, shown or named, not what it computes (the loggers: where it is
 # recorded; `logger=[tensorboard,mlflow]` does not name the run dir)
 NOT_SETTINGS = ("run_dir", "name", "sweep", "tune", "trainer.resume", "trainer.restart", "trainer.progress")
-NOT_SETTINGS += ("trainer.log_level", "logger")
+NOT_SETTINGS += ("trainer.log_level", "logger", "checkpoint.background")
 # The script the user ran, for the processes that do not run it themselves (a SLURM job runs submitit's)
 SCRIPT = "SATURATE_SCRIPT"
 

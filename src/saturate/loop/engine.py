@@ -443,6 +443,7 @@ class Engine:
     def halt(self, state: TrainState, steps_per_epoch: int) -> None:
         """Stop at this step boundary: a preemption signal saves last.pt and exits; too many
         non-finite steps fail the run, pointing at the last good state."""
+        self.checkpointer.close()  # a save in flight on disk before any rank leaves (its failure logged)
         self.log_train(state, steps_per_epoch)
         if self.dist.any(self.guard.failed):
             if self.guard.skip:  # every bad step was skipped: the weights are the last good state

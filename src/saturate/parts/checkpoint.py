@@ -26,7 +26,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,27 +123,38 @@ def snapshot(obj: Any) -> Any:
     return tree_map(copied, obj)
 
 
+def write_files(checkpoint: dict, paths: list[Path], removed: list[Path]) -> None:
+    """`paths` written, each atomically, then `removed` deleted: a top-k file that drops out
+    leaves only once the file that replaces it is whole."""
+    for path in paths:
+        _atomic_save(checkpoint, path)
+    for path in removed:
+        path.unlink(missing_ok=True)
+
+
 class Writer:
     """Checkpoint files written by a thread, one save at a time: `submit` waits for the save
-    before it, `wait` for the one in flight and raises its error, if it failed."""
+    before it, `wait` for the one in flight and raises its error, if it failed; `done` is
+    called once a save's files are all written."""
 
     def __init__(self):
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
-    def submit(self, checkpoint: dict, paths: list[Path]) -> None:
+    def submit(self, checkpoint: dict, paths: list[Path], removed: list[Path], done: Callable[[], None]) -> None:
         self.wait()
-        self.thread = threading.Thread(target=self._write, args=(checkpoint, paths), name="saturate-checkpoint")
+        job = (checkpoint, paths, removed, done)
+        self.thread = threading.Thread(target=self._write, args=job, name="saturate-checkpoint")
         self.thread.start()
 
-    def _write(self, checkpoint: dict, paths: list[Path]) -> None:
+    def _write(self, checkpoint: dict, paths: list[Path], removed: list[Path], done: Callable[[], None]) -> None:
         start = time.perf_counter()
         try:
-            for path in paths:
-                _atomic_save(checkpoint, path)
+            write_files(checkpoint, paths, removed)
         except BaseException as e:  # noqa: BLE001 (raised in the training thread, at its next wait)
             self.error = e
             return
+        done()
         seconds = time.perf_counter() - start
         if seconds > SLOW_SAVE_S:
             log.warning(
@@ -355,7 +366,9 @@ class Checkpointer:
         return than is None or (value > than if self.cfg.mode == "max" else value < than)
 
     def last_good(self) -> str:
-        """Where the last checkpoint with finite weights is, in words."""
+        """Where the last checkpoint with finite weights is, in words (a save in flight waited
+        for: its step once its files are written)."""
+        self.close()
         if self.saved_step is None:
             return f"not saved yet (no checkpoint of this run has finite weights in {self.directory})"
         return f"{self.last_path} (step {self.saved_step})"
@@ -385,9 +398,11 @@ class Checkpointer:
 
     def save(self, state: Any, metrics: dict[str, float], run: Any = None, *, background: bool = False) -> float:
         """Save last.pt (and best.pt / a top-k file when `metrics` improve on them); return
-        the seconds the caller waited. Stop signals wait for the whole save (gathering the
-        state too). `background` (with checkpoint.background): the files are written by a
-        thread from a copy of the state; `flush` waits for them."""
+        the seconds the caller waited. Stop signals wait for what the caller waits for (the
+        state gathered and, in the loop, the files written). `background` (with
+        checkpoint.background): the files are written by a thread from a copy of the state;
+        `flush` waits for them. A save in the loop (a stop's, a failure's) first waits for the
+        one in flight, whose failure is then logged, not raised: the stop's own save goes on."""
         if not self.enabled:
             return 0.0
         with signals_held():
@@ -407,7 +422,7 @@ class Checkpointer:
 
     def _save(self, state: Any, metrics: dict[str, float], run: Any, background: bool) -> float:
         start = time.perf_counter()
-        self.writer.wait()  # the save before this one is on disk (and did not fail)
+        self.flush() if background else self.close()  # the save before this one is on disk (or said failed)
         checkpoint = self.state_dict(state, metrics, run)
         bad = non_finite(checkpoint["model"]) + non_finite(checkpoint.get("train_model", {}))
         if bad:  # never write a state that cannot be trained on: the previous file stays the last good one
@@ -440,16 +455,14 @@ class Checkpointer:
         )
         paths = [self.last_path] + ([self.directory / "best.pt"] if improved else [])
         top = f"top-{state.epoch:03d}-{state.step:07d}.pt" if ranked else None
+        removed = self._keep_top(value, top) if top else []
+        paths += [self.directory / top] if top else []
+        written = lambda step=state.step: setattr(self, "saved_step", step)  # noqa: E731
         if background:
-            self.writer.submit(snapshot(checkpoint), paths + ([self.directory / top] if top else []))
+            self.writer.submit(snapshot(checkpoint), paths, removed, written)
         else:
-            for path in paths:
-                atomic_save(checkpoint, path)
-            if top:
-                atomic_save(checkpoint, self.directory / top)
-        self.saved_step = state.step
-        if top:
-            self._keep_top(value, top)
+            write_files(checkpoint, paths, removed)
+            written()
         seconds = time.perf_counter() - start
         if seconds > SLOW_SAVE_S:
             log.warning(
@@ -460,13 +473,14 @@ class Checkpointer:
             )
         return seconds
 
-    def _keep_top(self, value: float, name: str) -> None:
-        """`name` (written, or being written) among the k best; the file that drops out is removed."""
+    def _keep_top(self, value: float, name: str) -> list[Path]:
+        """`name` (about to be written) among the k best; the files that drop out, for the
+        writer to remove once it is whole."""
         self.top.append((value, name))
         self.top.sort(key=lambda t: t[0], reverse=self.cfg.mode == "max")
-        for _, dropped in self.top[self.cfg.top_k :]:
-            (self.directory / dropped).unlink(missing_ok=True)
+        dropped = [self.directory / n for _, n in self.top[self.cfg.top_k :] if n != name]
         del self.top[self.cfg.top_k :]
+        return dropped
 
     def resume(self, spec: str | None) -> Resumed:
         """Restore from `spec` ("auto": the newest complete checkpoint here, else a fresh
