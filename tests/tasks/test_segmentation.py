@@ -168,6 +168,38 @@ def test_previews_are_logged_at_the_first_evaluation_then_at_most_every_few_seco
     assert sorted({e.step for e in acc.Scalars("val/dice")}) == list(range(1, 9))
 
 
+class StopsAt:
+    """A user's callback that stops the run at an evaluation (as early stopping would)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_eval_end(self, run, metrics):
+        if run.step == self.step:
+            run.request_stop(f"stop at step {self.step}")
+
+
+def test_a_run_stopped_at_an_evaluation_logs_its_images_there(tmp_path, monkeypatch):
+    """The last evaluation's images are logged however the run ends: a stop asked for at an
+    evaluation (early stopping, the target) makes it the last."""
+    from saturate.loop import engine
+
+    monkeypatch.setattr(engine, "PICTURES_EVERY_S", 1e9)
+    overrides = [*SEGMENT, "trainer.limit_train_batches=4", "trainer.max_epochs=2", "trainer.eval_every=1"]
+    saturate.fit(
+        tiny_segmenter,
+        Squares(128),
+        Squares(16, 1),
+        task="segmentation",
+        run_dir=tmp_path,
+        overrides=list(overrides),
+        callbacks=[StopsAt(5)],
+    )
+    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Images("val/preview")] == [1, 5]
+
+
 def test_masks_of_another_size_than_their_images_are_refused_in_one_message(tmp_path):
     with pytest.raises(UserError) as err:
         saturate.fit(
