@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from saturate.callbacks.base import HOOKS, Run
+from saturate.callbacks.base import HOOKS, Callback, Run
 from saturate.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -83,8 +83,13 @@ class Observers:
         for name, obj in every.items():
             if not any(callable(getattr(obj, hook, None)) for hook in HOOKS):
                 raise UserError(f"callbacks: {name} ({type(obj).__name__}) has none of the hooks {', '.join(HOOKS)}")
+        # a hook a subclass of Callback inherits does nothing: not called (an on_checkpoint would
+        # make every save wait for its files, an on_train_batch_end would add a call per step)
+        own = lambda obj, hook: getattr(type(obj), hook, None) is not getattr(Callback, hook)  # noqa: E731
         self._hooks = {
-            hook: [(name, fn) for name, obj in every.items() if callable(fn := getattr(obj, hook, None))]
+            hook: [
+                (name, fn) for name, obj in every.items() if callable(fn := getattr(obj, hook, None)) and own(obj, hook)
+            ]
             for hook in HOOKS
         }
         self.running: str | None = None  # the hook running now, as name.hook
