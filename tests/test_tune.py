@@ -8,6 +8,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -500,6 +501,10 @@ TAMPERED = {
     "a seed that is not an integer": lambda e: e.update(
         target_runs={"seeds": [0.5], "start": [1.0], "fastest": [None]}
     ),
+    "medians without the runs": lambda e: e.update(to_target_s=[10.0, 8.0]),
+    "medians that are not the runs'": lambda e: e.update(
+        target_runs={"seeds": [0], "start": [10.0], "fastest": [8.0]}, to_target_s=[10.0, 2.0]
+    ),
 }
 
 
@@ -507,9 +512,8 @@ def test_a_tune_cache_entry_is_checked_before_it_is_used():
     from saturate.tune import valid_entry
 
     assert valid_entry(good_entry(), extra=[])
-    assert valid_entry(
-        {**good_entry(), "target_runs": {"seeds": [3, 4], "start": [9.5, None], "fastest": [7, 8.0]}}, []
-    )
+    runs = {"seeds": [3, 4], "start": [9.5, None], "fastest": [7, 8.0]}
+    assert valid_entry({**good_entry(), "target_runs": runs, "to_target_s": [None, 7.5]}, [])  # their medians
     # the user's own tune.extra
     assert valid_entry({**good_entry(), "changes": ["model.width=64"]}, extra=["model.width=64"])
     for name, tamper in TAMPERED.items():
@@ -626,15 +630,19 @@ class Scripted:
     """Tuner.trial replaced by a script of samples/s: what each next trial measures."""
 
     def __init__(self, tuner, rates: list[float]):
-        self.tuner, self.rates, self.calls = tuner, list(rates), []
+        self.tuner, self.rates, self.calls, self.caps = tuner, list(rates), [], []
 
     def __call__(self, changes, base=None, until=None, seed=None):
         from saturate.tune import Result
 
         self.calls.append((list(changes), base) if until is None else (list(changes), base, f"to target, seed {seed}"))
+        if until is not None:
+            self.caps.append(until - time.perf_counter())
         result = Result(len(self.tuner.results), changes, samples_per_s=self.rates.pop(0), seconds=0.01, seed=seed)
         if until is not None:  # a run to the target: the script's next entry is when it met it (None: never)
             result.to_target_s = self.to_target.pop(0)
+            if result.to_target_s == "signal":  # a stop signal just after this run, before the next starts
+                self.tuner.stop.requested, result.to_target_s = 15, 12.0
             if result.to_target_s in ("interrupted", "failed"):  # what a real trial sets
                 result.status, result.to_target_s = result.to_target_s, None
                 result.outcome = result.status if result.status == "interrupted" else "failed: OSError: disk full"
@@ -747,3 +755,29 @@ def test_a_failed_run_to_the_target_keeps_its_error_and_an_interrupt_stops_the_s
     assert tuner.results[3].outcome == "to target: failed: OSError: disk full (seed 5)"
     assert tuner.target_runs == {"seeds": [5], "start": [10.0], "fastest": [None]}
     assert tuner.to_target_s == (10.0, None) and tuner.changes == [] and tuner.dropped == ["precision=bf16"]
+
+
+def test_both_runs_of_a_seed_get_the_same_cap_and_a_stop_signal_between_runs_stops_them():
+    """The start's and the fastest's run of a seed are capped alike (an equal share of what is
+    left as the pair starts), so neither side inherits time the other left; a SIGTERM that
+    arrives between two runs (no run's own handler to hear it) stops the runs to the target."""
+    from types import SimpleNamespace
+
+    from saturate.tune import Result
+
+    tuner = scripted_tuner([100.0] + [150.0] * 6)
+    tuner.target, tuner.changes = True, ["precision=bf16"]
+    tuner.best = Result(1, ["precision=bf16"], samples_per_s=150.0)
+    tuner.results.append(tuner.best)
+    tuner.tune.budget_s, tuner.started = 600.0, time.perf_counter()
+    tuner.trial.to_target = [5.0, 4.0, 6.0, 4.5, 7.0, 5.5]
+    tuner.to_target()
+    caps = tuner.trial.caps
+    assert len(caps) == 6 and all(abs(a - b) < 1.0 for a, b in zip(caps[::2], caps[1::2], strict=True)), caps
+    assert abs(caps[0] - 100.0) < 1.0  # 600 s left for six runs
+    stopped = scripted_tuner([100.0] + [150.0] * 6)
+    stopped.target, stopped.changes, stopped.stop = True, ["precision=bf16"], SimpleNamespace(requested=None)
+    stopped.trial.to_target = [5.0, "signal"]
+    stopped.to_target()
+    assert len(stopped.trial.calls) == 2 and stopped.interrupted
+    assert stopped.target_runs == {"seeds": [5], "start": [5.0], "fastest": [12.0]}

@@ -253,7 +253,7 @@ def valid_entry(entry: dict, extra: list[str]) -> bool:
         return False
     if not tunable_list(entry.get("dropped")):
         return False
-    if "target_runs" not in entry or not _target_runs_valid(entry["target_runs"]):
+    if "target_runs" not in entry or not _target_runs_valid(entry["target_runs"], entry.get("to_target_s")):
         return False
     figures = [entry.get("rate"), entry.get("speedup")]
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in figures):
@@ -262,20 +262,21 @@ def valid_entry(entry: dict, extra: list[str]) -> bool:
     return entry.get("confirmed") is (pairs >= 1)
 
 
-def _target_runs_valid(runs) -> bool:
-    """None, or the seeds and each side's time per seed (a number of seconds, or None)."""
+def _target_runs_valid(runs, medians) -> bool:
+    """None (and no medians), or the seeds and each side's time per seed (a number of seconds,
+    or None), of which `medians` are the medians."""
     if runs is None:
-        return True
+        return medians is None
     if not (isinstance(runs, dict) and set(runs) == {"seeds", "start", "fastest"}):
         return False
     seeds = runs["seeds"]
     if not (isinstance(seeds, list) and seeds and all(isinstance(x, int) and not isinstance(x, bool) for x in seeds)):
         return False
     time_ok = lambda t: t is None or isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0  # noqa: E731
-    return all(
-        isinstance(runs[k], list) and len(runs[k]) == len(seeds) and all(map(time_ok, runs[k]))
-        for k in ("start", "fastest")
-    )
+    sides = (runs["start"], runs["fastest"])
+    if not all(isinstance(t, list) and len(t) == len(seeds) and all(map(time_ok, t)) for t in sides):
+        return False
+    return isinstance(medians, list) and medians == [median_time(t) for t in sides]
 
 
 def fresh_compile_state() -> None:
@@ -495,7 +496,8 @@ class Tuner:
     def to_target(self) -> None:
         """The start and the fastest, each trained to the target (the user's own epochs and
         evaluations) once per seed of tune.target_seeds (trainer.seed, +1, ...), alternating,
-        within the rest of tune.budget_s (each run an equal share of what is left). One run each
+        within the rest of tune.budget_s (both runs of a seed the same cap: an equal share of
+        what is left as the pair starts; a run stopped by it counts as never). One run each
         cannot rank them: the time to a figure moves with the seed (the segmentation example met
         Dice 0.7 between 23.5 and 55.6 s over five seeds). The fastest is dropped when its median
         time over the seeds is longer than the start's, a seed that did not meet the target (or
@@ -504,12 +506,12 @@ class Tuner:
         seeds = [self.seed + i for i in range(self.tune.target_seeds)]
         times: tuple[list, list] = ([], [])  # the start's and the fastest's, per seed
         for i, seed in enumerate(seeds):
-            pair = []
+            pair, cap = [], left() / (2 * (len(seeds) - i))
             for base in ([], self.changes):  # an interrupt stops at once; a pair left half done is not counted
-                runs_left = 2 * (len(seeds) - i) - len(pair)
+                self.interrupted = self.interrupted or (self.stop is not None and self.stop.requested is not None)
                 if self.interrupted or left() <= 0:
                     break
-                run = self.trial([], base=base, until=time.perf_counter() + left() / runs_left, seed=seed)
+                run = self.trial([], base=base, until=time.perf_counter() + min(cap, left()), seed=seed)
                 if run.status == "interrupted":
                     break
                 reached = run.to_target_s if run.status == "ok" else None  # failed or diverged: never
