@@ -11,7 +11,8 @@ beside it, as Lightning's AsyncCheckpointIO and torch.distributed.checkpoint's a
 the loop waits only while the state is copied to the host, one save is in flight at a time,
 and its files are on disk before the next save, the end of the loop, a stop or an
 `on_checkpoint` hook (which reads them). A save that fails in the thread (a full disk) fails
-the run at the next of these, with the same message.
+the run at the next save or the end of the loop, with the same message; a stop's own save
+logs it and still saves.
 """
 
 from __future__ import annotations
