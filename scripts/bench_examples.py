@@ -27,7 +27,7 @@ issue's target: median <= 1.0 and p80 <= 1.05 for time to target and whole proce
 
 `--seeds` trains pair N with seed N on both sides (saturate's `trainer.seed=N`, the
 reference's `--seed N`; the data stay the example's). Time to a target depends on the seed
-(the U-Net reference met Dice 0.7 between 27.0 and 50.6 s over seeds 1-5), so
+(the U-Net reference met Dice 0.7 between 26.0 and 52.4 s over seeds 1-5), so
 without it a pair compares one seed's luck with another's; with it both medians are over the
 same seeds.
 

@@ -697,7 +697,7 @@ def test_the_start_and_the_fastest_are_ranked_by_their_median_time_to_the_target
 ):
     """With a target, the start and the fastest are each trained to it once per seed
     (trainer.seed, +1, +2), alternating: one run each cannot tell a setting from a seed (the
-    segmentation example met Dice 0.7 between 23.5 and 55.6 s over five seeds). The fastest is
+    segmentation example met Dice 0.7 between 24.9 and 52.2 s over five seeds). The fastest is
     dropped when its median is longer, a seed that never met it counting as never."""
     from saturate.tune import Result, _to_target_lines, render
 

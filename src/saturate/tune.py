@@ -499,7 +499,7 @@ class Tuner:
         within the rest of tune.budget_s (both runs of a seed the same cap: an equal share of
         what is left as the pair starts; a run stopped by it counts as never). One run each
         cannot rank them: the time to a figure moves with the seed (the segmentation example met
-        Dice 0.7 between 23.5 and 55.6 s over five seeds). The fastest is dropped when its median
+        Dice 0.7 between 24.9 and 52.2 s over five seeds). The fastest is dropped when its median
         time over the seeds is longer than the start's, a seed that did not meet the target (or
         failed) counting as never; when neither met it at the median, samples/s decide."""
         left = lambda: self.tune.budget_s - (time.perf_counter() - self.started)  # noqa: E731

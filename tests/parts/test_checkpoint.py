@@ -114,9 +114,7 @@ def test_a_top_k_file_that_drops_out_is_removed_only_once_its_replacement_is_wri
     assert [name for _, name in saver.top] == ["top-001-0000003.pt", second]
 
 
-def test_without_background_the_files_are_written_before_save_returns(tmp_path, held_writes):
-    started, release = held_writes
-    release.set()
+def test_without_background_the_files_are_written_before_save_returns(tmp_path):
     saver = checkpointer(tmp_path, background=False)
     saver.save(at(7), {"val/acc": 0.5}, background=True)  # checkpoint.background=false wins
     assert checkpoint.load(tmp_path / "last.pt")["step"] == 7 and saver.writer.thread is None

@@ -423,7 +423,10 @@ class Checkpointer:
 
     def _save(self, state: Any, metrics: dict[str, float], run: Any, background: bool) -> float:
         start = time.perf_counter()
-        self.flush() if background else self.close()  # the save before this one is on disk (or said failed)
+        if background:  # the save before this one is on disk: its failure is this run's
+            self.flush()
+        else:  # a stop's or a failure's save: an earlier write's failure is logged, this save still made
+            self.close()
         checkpoint = self.state_dict(state, metrics, run)
         bad = non_finite(checkpoint["model"]) + non_finite(checkpoint.get("train_model", {}))
         if bad:  # never write a state that cannot be trained on: the previous file stays the last good one
