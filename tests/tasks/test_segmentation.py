@@ -76,6 +76,34 @@ def test_dice_and_iou_match_a_hand_computation_per_class():
     assert values["iou"].item() == pytest.approx(sum(iou) / len(iou), abs=1e-5)
 
 
+def test_the_own_metrics_are_fed_one_hot_masks_and_give_what_index_masks_give():
+    """The task's Dice and IoU take one-hot masks (torchmetrics' index format one-hots each
+    update into int64 itself, several times slower): their values are those of the same
+    metrics fed index masks, over batches with a class predicted nowhere and ignored pixels;
+    a user's metric in the index format still gets index masks."""
+    from torchmetrics.segmentation import DiceScore, MeanIoU
+
+    index = {
+        "dice": DiceScore(3, include_background=False, average="macro", input_format="index"),
+        "dice_class": DiceScore(3, include_background=False, average="none", input_format="index"),
+        "iou": MeanIoU(3, include_background=False, input_format="index"),
+    }
+    task = Segmentation(3, ignore_index=255, metrics={"user_dice": index["dice"].clone()})
+    metrics = task.metrics()
+    assert [metrics[name].input_format for name in index] == ["one-hot"] * 3
+    for seed in range(3):
+        masks, preds = masks_and_predictions(seed)
+        masks[seed, :3] = 255
+        batch = (torch.zeros(4, 1, 8, 8), masks)
+        logits = torch.nn.functional.one_hot(preds, 3).permute(0, 3, 1, 2).float()
+        task.update(metrics, logits, batch)
+        for metric in index.values():
+            metric.update(*task.metric_inputs(logits, batch))
+    for name, metric in index.items():
+        assert torch.equal(metrics[name].compute(), metric.compute()), name
+    assert torch.equal(metrics["user_dice"].compute(), index["dice"].compute())
+
+
 def test_ignored_pixels_count_in_neither_the_loss_nor_the_metrics():
     masks, preds = masks_and_predictions(classes=2)
     wrong = 1 - preds  # every prediction wrong ...

@@ -96,14 +96,32 @@ class Segmentation(Task):
         return loss
 
     def own_metrics(self) -> dict:
+        """Dice and IoU fed one-hot masks (`update`): in the index format torchmetrics one-hots
+        both masks into int64 for each metric at every update (Dice and IoU together: 17 ms a
+        batch of 16 masks of 128x128 on one CPU thread; 3 ms fed one-hot). Same values."""
         classes = self.num_classes
         metrics = {
-            "dice": DiceScore(classes, include_background=False, average="macro", input_format="index"),
-            "iou": MeanIoU(classes, include_background=False, input_format="index"),
+            "dice": DiceScore(classes, include_background=False, average="macro", input_format="one-hot"),
+            "iou": MeanIoU(classes, include_background=False, input_format="one-hot"),
         }
         if classes > 2:
-            metrics["dice_class"] = DiceScore(classes, include_background=False, average="none", input_format="index")
+            metrics["dice_class"] = DiceScore(classes, include_background=False, average="none", input_format="one-hot")
         return metrics
+
+    def update(self, metrics: dict, outputs, batch) -> None:
+        """Each metric fed the masks `metric_inputs` gives (B, H, W), or their one-hot (B, C, H,
+        W) where the metric says it takes that (`input_format="one-hot"`: the task's own, and a
+        user's torchmetrics segmentation metric so made)."""
+        preds, masks = self.metric_inputs(outputs, batch)
+        one_hot = None
+        for metric in metrics.values():
+            if getattr(metric, "input_format", None) != "one-hot":
+                metric.update(preds, masks)
+                continue
+            if one_hot is None:
+                classes = torch.arange(self.num_classes, device=preds.device).view(1, -1, *[1] * (preds.ndim - 1))
+                one_hot = (preds.unsqueeze(1) == classes, masks.unsqueeze(1) == classes)
+            metric.update(*one_hot)
 
     def metric_inputs(self, outputs, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(predicted classes, masks), each (B, H, W); ignored pixels set to the background in
