@@ -1,6 +1,6 @@
 """The two-input forecaster from Python: saturate.fit with a factory given the data's two
-input shapes, the author's Adam with the LR halved after every epoch. Extra arguments are
-overrides, as on train.py's command line.
+input shapes, the author's Adam with its LR schedule (the full LR for two epochs, then halved
+after each). Extra arguments are overrides, as on train.py's command line.
 
     python examples/forecast/fit_forecast.py [trainer.max_epochs=3 ...]
 """
@@ -21,7 +21,8 @@ if __name__ == "__main__":
         task="regression",
         overrides=[
             "optim=adam",
-            "optim.scheduler={_target_:torch.optim.lr_scheduler.StepLR,_partial_:true,step_size:1,gamma:0.5}",
+            "optim.scheduler={_target_:torch.optim.lr_scheduler.LambdaLR,_partial_:true,"
+            "lr_lambda:{_target_:hydra.utils.get_method,path:forecast.type1}}",  # the author's lradj type1
             *["optim.scheduler_interval=epoch", "optim.warmup_epochs=0"],
             *["loader.batch_size=32", "trainer.max_epochs=6"],
             *sys.argv[1:],

@@ -28,7 +28,8 @@ CHANGED (and why; each line is marked "# CHANGED" below)
      exp.test()'s plot takes the forecast (24,) instead of the last feature column.
   3. Sizes, through the author's flags: --model TwoInputForecaster, --learning_rate 1e-4 -> 1e-3,
      --train_epochs 10 -> 6, --d_model 512 -> 32 (the GRU's hidden size), --batch_size 32 kept,
-     --lradj type1 kept (the LR halved after every epoch: the example's StepLR(1, 0.5)),
+     --lradj type1 kept (the full LR for two epochs, then halved after each: the example's
+     LambdaLR(examples.forecast.forecast.type1)),
      --patience 3 kept (the author's early stopping), --num_workers 10 -> 0 (ten workers
      re-forked for three loaders every epoch swamp a 2-core machine). The run.py flags that only
      Dataset_Custom and the transformer models read are kept, unused but for the checkpoint

@@ -23,6 +23,7 @@ if __name__ == "__main__":
             "optim=adamw",
             "optim.optimizer.lr=0.003",
             "optim.optimizer.weight_decay=0",
+            *["optim.schedule=constant", "optim.warmup_epochs=0"],  # the author's loop: no LR schedule
             "loader.batch_size=32",
             "trainer.max_epochs=8",
             "trainer.grad_clip=5",

@@ -4,10 +4,12 @@ torchrun. Nothing in saturate is edited for them."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -161,12 +163,30 @@ def test_segmentation_moves_masks_on_the_device_and_exports_them(tmp_path):
         assert saved["mask"].shape == (32, 128, 128) and set(np.unique(saved["mask"])) <= {0, 1}
 
 
-def test_forecast_feeds_two_inputs_and_halves_the_lr_every_epoch(tmp_path):
-    stdout, metrics = fit_script(tmp_path, "forecast", "fit_forecast.py", "trainer.max_epochs=3")
+def authors_lr(epochs: int, lr: float) -> list[float]:
+    """The LR each epoch trains at in the forecaster's reference loop: its own
+    `adjust_learning_rate` (taken from reference.py's source alone, none of its imports), called
+    as its loop calls it, after each epoch with epoch + 1."""
+    source = (ROOT / "examples" / "forecast" / "reference.py").read_text()
+    function = next(n for n in ast.parse(source).body if getattr(n, "name", "") == "adjust_learning_rate")
+    space: dict = {}
+    exec(compile(ast.Module([function], []), "reference.py", "exec"), space)  # noqa: S102 (the repository's own file)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
+    used = []
+    for epoch in range(epochs):
+        used.append(optimizer.param_groups[0]["lr"])
+        space["adjust_learning_rate"](optimizer, epoch + 1, SimpleNamespace(lradj="type1", learning_rate=lr))
+    return used
+
+
+def test_forecast_feeds_two_inputs_and_keeps_the_authors_lr_schedule(tmp_path):
+    """The example's LR per epoch is the one the author's loop trains at: the full LR for two
+    epochs, then halved after each (a StepLR(1, 0.5) halves one epoch sooner)."""
+    stdout, metrics = fit_script(tmp_path, "forecast", "fit_forecast.py", "trainer.max_epochs=4")
     assert "val/rmse" in stdout and metrics["data"] == "Windows"
     by_step = {e.step: e.value for e in events(tmp_path / "run").Scalars("train/lr")}
-    firsts = [by_step[s] for s in (1, 4, 7)]  # 3 steps an epoch (TINY)
-    assert firsts == pytest.approx([1e-3, 5e-4, 2.5e-4])
+    firsts = [by_step[s] for s in (1, 4, 7, 10)]  # 3 steps an epoch (TINY)
+    assert firsts == pytest.approx(authors_lr(4, 1e-3)) == [1e-3, 1e-3, 5e-4, 2.5e-4]
 
 
 def test_mixup_classifier_through_fit(tmp_path):
@@ -201,14 +221,14 @@ def test_a_user_dataset_under_ddp(tmp_path):
 @pytest.mark.slow
 def test_a_two_input_model_under_two_cpu_processes(tmp_path):
     """The forecaster (model(past, calendar)) with trainer.devices=2 device=cpu: two gloo
-    processes, one run dir, identical parameters at the end, the per-epoch StepLR in both."""
+    processes, one run dir, identical parameters at the end, the author's per-epoch LR in both."""
     example = [f"hydra.searchpath=[file://{ROOT / 'examples' / 'forecast' / 'conf'}]", "experiment=forecast"]
     args = [*example, "device=cpu", "trainer.devices=2", "trainer.max_epochs=2", "trainer.progress=false"]
     result = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = read_metrics(tmp_path / "run")
     assert metrics["world_size"] == 2 and metrics["distributed/params_identical"] == 1.0
-    assert metrics["status"] == "completed" and metrics["train/lr"] == pytest.approx(2.5e-4)
+    assert metrics["status"] == "completed" and metrics["train/lr"] == pytest.approx(5e-4)
 
 
 def test_the_readmes_python_example_runs_as_printed(tmp_path):

@@ -108,7 +108,7 @@ SETTINGS = {
     "segmentation": [*example("segmentation"), "loader.batch_size=4", "data.size=32"],
     "mixup": example("mixup"),
     "cutmix-and-mixup": [*example("mixup"), "mix.cutmix=1.0"],
-    "two-inputs-step-lr": example("forecast"),
+    "two-inputs-epoch-lambda-lr": example("forecast"),
     "one-cycle-per-step": [
         "optim.scheduler={_target_:torch.optim.lr_scheduler.OneCycleLR,_partial_:true,max_lr:0.1,total_steps:20}",
         "optim.scheduler_interval=step",

@@ -29,7 +29,7 @@ def scheduler(target: str, **arguments) -> str:
 
 
 def test_a_step_lr_halves_the_lr_after_every_epoch(make_cfg):
-    """The forecaster's `adjust_learning_rate` (lradj type1): epoch 1 at 0.1, then 0.05, 0.025."""
+    """StepLR(1, 0.5) stepped per epoch: epoch 1 at 0.1, then 0.05, 0.025."""
     cfg = make_cfg(*EPOCHS, scheduler("StepLR", step_size=1, gamma=0.5))
     saturate.train(cfg)
     assert logged_lr(cfg.run_dir) == pytest.approx([0.1] * 3 + [0.05] * 3 + [0.025] * 3)
