@@ -389,11 +389,14 @@ def test_an_interrupted_tune_keeps_the_best_so_far(tmp_path, jpeg_folder):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (trials.is_dir() and len(list(trials.iterdir())) >= 3):
         time.sleep(0.2)
+    started = len(list(trials.iterdir()))
     proc.send_signal(signal.SIGINT)  # during the third trial
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
     result = json.loads((tmp_path / "t" / "tune.json").read_text())
-    assert result["interrupted"] and result["results"][-1]["status"] == "interrupted"
+    # the trial that heard it is the last: interrupted, or measured when it came after its loop
+    assert result["interrupted"] and len(result["results"]) == started
+    assert result["results"][-1]["status"] in ("interrupted", "ok")
     assert "Interrupted: the best so far is kept" in (tmp_path / "t" / "tune.md").read_text()
     assert (tmp_path / "t.yaml").is_file()
 
@@ -638,7 +641,10 @@ class Scripted:
         self.calls.append((list(changes), base) if until is None else (list(changes), base, f"to target, seed {seed}"))
         if until is not None:
             self.caps.append(until - time.perf_counter())
-        result = Result(len(self.tuner.results), changes, samples_per_s=self.rates.pop(0), seconds=0.01, seed=seed)
+        rate = self.rates.pop(0)
+        if isinstance(rate, tuple):  # (samples/s, "signal"): a stop signal handed on as this trial's run ends
+            rate, self.tuner.stop.requested = rate[0], 2
+        result = Result(len(self.tuner.results), changes, samples_per_s=rate, seconds=0.01, seed=seed)
         if until is not None:  # a run to the target: the script's next entry is when it met it (None: never)
             result.to_target_s = self.to_target.pop(0)
             if result.to_target_s == "signal":  # a stop signal just after this run, before the next starts
@@ -679,6 +685,25 @@ def test_a_candidate_faster_once_is_measured_again_before_it_is_kept():
     real = scripted_tuner([150.0, 100.0, 140.0])
     real.try_dimension("channels_last", [["trainer.channels_last=true"]])
     assert real.changes == ["trainer.channels_last=true"] and real.results[1].outcome == "kept"
+
+
+def test_a_stop_handed_on_by_the_first_trial_of_a_pair_starts_no_second():
+    """A Ctrl-C that reaches a trial once its loop has stopped looking is handed on to tune as
+    the trial ends (saturate.loop.faults.StopSignal): the trial counts, but neither the
+    recheck's nor the confirmation's second trial runs after it, and nothing is claimed."""
+    from types import SimpleNamespace
+
+    recheck = scripted_tuner([150.0, (100.0, "signal"), 140.0])  # faster once; the recheck's first hears it
+    recheck.stop = SimpleNamespace(requested=None)
+    recheck.try_dimension("channels_last", [["trainer.channels_last=true"]])
+    assert len(recheck.trial.calls) == 2 and recheck.changes == [] and recheck.interrupted
+    confirm = scripted_tuner([(100.0, "signal"), 150.0])  # the confirmation's first (the start again) hears it
+    confirm.stop, confirm.changes, confirm.confirmed = SimpleNamespace(requested=None), ["trainer.compile=true"], False
+    confirm.best = confirm.results[0].__class__(1, ["trainer.compile=true"], samples_per_s=150.0)
+    confirm.results.append(confirm.best)
+    confirm.confirm()
+    assert len(confirm.trial.calls) == 1 and not confirm.confirmed and confirm.interrupted
+    assert confirm.speedup == pytest.approx(1.5)  # one trial each, as the table says: not confirmed
 
 
 @pytest.mark.parametrize(

@@ -340,12 +340,18 @@ class Tuner:
         """What is left of the search's budget (all of tune.budget_s, or half with a target)."""
         return self.search_budget - (time.perf_counter() - self.started)
 
+    def stopping(self) -> bool:
+        """Whether a stop signal came: to tune between two trials, or to a trial once its loop
+        had stopped looking (its run hands it on as it ends). No trial starts after it, not
+        even the second of a pair."""
+        self.interrupted = self.interrupted or (self.stop is not None and self.stop.requested is not None)
+        return self.interrupted
+
     def affordable(self, reserve: int = 0) -> bool:
         """Whether another trial, and `reserve` more after it, fit in what is left of the
         budget (each estimated by the median of the trials so far)."""
-        self.interrupted = self.interrupted or (self.stop is not None and self.stop.requested is not None)
         done = [r.seconds for r in self.results if r.status == "ok"]
-        return not self.interrupted and self.remaining() > (1 + reserve) * (statistics.median(done) if done else 0.0)
+        return not self.stopping() and self.remaining() > (1 + reserve) * (statistics.median(done) if done else 0.0)
 
     def trial(
         self, changes: list[str], base: list[str] | None = None, until: float | None = None, seed: int | None = None
@@ -470,6 +476,8 @@ class Tuner:
                 break
             again = []
             for base in ([], self.changes):  # one after the other; an interrupt in the first stops at once
+                if again and self.stopping():  # the pair's second: none after a stop
+                    break
                 again.append(self.trial([], base=base))
                 if again[-1].status != "ok":
                     break
@@ -508,8 +516,7 @@ class Tuner:
         for i, seed in enumerate(seeds):
             pair, cap = [], left() / (2 * (len(seeds) - i))
             for base in ([], self.changes):  # an interrupt stops at once; a pair left half done is not counted
-                self.interrupted = self.interrupted or (self.stop is not None and self.stop.requested is not None)
-                if self.interrupted or left() <= 0:
+                if self.stopping() or left() <= 0:
                     break
                 run = self.trial([], base=base, until=time.perf_counter() + min(cap, left()), seed=seed)
                 if run.status == "interrupted":
@@ -545,6 +552,8 @@ class Tuner:
         rival_changes = merged(self.changes, rival.changes) if rival is not None else self.changes
         again = []
         for base in (rival_changes, merged(self.changes, result.changes)):  # an interrupt in the first stops at once
+            if again and self.stopping():  # the pair's second: none after a stop
+                return False
             again.append(self.trial([], base=base))
             again[-1].outcome = again[-1].outcome or "recheck"
             if again[-1].status != "ok":

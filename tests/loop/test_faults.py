@@ -501,3 +501,29 @@ def test_when_submitit_will_not_requeue_rank_0_says_why_in_one_line(submitit_usr
         stopped_by_usr2()
     assert str(refused.value).startswith("SIGUSR2: the job was not requeued (Job not requeued because: timed-out")
     assert "hydra.launcher.max_num_timeout" in str(refused.value)
+
+
+def test_a_stop_asked_after_the_loop_last_looked_goes_to_the_enclosing_watcher():
+    """A signal that reaches a run once its loop has stopped looking (its final evaluation,
+    report, records: a tune's trial spends a good part of its seconds there) is handed to the
+    StopSignal around the run, if there is one (tune's, between its trials): else the tune
+    ran every trial left after a Ctrl-C. A stop the run acted on (Preempted) is its own, and
+    with no saturate watcher around the run nothing changes."""
+    with StopSignal() as tune:
+        with StopSignal() as run:
+            signal.raise_signal(signal.SIGTERM)
+            assert run.requested == signal.SIGTERM and tune.requested is None
+        assert tune.requested == signal.SIGTERM
+        tune.requested = None
+        with pytest.raises(Preempted), StopSignal() as run:
+            signal.raise_signal(signal.SIGTERM)
+            raise Preempted(run.requested)
+        assert tune.requested is None
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: pytest.fail("a handler not saturate's got a signal handled"))
+    try:
+        with StopSignal() as run:
+            signal.raise_signal(signal.SIGTERM)
+        assert run.requested == signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -41,7 +41,11 @@ class StopSignal:
     In a SLURM job of hydra/launcher=slurm, submitit asks SLURM for SIGUSR2 before the time
     limit and handles it by requeuing the job at once; here the run first stops with every
     rank at the same step and saves, and submitit's handler gets the signal after that
-    (rank 0 requeues the job while hydra.launcher.max_num_timeout allows, and exits)."""
+    (rank 0 requeues the job while hydra.launcher.max_num_timeout allows, and exits).
+
+    A signal that comes once the loop has stopped looking (the final evaluation, the report)
+    is handed on, as the context exits, to the StopSignal around this one if there is one
+    (tune's, which then runs no further trial); no other handler gets it twice."""
 
     SIGNALS = STOP_SIGNALS
 
@@ -67,6 +71,10 @@ class StopSignal:
     def __exit__(self, kind, error, traceback) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+        if error is None and self.requested is not None:  # it came after the loop's last look: not acted on
+            outer = getattr(self._previous.get(self.requested), "__self__", None)
+            if isinstance(outer, StopSignal):  # a watcher around the run (tune's, between its trials) takes it
+                outer._handle(self.requested, None)
         previous = self._previous.get(error.signum) if isinstance(error, Preempted) else None
         if _requeues(previous):
             try:
