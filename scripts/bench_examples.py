@@ -23,7 +23,10 @@ Both sides: whole-process wall time measured here (from before the fork to the e
 wait4), CPU seconds (user + sys, with children). Per example it prints each side's median
 whole-process wall, first step, time to target and final metric, and the ratios
 saturate / reference over the pairs: median, 80th percentile and spread (min-max). The
-issue's target: median <= 1.0 and p80 <= 1.05 for time to target and whole process.
+issue's target: median <= 1.0 and p80 <= 1.05 for time to target and whole process. The
+ratio "per epoch" is the time from the end of the first step to the end of the last
+evaluation over the epochs trained, on each side: where early stopping ends a run (pm25),
+whole-process time compares the two sides' stopping epochs, and this compares the loops.
 
 `--seeds` trains pair N with seed N on both sides (saturate's `trainer.seed=N`, the
 reference's `--seed N`; the data stay the example's). Time to a target depends on the seed
@@ -98,12 +101,14 @@ def parse_reference(text: str, spec: Example) -> dict:
     and its final figures."""
     # not anchored to the line's start: a progress bar (tqdm, \r without \n) may precede them
     first = re.search(rf"BENCH first_step t={_NUMBER}", text)
-    evals = []
+    evals, epoch = [], math.nan  # epoch: the last evaluation's (1-based, as every reference prints it)
     for line in re.findall(r"BENCH eval (.*)$", text, re.M):
         t = re.search(rf"\bt={_NUMBER}", line)
         v = re.search(rf"\b{re.escape(spec.ref_metric)}={_NUMBER}", line)
         if t and v:
             evals.append((float(t.group(1)), float(v.group(1))))
+            e = re.search(r"\bepoch=(\d+)", line)
+            epoch = float(e.group(1)) if e else math.nan
     hit = next((t for t, v in evals if meets(v, spec.value, spec.better)), math.nan)
     final_line = re.search(r"BENCH final (.*)$", text, re.M)
     final = {}
@@ -113,18 +118,30 @@ def parse_reference(text: str, spec: Example) -> dict:
             final[key] = float(value)
         except ValueError:
             continue
+    first_step = float(first.group(1)) if first else math.nan
     return {
-        "first_step_s": float(first.group(1)) if first else math.nan,
+        "first_step_s": first_step,
         "to_target_s": hit,
+        "per_epoch_s": per_epoch(first_step, evals[-1][0] if evals else math.nan, epoch),
         "evals": evals,
         "final": final.get(spec.ref_final, evals[-1][1] if evals else math.nan),
     }
 
 
+def per_epoch(first_step: float, last_eval: float, epochs: float) -> float:
+    """Seconds an epoch, from the end of the first step to the end of the last evaluation
+    (seconds since the process started), over the epochs trained: the same span on both
+    sides, the figure for runs whose length is set by where early stopping ends."""
+    return (last_eval - first_step) / epochs if epochs > 0 else math.nan
+
+
 def read_saturate(metrics: dict, spec: Example) -> dict:
     """saturate's own figures from its run's metrics.json."""
+    first_step = float(metrics.get(names.FIRST_STEP_S, math.nan))
+    last_eval, epochs = (float(metrics.get(k, math.nan)) for k in (names.EVAL_AT_S, names.EPOCH))
     return {
-        "first_step_s": float(metrics.get(names.FIRST_STEP_S, math.nan)),
+        "first_step_s": first_step,
+        "per_epoch_s": per_epoch(first_step, last_eval, epochs),
         "to_target_s": float(metrics.get(names.TO_TARGET_S, math.nan)),
         "final": float(metrics.get(spec.final, math.nan)),
         "startup": {k: float(v) for k, v in metrics.items() if k.startswith("startup/")},
@@ -194,12 +211,17 @@ def run_reference(name: str, spec: Example, script: Path, out: Path, args, seed:
 
 
 def reread(record: dict) -> dict:
-    """A recorded reference run read again from its log, where the log is still there (so
-    that a fix to the parsing applies to recorded runs)."""
+    """A recorded run read again where its files are still there: the reference's log, or
+    saturate's metrics.json beside its log (so that a fix to the reading, or a figure added
+    since, applies to recorded runs)."""
     log = Path(record.get("log", ""))
-    if record.get("side") != "reference" or record.get("example") not in EXAMPLES or not log.is_file():
+    spec = EXAMPLES.get(record.get("example"))
+    if spec is None or not log.is_file():
         return record
-    return {**record, **parse_reference(log.read_text(errors="replace"), EXAMPLES[record["example"]])}
+    if record.get("side") == "reference":
+        return {**record, **parse_reference(log.read_text(errors="replace"), spec)}
+    metrics = log.parent / "run" / "metrics.json"
+    return {**record, **read_saturate(json.loads(metrics.read_text()), spec)} if metrics.is_file() else record
 
 
 # ---------------------------------------------------------------- summarising
@@ -235,8 +257,10 @@ class Ratio:
 
 
 def ratios(pairs: list[dict], key: str) -> Ratio:
-    """saturate / reference for each pair where both sides have the figure."""
-    rs = [p["saturate"][key] / p["reference"][key] for p in pairs if p["saturate"][key] > 0 and p["reference"][key] > 0]
+    """saturate / reference for each pair where both sides have the figure (a file recorded
+    before a figure existed lacks it)."""
+    both = [(p["saturate"].get(key, math.nan), p["reference"].get(key, math.nan)) for p in pairs]
+    rs = [sat / ref for sat, ref in both if sat > 0 and ref > 0]
     rs = [r for r in rs if not math.isnan(r)]
     if not rs:
         return Ratio(math.nan, math.nan, math.nan, math.nan, 0)
@@ -254,7 +278,7 @@ class Summary:
     failed: int = 0
 
 
-FIGURES = ("wall_s", "cpu_s", "first_step_s", "to_target_s", "final")
+FIGURES = ("wall_s", "cpu_s", "first_step_s", "to_target_s", "per_epoch_s", "final")
 
 
 def summarize(records: list[dict]) -> list[Summary]:
@@ -269,9 +293,9 @@ def summarize(records: list[dict]) -> list[Summary]:
         good = [p for p in complete if all(p[s]["rc"] == 0 for s in SIDES)]
         summary = Summary(example, len(good), failed=len(complete) - len(good))
         for side in SIDES:
-            summary.sides[side] = {f: median([p[side][f] for p in good]) for f in FIGURES}
+            summary.sides[side] = {f: median([p[side].get(f, math.nan) for p in good]) for f in FIGURES}
             summary.sides[side]["reached"] = sum(not math.isnan(p[side]["to_target_s"]) for p in good)
-        summary.ratio = {f: ratios(good, f) for f in ("wall_s", "cpu_s", "first_step_s", "to_target_s")}
+        summary.ratio = {f: ratios(good, f) for f in ("wall_s", "cpu_s", "first_step_s", "to_target_s", "per_epoch_s")}
         keys = sorted({k for p in good for k in p["saturate"].get("startup", {})})
         summary.startup = {k: median([p["saturate"]["startup"].get(k, math.nan) for p in good]) for k in keys}
         loads = [p[s]["load1"] for p in good for s in SIDES]
@@ -299,12 +323,13 @@ def table(summaries: list[Summary]) -> str:
                 f"{_s(f['to_target_s'])} ({f['reached']}/{s.pairs}) | {_s(f['final'], 4)} |"
             )
     ratio_head = (
-        "\n| example | whole process, saturate / reference | to target | first step | CPU s | load1 |\n"
-        "|---|---|---|---|---|---|\n"
+        "\n| example | whole process, saturate / reference | to target | first step | per epoch | CPU s | load1 |\n"
+        "|---|---|---|---|---|---|---|\n"
     )
     ratio_rows = [
         f"| {s.example} | {s.ratio['wall_s'].text()} | {s.ratio['to_target_s'].text()} | "
-        f"{s.ratio['first_step_s'].text()} | {s.ratio['cpu_s'].text()} | {_s(s.load[0])}-{_s(s.load[1])} |"
+        f"{s.ratio['first_step_s'].text()} | {s.ratio['per_epoch_s'].text()} | {s.ratio['cpu_s'].text()} | "
+        f"{_s(s.load[0])}-{_s(s.load[1])} |"
         for s in summaries
     ]
     startup = [

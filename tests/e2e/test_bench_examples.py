@@ -60,10 +60,25 @@ def test_a_lower_is_better_target_and_a_reference_that_never_reached_it():
 
 def test_saturates_side_is_read_from_metrics_json():
     metrics = {"time/first_step_s": 4.2, "time/to_target_s": 11.0, "test/acc": 0.93, "startup/data_s": 0.1}
+    metrics |= {"time/eval_at_s": 34.2, "progress/epoch": 15.0}
     got = read_saturate(metrics, EXAMPLES["har"])
     assert (got["first_step_s"], got["to_target_s"], got["final"]) == (4.2, 11.0, 0.93)
+    assert got["per_epoch_s"] == pytest.approx(2.0)  # (34.2 - 4.2) / 15
     assert got["startup"] == {"startup/data_s": 0.1}
     assert math.isnan(read_saturate({}, EXAMPLES["har"])["to_target_s"])  # target never met
+    assert math.isnan(read_saturate({}, EXAMPLES["har"])["per_epoch_s"])
+
+
+def test_time_per_epoch_is_from_the_first_step_to_the_last_evaluation_on_both_sides():
+    """The figure for runs that stop early (pm25: each side's early stopping ends at its own
+    epoch, so whole-process time compares epoch counts): the end of the first step to the end
+    of the last evaluation, over the epochs trained, the same span on both sides."""
+    got = parse_reference(REFERENCE_LOG, EXAMPLES["har"])
+    assert got["per_epoch_s"] == pytest.approx((12.5 - 3.512) / 3)
+    inside = "BENCH first_step t=2.0\nBENCH eval t=4.0 step=3 epoch=1 val_dice=0.5\n"
+    inside += "BENCH eval t=8.0 step=30 epoch=2 val_dice=0.6\n"  # evaluations inside the epoch: the last one's
+    assert parse_reference(inside, EXAMPLES["segmentation"])["per_epoch_s"] == pytest.approx(3.0)
+    assert math.isnan(parse_reference("BENCH eval t=5.0 val_ter=0.2\n", EXAMPLES["sign"])["per_epoch_s"])
 
 
 def test_percentile_is_numpys_linear_one():
@@ -87,6 +102,7 @@ def _side(example, pair, side, wall, first, target, final=0.9, rc=0, load=3.0):
         rc=rc,
         load1=load,
         startup={"startup/data_s": 0.5} if side == "saturate" else {},
+        per_epoch_s=1.0 if side == "saturate" else 2.0,
     )
 
 
@@ -108,6 +124,7 @@ def test_the_summary_pairs_the_sides_and_takes_ratios_median_p80_and_spread():
     assert (s.ratio["wall_s"].low, s.ratio["wall_s"].high) == (pytest.approx(0.75), pytest.approx(1.3))
     assert s.ratio["cpu_s"].median == pytest.approx(ratios[2])  # cpu_s is wall_s / 2 on both sides
     assert s.ratio["first_step_s"].median == pytest.approx(2.0)
+    assert s.ratio["per_epoch_s"].median == pytest.approx(0.5)  # saturate's 1.0 s an epoch, the reference's 2.0
     assert s.sides["saturate"]["wall_s"] == 22 and s.sides["reference"]["wall_s"] == 24
     assert s.startup == {"startup/data_s": 0.5}
 
@@ -128,6 +145,30 @@ def test_summarize_prints_the_tables_of_a_results_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| har | 1 | saturate | 20.0 | 10.0 | 4.0 | 10.0 (1/1) | 0.9000 |" in out
     assert "0.80 (p80 0.80, 0.80-0.80, n=1)" in out  # whole process 20 / 25
+    assert "0.50 (p80 0.50, 0.50-0.50, n=1)" in out  # per epoch 1.0 / 2.0
+    rows[0].pop("per_epoch_s")  # a file recorded before the figure existed: still summarised
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["--summarize", str(path)]) == 0
+
+
+def test_recorded_runs_are_read_again_from_their_files_where_these_are_still_there(tmp_path, capsys):
+    """--summarize rereads each side's own files (the reference's log, saturate's
+    metrics.json beside its log): a figure added since a run was recorded is still had."""
+    (tmp_path / "sat" / "run").mkdir(parents=True)
+    (tmp_path / "ref").mkdir()
+    metrics = {"time/first_step_s": 4.0, "time/eval_at_s": 34.0, "progress/epoch": 15.0, "test/acc": 0.9}
+    (tmp_path / "sat" / "run" / "metrics.json").write_text(json.dumps(metrics))
+    (tmp_path / "ref" / "reference.log").write_text(REFERENCE_LOG)
+    rows = [_side("har", 1, "saturate", 20, 4, 10), _side("har", 1, "reference", 25, 3, 12)]
+    rows[0]["log"], rows[1]["log"] = str(tmp_path / "sat" / "saturate.log"), str(tmp_path / "ref" / "reference.log")
+    (tmp_path / "sat" / "saturate.log").write_text("")
+    for row in rows:
+        row.pop("per_epoch_s")
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["--summarize", str(path)]) == 0
+    ratio = 2.0 / ((12.5 - 3.512) / 3)  # (34 - 4) / 15 against the log's three epochs
+    assert f"| {ratio:.2f} (p80 {ratio:.2f}, {ratio:.2f}-{ratio:.2f}, n=1) |" in capsys.readouterr().out
 
 
 def test_with_seeds_pair_n_trains_both_sides_with_seed_n_and_without_each_keeps_its_own(tmp_path):
