@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,18 @@ def pytest_collection_modifyitems(config, items):
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
+
+
+@pytest.fixture
+def ctrl_c_reaches_us():
+    """Python's own SIGINT handler while the test sends Ctrl-C (to itself, or to a child,
+    which then starts with SIGINT at its default): a suite started in the background of a
+    non-interactive shell inherits SIGINT ignored, a child process inherits that, and a run
+    keeps an ignored SIGINT ignored (tests/parts/test_resume.py), so the interrupt would
+    never arrive."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(scope="module")

@@ -373,6 +373,7 @@ def test_a_compute_bound_run_spends_no_trial_on_the_loader(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ctrl_c_reaches_us")  # the child must hear Ctrl-C
 def test_an_interrupted_tune_keeps_the_best_so_far(tmp_path, jpeg_folder):
     import signal
     import time
@@ -571,6 +572,7 @@ def test_tune_refuses_a_preset_path_that_is_not_its_own_before_any_trial(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ctrl_c_reaches_us")  # the child must hear Ctrl-C
 def test_an_interrupt_during_the_confirmation_stops_at_once_and_claims_nothing(tmp_path):
     """SIGINT while the start is measured again: no further trial runs, and the speed-up is
     reported as one trial each, not confirmed."""

@@ -537,16 +537,6 @@ def test_a_hook_that_swallows_the_interrupt_is_abandoned_at_sigterm(tmp_path):
 # -- SIGINT at odd moments (round four: c119b, c121, c122b)
 
 
-@pytest.fixture
-def ctrl_c_reaches_us():
-    """Python's own SIGINT handler while the test sends itself Ctrl-C: a suite started in the
-    background of a non-interactive shell inherits SIGINT ignored, and a run keeps an ignored
-    SIGINT ignored (tests/parts/test_resume.py), so the interrupt would never arrive."""
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, before)
-
-
 @pytest.mark.usefixtures("ctrl_c_reaches_us")
 @pytest.mark.parametrize("where", ["torch.save", "gathering the state"])
 def test_ctrl_c_twice_while_a_checkpoint_is_written_leaves_it_whole(tmp_path, monkeypatch, where):
