@@ -699,6 +699,7 @@ def test_a_stop_handed_on_by_the_first_trial_of_a_pair_starts_no_second():
     recheck.stop = SimpleNamespace(requested=None)
     recheck.try_dimension("channels_last", [["trainer.channels_last=true"]])
     assert len(recheck.trial.calls) == 2 and recheck.changes == [] and recheck.interrupted
+    assert recheck.results[1].outcome == "faster once; stopped before measured again"
     confirm = scripted_tuner([(100.0, "signal"), 150.0])  # the confirmation's first (the start again) hears it
     confirm.stop, confirm.changes, confirm.confirmed = SimpleNamespace(requested=None), ["trainer.compile=true"], False
     confirm.best = confirm.results[0].__class__(1, ["trainer.compile=true"], samples_per_s=150.0)
@@ -706,6 +707,7 @@ def test_a_stop_handed_on_by_the_first_trial_of_a_pair_starts_no_second():
     confirm.confirm()
     assert len(confirm.trial.calls) == 1 and not confirm.confirmed and confirm.interrupted
     assert confirm.speedup == pytest.approx(1.5)  # one trial each, as the table says: not confirmed
+    assert confirm.results[-1].outcome == "again, unpaired"
 
 
 @pytest.mark.parametrize(

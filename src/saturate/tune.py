@@ -482,6 +482,8 @@ class Tuner:
                 if again[-1].status != "ok":
                     break
             if len(again) < 2 or again[-1].status != "ok":
+                for r in again:  # a pair cut short (a stop, a failure): its measured trial counts for nothing
+                    r.outcome = r.outcome or ("again, unpaired" if r.status == "ok" else "")
                 break
             for r, rates in zip(again, (starts, bests), strict=True):
                 r.outcome = "again"
@@ -577,6 +579,8 @@ class Tuner:
             else:
                 slower = result.samples_per_s < self.best.samples_per_s
                 result.outcome = "not held when measured again" if faster else "slower" if slower else "no gain"
+                if faster and self.interrupted:  # its recheck was cut short by a stop
+                    result.outcome = "faster once; stopped before measured again"
                 if dimension == "num_workers":
                     break
         if best_here is not None:
