@@ -483,7 +483,8 @@ class Tuner:
                     break
             if len(again) < 2 or again[-1].status != "ok":
                 for r in again:  # a pair cut short (a stop, a failure): its measured trial counts for nothing
-                    r.outcome = r.outcome or ("again, unpaired" if r.status == "ok" else "")
+                    if r.status == "ok":
+                        r.outcome = r.outcome or "again, unpaired"
                 break
             for r, rates in zip(again, (starts, bests), strict=True):
                 r.outcome = "again"
