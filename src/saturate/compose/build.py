@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from torch import nn
 from saturate.config import data_info
 from saturate.config.instantiate import build
 from saturate.config.invocation import Invocation
-from saturate.config.schema import RunConfig
+from saturate.config.schema import CheckpointConfig, RunConfig
 from saturate.data import Data, DataSpec, build_datasets, describe
 from saturate.data.augment import build_transforms, check_transforms
 from saturate.data.base import stack
@@ -38,6 +39,7 @@ from saturate.observe.costs import COST_SAMPLES, scaling, step_cost
 from saturate.observe.environment import cpu_name
 from saturate.observe.timing import Startup
 from saturate.parts.batch_size import Trial, TrialSetup, choose
+from saturate.parts.checkpoint import Checkpointer
 from saturate.parts.device import autotune_convolutions, untouched_rng
 from saturate.parts.model import Models, load_weights, make, place, setup_model, takes_advice
 from saturate.parts.optim import prime_state, setup_optimizer
@@ -521,3 +523,25 @@ def build_target(run: RunConfig, parts: Parts) -> Target | None:
     """target.metric and target.value, checked against what the evaluations log, or None."""
     aim = run.target.resolved(parts.task, parts.spec.has_val)
     return Target(aim[0], float(run.target.value), aim[1], run.target.stop) if aim else None
+
+
+def build_checkpointer(
+    run: RunConfig, checkpointing: CheckpointConfig, parts: Parts, observers, config: dict, env: dict, dist: Dist
+) -> Checkpointer:
+    """The run's checkpointer: what it saves (the model, the optimizer, the schedule, the
+    scaler, the observers' states) and where (run_dir/checkpoints)."""
+    return Checkpointer(
+        Path(run.run_dir) / "checkpoints",
+        checkpointing,
+        interval=run.trainer.checkpoint_interval,
+        model=parts.models.raw,
+        stateful={
+            "optimizer": parts.optimizer,
+            "scheduler": parts.scheduler,
+            "scaler": parts.precision.scaler,
+            "observers": observers,
+        },
+        config=config,
+        fingerprint=env,
+        enabled=dist.is_main,
+    )

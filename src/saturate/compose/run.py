@@ -23,7 +23,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from saturate import names
 from saturate.callbacks import CallbackError, Observers, Plan, Run
 from saturate.callbacks.profiler import Profiler
-from saturate.compose.build import Parts, UserObjects, build_parts, build_target, make_step
+from saturate.compose.build import Parts, UserObjects, build_checkpointer, build_parts, build_target, make_step
 from saturate.compose.outcome import (
     Metrics,
     Session,
@@ -51,7 +51,6 @@ from saturate.observe.environment import fingerprint
 from saturate.observe.monitor import ResourceMonitor, peak_memory
 from saturate.observe.timing import RunClock, Startup, StepTimer
 from saturate.observe.tracking import Tracker
-from saturate.parts.checkpoint import Checkpointer
 from saturate.parts.device import seeded, setup_device
 from saturate.parts.rundir import RunDirTaken, hold, prepare, record_failure
 from saturate.scale.distributed import Dist, peer_failed, world_size
@@ -121,7 +120,7 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
             world_size=dist.world_size,
         )
         config = recorded_config(run, parts, objects)
-        checkpointer = _checkpointer(run, checkpointing, parts, observers, config, env, dist)
+        checkpointer = build_checkpointer(run, checkpointing, parts, observers, config, env, dist)
         held.start_over()  # trainer.restart: only now, with the config checked and every part built
         resumed = checkpointer.resume(run.trainer.resume)
         state = TrainState(resumed.epoch, resumed.step, resumed.batch_in_epoch)
@@ -173,26 +172,6 @@ def _callback_view(
         timer=timer,
         lr_scale=lr_scale,
         direction=lambda name: "min" if name.endswith("loss") else parts.task.better(name.split("/", 1)[-1]),
-    )
-
-
-def _checkpointer(
-    run: RunConfig, checkpointing: CheckpointConfig, parts: Parts, observers, config: dict, env: dict, dist: Dist
-) -> Checkpointer:
-    return Checkpointer(
-        Path(run.run_dir) / "checkpoints",
-        checkpointing,
-        interval=run.trainer.checkpoint_interval,
-        model=parts.models.raw,
-        stateful={
-            "optimizer": parts.optimizer,
-            "scheduler": parts.scheduler,
-            "scaler": parts.precision.scaler,
-            "observers": observers,
-        },
-        config=config,
-        fingerprint=env,
-        enabled=dist.is_main,
     )
 
 
