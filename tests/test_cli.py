@@ -3,6 +3,8 @@ bad input (exit status, one short message, no traceback)."""
 
 from __future__ import annotations
 
+import gc
+import json
 import subprocess
 import sys
 
@@ -196,3 +198,72 @@ def test_at_exit_the_heap_is_frozen_after_the_handlers_registered_during_the_run
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["during the run: False", "before run(): True"]
     assert (tmp_path / "unclosed.txt").read_text() == "kept"
+
+
+class CollectorProbe:
+    """A callback that notes the garbage collector's state at the run's start and at each
+    step: (on at all, anything frozen), and whether the run's model is among the frozen
+    objects (gc.get_objects lists the tracked objects that are not); in collector.json in the
+    run dir at the run's end."""
+
+    def __init__(self):
+        self.seen: dict[str, list] = {"on_run_start": [], "on_train_batch_end": []}
+        self.model_frozen = None
+
+    def note(self, hook: str) -> None:
+        state = [gc.isenabled(), gc.get_freeze_count() > 0]
+        if state not in self.seen[hook]:
+            self.seen[hook].append(state)
+
+    def on_run_start(self, run) -> None:
+        self.note("on_run_start")
+
+    def on_train_batch_end(self, run, loss) -> None:
+        self.note("on_train_batch_end")
+        if self.model_frozen is None:
+            self.model_frozen = not any(o is run.model for o in gc.get_objects())
+
+    def on_run_end(self, run, metrics) -> None:
+        (run.run_dir / "collector.json").write_text(json.dumps({**self.seen, "model_frozen": self.model_frozen}))
+
+
+def test_train_pys_start_up_imports_without_the_collector_and_freezes_what_they_built(tmp_path):
+    """1-2 s of a 2-core CPU's start-up is the collector walking the heap again and again while
+    torch, dynamo, torchmetrics and the rest import (saturate.started). train.py's run turns it
+    off until task() has imported them; then everything alive is frozen (the collector's later
+    passes skip it) and the collector is on for the whole run. What the run builds, its model
+    first, is not frozen."""
+    probe = "+callbacks.collector._target_=tests.test_cli.CollectorProbe"
+    result = run_cli(*TINY, probe, "hydra.run.dir=run", cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    seen = json.loads((tmp_path / "run" / "collector.json").read_text())
+    assert seen == {"on_run_start": [[True, True]], "on_train_batch_end": [[True, True]], "model_frozen": False}
+
+
+def test_the_collector_is_left_alone_by_python_calls_a_users_off_switch_and_a_multirun(make_cfg, monkeypatch):
+    """saturate.train from Python does not touch the collector; a collector the user turned
+    off stays off and nothing is frozen; a multirun's parent (which may wait on a launcher for
+    hours) keeps its collector on."""
+    import saturate
+    from saturate.cli import run
+    from saturate.compose.build import UserObjects
+    from saturate.config.invocation import SCRIPT
+    from saturate.started import pause_collector, resume_collector
+
+    probe = CollectorProbe()
+    saturate.train(make_cfg(), objects=UserObjects(callbacks={"probe": probe}))
+    assert probe.seen == {"on_run_start": [[True, False]], "on_train_batch_end": [[True, False]]}
+
+    gc.disable()
+    try:
+        pause_collector()
+        resume_collector(freeze=True)  # what task() does once its imports are done
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+    monkeypatch.setattr(sys, "argv", ["train.py", "-m", "trainer.seed=1,2"])  # as train.py's run() sees them
+    monkeypatch.setenv(SCRIPT, "unset")  # run() sets it: undone after the test
+    on = []
+    run(lambda: on.append(gc.isenabled()))
+    assert on == [True] and gc.isenabled() and gc.get_freeze_count() == 0

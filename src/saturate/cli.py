@@ -26,6 +26,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from saturate.config.invocation import SCRIPT, Invocation, from_hydra
 from saturate.config.registration import register
 from saturate.errors import Problem, UserError, shown
+from saturate.started import pause_collector, resume_collector
 
 log = logging.getLogger("saturate")
 _answering = False  # run() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
@@ -33,7 +34,6 @@ _answering = False  # run() is answering mistakes (the user did not ask for HYDR
 
 def run(main: Callable[[], object]) -> None:
     """Call a `@hydra.main` function; exit 1 with one message for a user's mistake."""
-    global _answering
     if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
         print(help_text(sys.argv[1:]))
         return
@@ -42,9 +42,20 @@ def run(main: Callable[[], object]) -> None:
     atexit.register(_freeze_at_exit)  # after the handlers registered during this (the last) run
     os.environ[SCRIPT] = os.path.abspath(sys.argv[0])  # SLURM jobs inherit it: their resume command names it
     sys.argv[1:] = [shorthand(arg) for arg in sys.argv[1:]]
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        main()
-        return
+    if not {"-m", "--multirun"} & set(sys.argv[1:]):  # a multirun's parent may wait on a launcher for hours
+        pause_collector()  # no collector passes over the start-up's imports (saturate.started): about 1 s
+    try:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            main()
+        else:
+            _answered(main)
+    finally:
+        resume_collector()  # when no run reached the end of its imports (--cfg, a mistake in the config)
+
+
+def _answered(main: Callable[[], object]) -> None:
+    """main(), its user's mistakes answered in one line."""
+    global _answering
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing
     _answering = True
     try:
@@ -149,10 +160,13 @@ def task(cfg: DictConfig):
             record_failure(cfg.run_dir, e)  # for sweep reports: this job failed, and why
             raise
         import torch  # noqa: F401 (torch and the rest: imported here, before any thread of the run starts)
+        import torch._dynamo  # noqa: F401 (torch.optim's Optimizer imports it with its first parameter group)
 
         from saturate.compose.run import train
         from saturate.scale.launch import processes
         from saturate.tune import tune
+
+        resume_collector(freeze=True)  # the imports are done: what they built is frozen (saturate.started)
 
         if cfg.tune.enabled:
             return tune(cfg, invocation)
