@@ -228,11 +228,11 @@ class CollectorProbe:
 
 
 def test_train_pys_start_up_imports_without_the_collector_and_freezes_what_they_built(tmp_path):
-    """1-2 s of a 2-core CPU's start-up is the collector walking the heap again and again while
-    torch, dynamo, torchmetrics and the rest import (saturate.started). train.py's run turns it
-    off until task() has imported them; then everything alive is frozen (the collector's later
-    passes skip it) and the collector is on for the whole run. What the run builds, its model
-    first, is not frozen."""
+    """About a second of a 2-core CPU's start-up is the collector walking the heap again and again
+    while torch, dynamo, torchmetrics and the rest import (saturate.started). train.py's
+    run turns it off until task() has imported them; then everything alive is frozen (the
+    collector's later passes skip it) and the collector is on for the whole run. What the
+    run builds, its model first, is not frozen."""
     probe = "+callbacks.collector._target_=tests.test_cli.CollectorProbe"
     result = run_cli(*TINY, probe, "hydra.run.dir=run", cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
