@@ -33,7 +33,10 @@ _answering = False  # run() is answering mistakes (the user did not ask for HYDR
 
 
 def run(main: Callable[[], object]) -> None:
-    """Call a `@hydra.main` function; exit 1 with one message for a user's mistake."""
+    """Call a `@hydra.main` function; exit 1 with one message for a user's mistake. For a
+    single run the garbage collector is off until task() has done its imports (saturate.started):
+    a `main` that does long work of its own before calling task(), or instead of it, does it
+    without the collector."""
     if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
         print(help_text(sys.argv[1:]))
         return
