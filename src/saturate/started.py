@@ -11,13 +11,13 @@ walks the growing heap again and again while they load (about a second of a 2-co
 start-up; docs/benchmarks.md). In train.py's process (a single run: cli.run) the collector is
 off from the command to the end of those imports (`pause_collector`), which then freezes
 everything alive and turns it back on (`resume_collector(freeze=True)`, in cli.task): its later
-passes skip the frozen objects (so does the one at exit), and DataLoader workers forked after
-it do not copy their pages. Nothing the run builds is frozen: the data, the model and DDP's
-reducer are freed as before. What the imports left as garbage in reference cycles (some 30k
-small objects, 10-15 MB, no tensors: measured on the examples) is frozen with the rest and
-never freed: collecting it first would cost one pass over the whole heap (0.4-0.65 s on a
-2-core CPU). A collector the user turned off stays off; saturate.fit and train() called from
-Python leave it alone.
+passes skip the frozen objects (so does the one at exit; in DataLoader workers forked after it,
+they no longer touch those pages: gc.freeze's documented use, not measured here). Nothing the
+run builds is frozen: the data, the model and DDP's reducer are freed as before. What the
+imports left as garbage in reference cycles (some 30k small objects, 10-15 MB, no tensors:
+measured on the examples) is frozen with the rest and never freed: collecting it first would
+cost one pass over the whole heap (0.4-0.65 s on a 2-core CPU). A collector the user turned off
+stays off; saturate.fit and train() called from Python leave it alone.
 """
 
 import gc
