@@ -31,6 +31,7 @@ SETTINGS = {
     "costs-off": ["monitor.costs=false"],
     "monitor-off": ["monitor.enabled=false"],
     "resident": ["loader.resident=true"],
+    "resident-off": ["loader.resident=false"],  # the CLI's digits are resident by default (loader.resident=auto)
 }
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import pickle
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +16,14 @@ import torch
 import saturate
 from saturate.config.schema import LoaderConfig
 from saturate.data.base import ImageTensors
-from saturate.data.loader import DevicePipeline, ResidentLoader, ResumableSampler, Shard
+from saturate.data.loader import (
+    DevicePipeline,
+    ResidentLoader,
+    ResumableSampler,
+    Shard,
+    read_in_place,
+    resident_for,
+)
 from saturate.errors import ConfigError, DataError
 from saturate.observe.report import RunFacts, diagnose, render
 from scripts.make_image_folder import write_digits
@@ -139,6 +148,77 @@ def test_resident_order_is_the_distributed_samplers(n, world):
         assert loader.order(3).tolist() == list(sampler)
         shards += ResidentLoader(data, cfg, pipeline, train=False, shard=Shard(5, rank, world)).order(0).tolist()
     assert sorted(shards) == list(range(n))  # evaluation: every sample once, no padding
+
+
+class Drawn(torch.utils.data.Dataset):
+    """Samples computed when read: a flip drawn from torch's generator, as a random augmentation does."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        image = torch.arange(4.0).view(1, 2, 2)
+        return (image.flip(-1) if torch.rand(()) < 0.5 else image), i
+
+
+class FloatTargets(torch.utils.data.Dataset):
+    """Python float targets: the default collate batches them as float64, held tensors as float32."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return torch.zeros(1, 2, 2), float(i)
+
+
+def test_resident_auto_holds_data_that_is_read_not_computed_on_a_cpu_run_only():
+    """loader.resident=auto: resident on the CPU, no worker asked for, every split tensors in
+    memory or samples read in micro-seconds that come back the same and batch the same way;
+    an explicit true or false is kept."""
+    tensors = ImageTensors(torch.zeros((10, 1, 2, 2), dtype=torch.uint8), torch.zeros(10, dtype=torch.long))
+    samples = [(torch.full((1, 2, 2), float(i)), i) for i in range(10)]  # a list of (tensor, int): read, not computed
+    data = lambda val, collate=None: SimpleNamespace(train=tensors, val=val, test=None, collate=collate)  # noqa: E731
+    fixed, auto, cpu = SimpleNamespace(fixed=True), LoaderConfig(), torch.device("cpu")
+    assert auto.resident == "auto"
+    assert resident_for(auto, data(tensors), fixed, cpu, workers=0, placement="gpu")
+    assert resident_for(auto, data(samples), fixed, cpu, workers=0, placement="none")
+    no = [
+        (auto, data(samples), fixed, torch.device("cuda"), 0, "none"),  # CUDA: loader=resident's choice
+        (auto, data(samples), fixed, cpu, 1, "none"),  # a worker asked for
+        (auto, data(samples), fixed, cpu, 0, "cpu"),  # augmented per sample, in workers
+        (auto, data(samples, collate=list), fixed, cpu, 0, "none"),  # the data's own collate
+        (auto, data(samples), SimpleNamespace(fixed=False), cpu, 0, "none"),
+        (auto, data(Drawn()), fixed, cpu, 0, "none"),  # reading draws: computed, not read
+        (auto, data(FloatTargets()), fixed, cpu, 0, "none"),
+        (LoaderConfig(resident_memory_fraction=1e-12), data(samples), fixed, cpu, 0, "none"),
+        (LoaderConfig(resident=False), data(tensors), fixed, cpu, 0, "none"),
+    ]
+    for cfg, split, spec, device, workers, placement in no:
+        assert not resident_for(cfg, split, spec, device, workers=workers, placement=placement)
+    assert resident_for(LoaderConfig(resident=True), data(Drawn()), fixed, torch.device("cuda"), 0, "none")
+
+
+def test_reading_a_slow_data_set_is_not_in_place():
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            time.sleep(0.001)  # a file to decode: milliseconds
+            return torch.zeros(3), i
+
+    assert read_in_place(Slow()) is None
+    assert read_in_place([(torch.zeros(3), i) for i in range(4)]) == (3 * 4 + 8, pytest.approx(0, abs=1e-4))
+
+
+def test_the_default_run_holds_digits_resident_and_a_worker_keeps_the_dataloader(make_cfg, caplog):
+    with caplog.at_level(logging.INFO, logger="saturate"):
+        saturate.train(cfg := make_cfg())
+    assert read_metrics(cfg.run_dir)["facts"]["resident"] is True
+    assert any("resident on cpu" in r.getMessage() for r in caplog.records)
+    assert "loader.resident=auto: the data is read, not computed" in (Path(cfg.run_dir) / "report.md").read_text()
+    saturate.train(cfg := make_cfg("loader.num_workers=1"))
+    assert read_metrics(cfg.run_dir)["facts"]["resident"] is False
 
 
 def test_resident_falls_back_to_host_memory_with_a_warning(make_cfg, caplog):

@@ -120,6 +120,7 @@ def test_a_sweep_of_four_jobs_leaves_four_runs_hparams_and_a_report(tmp_path):
     assert {n for n, h in columns.items() if h.get("differs")} == {
         "loader.batch_size",
         "loader.num_workers",
+        "loader.resident",  # what ran: the digits resident without workers (loader.resident=auto), not with 2
         "overrides",
     }
     assert columns["loader.batch_size"]["type"] == "DATA_TYPE_FLOAT64"  # numeric axes: 64 after 32, a range filter

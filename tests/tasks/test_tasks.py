@@ -175,7 +175,7 @@ def test_num_workers_auto_is_0_for_data_in_memory_and_says_why(tmp_path):
         digits_like(),
         digits_like(64, 1),
         run_dir=tmp_path,
-        overrides=[t for t in TINY if "num_workers" not in t],
+        overrides=[*(t for t in TINY if "num_workers" not in t), "loader.resident=false"],  # auto: held resident
     )
     saved = read_metrics(tmp_path)
     assert saved["num_workers"] == 0

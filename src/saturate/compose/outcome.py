@@ -112,6 +112,7 @@ def record(session: Session, summary: Summary, metrics: dict, stopped: dict) -> 
         "precision": parts.precision.name,
         "loader.batch_size": parts.batch_size,
         "loader.num_workers": parts.loaders.train.num_workers,
+        "loader.resident": parts.loaders.resident,
     }
     columns = hparams_columns(session.config, session.invocation, ran)
     compared = list(dict.fromkeys(compared))
@@ -262,7 +263,7 @@ def report(session: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, di
         batch_size=parts.batch_size,
         num_workers=parts.loaders.train.num_workers,
         cpus=cpus,
-        resident=run.loader.resident,
+        resident=parts.loaders.resident,
         in_memory=parts.spec.in_memory,
         image=parts.spec.image,
         cpu_util=min(100.0, run_cpu * cores / cpus) if run_cpu is not None else None,

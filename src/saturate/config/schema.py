@@ -100,7 +100,9 @@ class LoaderConfig:
     non_blocking: bool = True  # asynchronous host-to-device copies
     drop_last: bool = True  # training only; evaluation sees every sample
     timeout_s: float = 300.0  # a worker that delivers no batch for this long is an error (0: wait forever)
-    resident: bool = False  # hold the whole data set on the device; batches are index slices
+    # hold the whole data set on the device, batches as index slices; auto: on a CPU run, for data
+    # that is read, not computed (saturate.data.loader.resident_for)
+    resident: Any = "auto"
     resident_memory_fraction: float = 0.5  # most of the device's free memory the data may take
 
     def problems(self) -> Issues:
@@ -108,6 +110,8 @@ class LoaderConfig:
         yield from _int_or_auto("num_workers", self.num_workers, 0)
         if self.pin_memory not in (True, False, "auto"):
             yield "pin_memory", self.pin_memory, "true, false or 'auto'"
+        if self.resident not in (True, False, "auto"):
+            yield "resident", self.resident, "true, false or 'auto'"
         yield from _at_least("prefetch_factor", self.prefetch_factor, 1)
         yield from _unit_interval("resident_memory_fraction", self.resident_memory_fraction, open_low=True)
         yield from _at_least("timeout_s", self.timeout_s, 0.0, " (0: no timeout)")
@@ -725,7 +729,7 @@ def _optimizer_problems(node: dict) -> Iterator[Problem]:
 
 def _combination_problems(run: RunConfig) -> Iterator[Problem]:
     """Settings that are each valid but not together."""
-    if run.loader.resident and run.augmentation.placement == "cpu":
+    if run.loader.resident is True and run.augmentation.placement == "cpu":
         allowed = "gpu or none with loader.resident=true (a resident loader has no workers to augment in)"
         yield Problem("augmentation.placement", "cpu", allowed)
     scheduler = (run.optim.scheduler or {}).get("_target_", "") if isinstance(run.optim.scheduler, dict) else ""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from saturate.config.schema import AugmentationConfig, LoaderConfig, TrainerConfig
@@ -458,7 +458,7 @@ def room_for_resident(cfg: LoaderConfig, spec: DataSpec, samples: int, device: t
     empty tensor of its size): the batch-size search, run before the data is placed, then
     chooses a batch that leaves room for it. Nothing is taken when the data would stay in
     host memory (over resident_memory_fraction) or the device is not CUDA."""
-    need = resident_bytes(spec, samples) if cfg.resident and device.type == "cuda" else 0
+    need = resident_bytes(spec, samples) if cfg.resident is True and device.type == "cuda" else 0
     held = (
         torch.empty(need, dtype=torch.uint8, device=device)
         if 0 < need <= cfg.resident_memory_fraction * memory_budget(device)
@@ -577,6 +577,81 @@ def device_augment(aug: AugmentationConfig, seed: int, transforms=None) -> Batch
 IN_MEMORY_S = 100e-6  # a sample read faster than this is in memory already: workers would only add copies
 
 
+RESIDENT_NOTE = "loader.resident=auto: the data is read, not computed: held as tensors, each batch an index slice"
+READ_ONCE_S = 2.0  # the most reading a data set once may take at start-up for loader.resident=auto
+
+
+def resident_for(cfg: LoaderConfig, data, spec: DataSpec, device: torch.device, workers: int, placement: str) -> bool:
+    """loader.resident, decided. `auto` holds the data resident on a CPU run when no worker
+    is asked for and every split is read, not computed (`read_in_place`): tensors in memory
+    already (InMemory), or a data set whose samples take micro-seconds to read, come back the
+    same each time and batch the same way as tensors, read once in at most READ_ONCE_S and
+    within resident_memory_fraction of the host's available memory. Batches are then index
+    slices, the DataLoader's per-batch work gone: the same batches in the same order
+    (ResidentLoader). On CUDA, auto stays off: the data set in device memory is
+    loader=resident's choice."""
+    if cfg.resident != "auto":
+        return bool(cfg.resident)
+    if device.type != "cpu" or workers != 0 or placement == "cpu" or not spec.fixed or data.collate is not None:
+        return False
+    splits = [s for s in (data.train, data.val, data.test) if s is not None]
+    reads = [read_in_place(s) for s in splits]
+    if any(r is None for r in reads):
+        return False
+    seconds = sum(len(s) * r[1] for s, r in zip(splits, reads, strict=True) if not isinstance(s, InMemory))
+    nbytes = sum(len(s) * r[0] for s, r in zip(splits, reads, strict=True))
+    return seconds <= READ_ONCE_S and nbytes <= cfg.resident_memory_fraction * memory_budget(device)
+
+
+def read_in_place(dataset) -> tuple[int, float] | None:
+    """(bytes, seconds) a sample of `dataset` takes held and read, if the data set is read,
+    not computed: InMemory; or map-style, two samples each read in under IN_MEMORY_S, the
+    same twice (bit for bit), no global generator moved by reading them, and stacked by the
+    default collate into what materialize() holds. Else None (a random augmentation in
+    __getitem__, files to decode, Python floats that collate as float64)."""
+    if isinstance(dataset, InMemory):
+        return dataset.nbytes // max(1, len(dataset)), 0.0
+    if not hasattr(dataset, "__getitem__") or isinstance(dataset, torch.utils.data.IterableDataset) or not len(dataset):
+        return None
+    import random
+    import time
+
+    numpy = np.random.get_state()
+    states = (torch.get_rng_state(), numpy[1].copy(), numpy[2], random.getstate())
+    indices = sorted({0, len(dataset) // 2})
+    started = time.perf_counter()
+    first = [dataset[i] for i in indices]
+    seconds = (time.perf_counter() - started) / len(indices)
+    again = [dataset[i] for i in indices]
+    moved = not (
+        torch.equal(states[0], torch.get_rng_state())
+        and np.array_equal(states[1], np.random.get_state()[1])
+        and states[2] == np.random.get_state()[2]
+        and states[3] == random.getstate()
+    )
+    if moved or seconds >= IN_MEMORY_S:
+        return None
+    try:
+        collated, held = stack(first), materialize(first).tree
+    except (DataError, TypeError, RuntimeError):
+        return None
+    pairs = list(zip(tree_leaves(collated), tree_leaves(held), strict=False))
+    same = len(tree_leaves(collated)) == len(tree_leaves(held)) and all(
+        isinstance(a, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b) for a, b in pairs
+    )
+    if not same or not _equal(first, again):
+        return None
+    return sum(t.nbytes for t in tree_leaves(held)) // len(indices), seconds
+
+
+def _equal(a, b) -> bool:
+    """Two reads of the same samples, bit for bit."""
+    la, lb = tree_leaves(a), tree_leaves(b)
+    return len(la) == len(lb) and all(
+        torch.equal(x, y) if isinstance(x, torch.Tensor) else np.array_equal(x, y) for x, y in zip(la, lb, strict=True)
+    )
+
+
 def auto_workers_for(spec: DataSpec, per_sample_augment: bool) -> tuple[int, str]:
     """loader.num_workers=auto, and why: 0 for data already in memory (a sample read in
     micro-seconds: tensors, numpy arrays), else one worker per CPU this process may use, less
@@ -599,6 +674,7 @@ class Loaders:
     val: StreamLoader | ResidentLoader | None = None
     test: StreamLoader | ResidentLoader | None = None
     workers_note: str = ""  # why num_workers=auto chose what it chose
+    resident: bool = False  # the data held as tensors, batches index slices (loader.resident, decided)
 
     def close(self) -> None:
         """Every split's worker processes ended (at the end of a run, whatever ended it). A
@@ -627,7 +703,6 @@ def build_loaders(
     pipeline (gpu). `show_images(tag, images, step)` records what the augmentation does
     (TensorBoard). `data`: saturate.data.Data (its splits and collate)."""
     train_set = data.train
-    _check_loadable(cfg, spec, len(train_set), shard.world_size)
     schedule = (transforms or Schedule.from_config(aug)) if aug.placement != "none" else None
     if aug.placement == "cpu":
         mask = spec.target_entry if spec.mask_target else None
@@ -638,7 +713,10 @@ def build_loaders(
     else:
         workers = cfg.num_workers
     pin = device.type == "cuda" if cfg.pin_memory == "auto" else cfg.pin_memory
-    cfg = dataclasses.replace(cfg, num_workers=workers, pin_memory=pin)  # decided: what the loaders are built with
+    resident = resident_for(cfg, data, spec, device, workers, aug.placement)
+    note = RESIDENT_NOTE if resident and cfg.resident == "auto" else note
+    cfg = dataclasses.replace(cfg, num_workers=workers, pin_memory=pin, resident=resident)  # the loaders are built so
+    _check_loadable(cfg, spec, len(train_set), shard.world_size)
 
     pipeline = functools.partial(build_pipeline, cfg, spec, device, trainer)
     preview = (
@@ -663,10 +741,10 @@ def build_loaders(
     if test is not None:  # the test set is evaluated whole, once
         test.batches_per_epoch = batches_per_epoch(test.sampler.num_samples, cfg.batch_size, False, -1)
     kind = f"resident on {train.home}" if cfg.resident else f"{workers} workers, pin_memory={pin}"
-    if note and not cfg.resident:
+    if note:
         kind += f" ({note})"
     log.info("loader: batch %d, %s; augmentation: %s %s", cfg.batch_size, kind, aug.placement, _stages(schedule))
-    return Loaders(train, val, test, note)
+    return Loaders(train, val, test, note, resident=resident)
 
 
 def _check_loadable(cfg: LoaderConfig, spec: DataSpec, samples: int, world_size: int) -> None:

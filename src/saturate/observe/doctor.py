@@ -153,5 +153,5 @@ def suggestions(device: torch.device, checks: list[Check]) -> list[str]:
             out.append("device.tf32=true (the default)")
         return out
     out = ["precision=auto (fp32 here)" if not ok.get("bf16") else "precision=amp"]
-    out += ["loader=resident for in-memory data", "augmentation=gpu (batched on the CPU beats per-sample workers)"]
+    out += ["augmentation=gpu (batched on the CPU beats per-sample workers)"]  # in-memory data: resident already
     return out
