@@ -195,6 +195,8 @@ def test_resident_auto_holds_data_that_is_read_not_computed_on_a_cpu_run_only():
     ]
     for cfg, split, spec, device, workers, placement in no:
         assert not resident_for(cfg, split, spec, device, workers=workers, placement=placement)
+    state = torch.get_rng_state()
+    assert read_in_place(Drawn()) is None and torch.equal(torch.get_rng_state(), state)  # its draws put back
     assert resident_for(LoaderConfig(resident=True), data(Drawn()), fixed, torch.device("cuda"), 0, "none")
 
 

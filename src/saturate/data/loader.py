@@ -611,25 +611,32 @@ def read_in_place(dataset) -> tuple[int, float] | None:
     __getitem__, files to decode, Python floats that collate as float64)."""
     if isinstance(dataset, InMemory):
         return dataset.nbytes // max(1, len(dataset)), 0.0
-    if not hasattr(dataset, "__getitem__") or isinstance(dataset, torch.utils.data.IterableDataset) or not len(dataset):
+    map_style = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
+    if not map_style or isinstance(dataset, torch.utils.data.IterableDataset) or not len(dataset):
         return None
     import random
     import time
 
-    numpy = np.random.get_state()
-    states = (torch.get_rng_state(), numpy[1].copy(), numpy[2], random.getstate())
-    indices = sorted({0, len(dataset) // 2})
-    started = time.perf_counter()
-    first = [dataset[i] for i in indices]
-    seconds = (time.perf_counter() - started) / len(indices)
-    again = [dataset[i] for i in indices]
-    moved = not (
-        torch.equal(states[0], torch.get_rng_state())
-        and np.array_equal(states[1], np.random.get_state()[1])
-        and states[2] == np.random.get_state()[2]
-        and states[3] == random.getstate()
-    )
-    if moved or seconds >= IN_MEMORY_S:
+    numpy, python, torch_state = np.random.get_state(), random.getstate(), torch.get_rng_state()
+    try:  # what it draws, put back: the DataLoader's runs must see the streams they would without the probe
+        started = time.perf_counter()
+        first = [dataset[i] for i in (0, len(dataset) // 2)]
+        seconds = (time.perf_counter() - started) / 2
+        if seconds >= IN_MEMORY_S:  # files to decode
+            return None
+        again = [dataset[i] for i in (0, len(dataset) // 2)]
+        after = np.random.get_state()
+        moved = not (
+            torch.equal(torch_state, torch.get_rng_state())
+            and np.array_equal(numpy[1], after[1])
+            and numpy[2:] == after[2:]
+            and python == random.getstate()
+        )
+    finally:
+        torch.set_rng_state(torch_state)
+        np.random.set_state(numpy)
+        random.setstate(python)
+    if moved:
         return None
     try:
         collated, held = stack(first), materialize(first).tree
@@ -641,7 +648,7 @@ def read_in_place(dataset) -> tuple[int, float] | None:
     )
     if not same or not _equal(first, again):
         return None
-    return sum(t.nbytes for t in tree_leaves(held)) // len(indices), seconds
+    return sum(t.nbytes for t in tree_leaves(held)) // 2, seconds
 
 
 def _equal(a, b) -> bool:
