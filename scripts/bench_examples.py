@@ -34,6 +34,12 @@ reference's `--seed N`; the data stay the example's). Time to a target depends o
 without it a pair compares one seed's luck with another's; with it both medians are over the
 same seeds.
 
+Both sides run as Python does by default, its compiled modules written once and reused:
+an environment's PYTHONDONTWRITEBYTECODE=1 (the project machines set it) is dropped for
+them, since with it every start compiles the project's own modules again (saturate's
+60-odd: 0.15-0.2 s on a 2-core CPU; a plain script's two or three: milliseconds), which no
+user's runs pay after their first.
+
 `--threads N` sets OMP_NUM_THREADS=N for both sides (an environment variable, not a
 saturate key; on a shared 2-core machine torch's default of one thread per core waits on
 descheduled threads and makes a single run 5-10x slower at random). `--quick` runs one
@@ -153,6 +159,7 @@ def read_saturate(metrics: dict, spec: Example) -> dict:
 
 def run_process(cmd: list[str], cwd: Path, log: Path, threads: int) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # both sides as Python runs by default: compiled modules kept and reused
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     load = os.getloadavg()[0]

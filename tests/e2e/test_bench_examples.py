@@ -18,6 +18,7 @@ from scripts.bench_examples import (
     percentile,
     read_saturate,
     reference_command,
+    run_process,
     saturate_command,
     summarize,
 )
@@ -205,3 +206,11 @@ def test_the_quick_bench_runs_both_sides_of_the_shipped_har_reference(tmp_path):
     sat = next(r for r in records if r["side"] == "saturate")
     assert "target.metric=val/acc" in sat["command"] and sat["startup"], sat
     assert "| har | 1 | saturate |" in done.stdout
+
+
+def test_both_sides_run_with_pythons_compiled_module_cache(tmp_path, monkeypatch):
+    """A project machine's PYTHONDONTWRITEBYTECODE=1 is not passed on: no side compiles its modules on every start."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    code = "import os, sys; print(os.environ.get('PYTHONDONTWRITEBYTECODE'), sys.dont_write_bytecode)"
+    record = run_process([sys.executable, "-c", code], tmp_path, tmp_path / "log", threads=1)
+    assert record["rc"] == 0 and (tmp_path / "log").read_text().split() == ["None", "False"]
