@@ -121,6 +121,18 @@ def test_resumed_run_equals_the_uninterrupted_one(make_cfg, monkeypatch, name):
         assert torch.equal(weights[key], resumed[key]), key
 
 
+def test_a_run_stopped_at_its_last_step_resumes_to_its_last_evaluation(make_cfg, monkeypatch):
+    """Stopped after the last step but before the last evaluation (a slow-suite failure: the
+    report read a peak memory that no training window had logged): the resumed run trains
+    nothing, evaluates, reports and ends as the uninterrupted one did."""
+    full = make_cfg(*EXACT)
+    expected = saturate.train(full)
+    first, second = interrupted_then_resumed(make_cfg, monkeypatch, [], 33)
+    resumed = read_metrics(second)
+    assert resumed["status"] == "completed" and resumed["progress/step"] == 33
+    assert resumed["val/acc"] == expected["val/acc"] and "Verdict" in (Path(second) / "report.md").read_text()
+
+
 def test_resume_auto_in_the_same_run_dir_continues_and_keeps_tensorboard_consistent(make_cfg):
     cfg = make_cfg(*EXACT, *signal_at(16))
     with pytest.raises(Preempted):

@@ -145,6 +145,7 @@ class Engine:
         # summed on the device, read at log steps
         self.loss_sum = torch.zeros((), device=next(training.model.parameters()).device)
         self.loss_count = 0
+        self.logged = False  # a training window logged in this process
         self._counts: dict[str, float] = {}  # the flat counters' last logged values
         self.batch = None  # the last device batch (a reference: what a failed guard looks at)
         self.per_step = observers.has("on_train_batch_end") or observers.has("on_after_optimizer_step")
@@ -332,6 +333,9 @@ class Engine:
         ranks the loss and timings are averaged (samples/s summed) before they are logged."""
         window = self.timer.flush()
         if window is None:
+            if not self.logged:  # resumed after the last step of an epoch: no step here, where the run is still told
+                self.tracker.log(self.progress(state, steps_per_epoch), state.step)
+                self.logged = True
             return
         if self.watch.monitor.phase == "start-up":  # the first window (workers starting, caches, compilation) is over
             self.watch.monitor.phase = "train"
@@ -341,19 +345,26 @@ class Engine:
         shared = self.dist.mean({names.TRAIN_LOSS: train_loss, **window.metrics()}, sum_keys=(names.SAMPLES_PER_S,))
         metrics = {
             **shared,
-            names.TRAIN_LR: self.training.scheduler.get_last_lr()[0],
-            names.EPOCH: state.epoch + state.batch_in_epoch / steps_per_epoch,
-            names.STEP: state.step,
-            names.PEAK_MB: self.watch.memory(),
-            names.WALL_S: time.perf_counter() - self.control.start_time,
+            **self.progress(state, steps_per_epoch),
             **self.watch.monitor.window(),  # gpu/*, cpu/*: averages of the samples in this window
             **self.changed_counts(),
         }
         self.loss_sum.zero_()
         self.loss_count = 0
+        self.logged = True
         with self.clock.timing("logging"):
             self.tracker.log(metrics, state.step)
             self.tracker.progress(state.step, state.epoch)
+
+    def progress(self, state: TrainState, steps_per_epoch: int) -> dict[str, float]:
+        """Where the run is: its LR, epoch, step, peak memory and time since the start."""
+        return {
+            names.TRAIN_LR: self.training.scheduler.get_last_lr()[0],
+            names.EPOCH: state.epoch + state.batch_in_epoch / steps_per_epoch,
+            names.STEP: state.step,
+            names.PEAK_MB: self.watch.memory(),
+            names.WALL_S: time.perf_counter() - self.control.start_time,
+        }
 
     def epoch_line(self, state: TrainState, evaluated: dict[str, float], seconds: float) -> None:
         """One line per epoch in the console and train.log, terminal or not (nohup, a
