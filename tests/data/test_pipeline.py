@@ -210,6 +210,14 @@ def test_reading_a_slow_data_set_is_not_in_place():
             return torch.zeros(3), i
 
     assert read_in_place(Slow()) is None
+
+    class Broken(Slow):
+        def __getitem__(self, i):
+            if i:
+                raise ValueError("a sample that fails")
+            return torch.zeros(3), i
+
+    assert read_in_place(Broken()) is None  # left to the DataLoader, which says so in its words
     assert read_in_place([(torch.zeros(3), i) for i in range(4)]) == (3 * 4 + 8, pytest.approx(0, abs=1e-4))
 
 
