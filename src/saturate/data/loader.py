@@ -15,8 +15,10 @@ import itertools
 import logging
 import math
 import os
+import random
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -598,7 +600,7 @@ def resident_for(cfg: LoaderConfig, data, spec: DataSpec, device: torch.device, 
     reads = [read_in_place(s) for s in splits]
     if any(r is None for r in reads):
         return False
-    seconds = sum(len(s) * r[1] for s, r in zip(splits, reads, strict=True) if not isinstance(s, InMemory))
+    seconds = sum(len(s) * r[1] for s, r in zip(splits, reads, strict=True))  # InMemory's: 0
     nbytes = sum(len(s) * r[0] for s, r in zip(splits, reads, strict=True))
     return seconds <= READ_ONCE_S and nbytes <= cfg.resident_memory_fraction * memory_budget(device)
 
@@ -614,9 +616,6 @@ def read_in_place(dataset) -> tuple[int, float] | None:
     map_style = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
     if not map_style or isinstance(dataset, torch.utils.data.IterableDataset) or not len(dataset):
         return None
-    import random
-    import time
-
     numpy, python, torch_state = np.random.get_state(), random.getstate(), torch.get_rng_state()
     try:  # what it draws, put back: the DataLoader's runs must see the streams they would without the probe
         started = time.perf_counter()
