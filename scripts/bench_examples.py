@@ -27,6 +27,11 @@ issue's target: median <= 1.0 and p80 <= 1.05 for time to target and whole proce
 ratio "per epoch" is the time from the end of the first step to the end of the last
 evaluation over the epochs trained, on each side: where early stopping ends a run (pm25),
 whole-process time compares the two sides' stopping epochs, and this compares the loops.
+"Epochs to target" is where each side's training met the target (its step there over the
+steps in an epoch): the same seed does not give the two sides the same draws (their own
+initialisation, order and augmentation), so each learns along its own path. Time to target
+compares the two as a user sees them; with epochs to target beside it, the part the speed
+explains (first step, per epoch) can be told from the part the path does.
 
 `--seeds` trains pair N with seed N on both sides (saturate's `trainer.seed=N`, the
 reference's `--seed N`; the data stay the example's). Time to a target depends on the seed
@@ -107,15 +112,17 @@ def parse_reference(text: str, spec: Example) -> dict:
     and its final figures."""
     # not anchored to the line's start: a progress bar (tqdm, \r without \n) may precede them
     first = re.search(rf"BENCH first_step t={_NUMBER}", text)
-    evals, epoch = [], math.nan  # epoch: the last evaluation's (1-based, as every reference prints it)
+    evals, at = [], []  # at: each evaluation's (epoch, step) (1-based epoch, as every reference prints it)
     for line in re.findall(r"BENCH eval (.*)$", text, re.M):
         t = re.search(rf"\bt={_NUMBER}", line)
         v = re.search(rf"\b{re.escape(spec.ref_metric)}={_NUMBER}", line)
         if t and v:
             evals.append((float(t.group(1)), float(v.group(1))))
-            e = re.search(r"\bepoch=(\d+)", line)
-            epoch = float(e.group(1)) if e else math.nan
-    hit = next((t for t, v in evals if meets(v, spec.value, spec.better)), math.nan)
+            e, s = re.search(r"\bepoch=(\d+)", line), re.search(r"\bstep=(\d+)", line)
+            at.append((float(e.group(1)) if e else math.nan, float(s.group(1)) if s else math.nan))
+    hit_at = next((i for i, (_, v) in enumerate(evals) if meets(v, spec.value, spec.better)), None)
+    hit = evals[hit_at][0] if hit_at is not None else math.nan
+    epoch = at[-1][0] if at else math.nan
     final_line = re.search(r"BENCH final (.*)$", text, re.M)
     final = {}
     for word in final_line.group(1).split() if final_line else ():
@@ -128,10 +135,22 @@ def parse_reference(text: str, spec: Example) -> dict:
     return {
         "first_step_s": first_step,
         "to_target_s": hit,
+        "epochs_to_target": epochs_at(at, hit_at),
         "per_epoch_s": per_epoch(first_step, evals[-1][0] if evals else math.nan, epoch),
         "evals": evals,
         "final": final.get(spec.ref_final, evals[-1][1] if evals else math.nan),
     }
+
+
+def epochs_at(at: list[tuple[float, float]], index: int | None) -> float:
+    """The epochs trained at the reference's evaluation `index` (None: none met the target):
+    its step over the steps in an epoch (the last evaluation's step over its epoch: every
+    reference's last evaluation ends an epoch) when its lines print steps, else its epoch."""
+    if index is None:
+        return math.nan
+    epoch, step = at[index]
+    last_epoch, last_step = at[-1]
+    return step / (last_step / last_epoch) if step > 0 and last_step > 0 and last_epoch > 0 else epoch
 
 
 def per_epoch(first_step: float, last_eval: float, epochs: float) -> float:
@@ -145,10 +164,12 @@ def read_saturate(metrics: dict, spec: Example) -> dict:
     """saturate's own figures from its run's metrics.json."""
     first_step = float(metrics.get(names.FIRST_STEP_S, math.nan))
     last_eval, epochs = (float(metrics.get(k, math.nan)) for k in (names.EVAL_AT_S, names.EPOCH))
+    steps, target_step = (float(metrics.get(k, math.nan)) for k in (names.STEP, names.TO_TARGET_STEP))
     return {
         "first_step_s": first_step,
         "per_epoch_s": per_epoch(first_step, last_eval, epochs),
         "to_target_s": float(metrics.get(names.TO_TARGET_S, math.nan)),
+        "epochs_to_target": target_step / (steps / epochs) if steps > 0 and epochs > 0 else math.nan,
         "final": float(metrics.get(spec.final, math.nan)),
         "startup": {k: float(v) for k, v in metrics.items() if k.startswith("startup/")},
     }
@@ -285,7 +306,8 @@ class Summary:
     failed: int = 0
 
 
-FIGURES = ("wall_s", "cpu_s", "first_step_s", "to_target_s", "per_epoch_s", "final")
+FIGURES = ("wall_s", "cpu_s", "first_step_s", "to_target_s", "epochs_to_target", "per_epoch_s", "final")
+RATIOS = ("wall_s", "cpu_s", "first_step_s", "to_target_s", "epochs_to_target", "per_epoch_s")
 
 
 def summarize(records: list[dict]) -> list[Summary]:
@@ -302,7 +324,7 @@ def summarize(records: list[dict]) -> list[Summary]:
         for side in SIDES:
             summary.sides[side] = {f: median([p[side].get(f, math.nan) for p in good]) for f in FIGURES}
             summary.sides[side]["reached"] = sum(not math.isnan(p[side]["to_target_s"]) for p in good)
-        summary.ratio = {f: ratios(good, f) for f in ("wall_s", "cpu_s", "first_step_s", "to_target_s", "per_epoch_s")}
+        summary.ratio = {f: ratios(good, f) for f in RATIOS}
         keys = sorted({k for p in good for k in p["saturate"].get("startup", {})})
         summary.startup = {k: median([p["saturate"]["startup"].get(k, math.nan) for p in good]) for k in keys}
         loads = [p[s]["load1"] for p in good for s in SIDES]
@@ -317,8 +339,9 @@ def _s(x: float, digits: int = 1) -> str:
 
 def table(summaries: list[Summary]) -> str:
     head = (
-        "| example | pairs | side | whole process s | CPU s | first step s | to target s (reached) | final |\n"
-        "|---|---|---|---|---|---|---|---|\n"
+        "| example | pairs | side | whole process s | CPU s | first step s | to target s (reached) | epochs to target "
+        "| final |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = []
     for s in summaries:
@@ -326,15 +349,17 @@ def table(summaries: list[Summary]) -> str:
             f = s.sides[side]
             rows.append(
                 f"| {s.example} | {s.pairs} | {side} | {_s(f['wall_s'])} | {_s(f['cpu_s'])} | "
-                f"{_s(f['first_step_s'])} | "
-                f"{_s(f['to_target_s'])} ({f['reached']}/{s.pairs}) | {_s(f['final'], 4)} |"
+                f"{_s(f['first_step_s'])} | {_s(f['to_target_s'])} ({f['reached']}/{s.pairs}) | "
+                f"{_s(f['epochs_to_target'])} | {_s(f['final'], 4)} |"
             )
     ratio_head = (
-        "\n| example | whole process, saturate / reference | to target | first step | per epoch | CPU s | load1 |\n"
-        "|---|---|---|---|---|---|---|\n"
+        "\n| example | whole process, saturate / reference | to target | epochs to target | first step | per epoch "
+        "| CPU s | load1 |\n"
+        "|---|---|---|---|---|---|---|---|\n"
     )
     ratio_rows = [
         f"| {s.example} | {s.ratio['wall_s'].text()} | {s.ratio['to_target_s'].text()} | "
+        f"{s.ratio['epochs_to_target'].text()} | "
         f"{s.ratio['first_step_s'].text()} | {s.ratio['per_epoch_s'].text()} | {s.ratio['cpu_s'].text()} | "
         f"{_s(s.load[0])}-{_s(s.load[1])} |"
         for s in summaries

@@ -44,6 +44,23 @@ def test_the_references_lines_give_first_step_time_to_target_and_final_metric():
     assert got["final"] == pytest.approx(0.7125)  # test_acc from the final line
 
 
+def test_epochs_to_target_are_where_each_side_met_it():
+    """The reference's: its step there over the steps in an epoch (its last evaluation's), or
+    its epoch where its lines print none; saturate's: its target step over its steps an epoch."""
+    assert parse_reference(REFERENCE_LOG, EXAMPLES["har"])["epochs_to_target"] == pytest.approx(2.0)  # 38 / 19
+    inside = "BENCH eval t=4.0 step=9 epoch=1 val_dice=0.5\nBENCH eval t=6.0 step=12 epoch=1 val_dice=0.75\n"
+    inside += "BENCH eval t=8.0 step=30 epoch=2 val_dice=0.8\n"  # 15 steps an epoch, met at step 12
+    assert parse_reference(inside, EXAMPLES["segmentation"])["epochs_to_target"] == pytest.approx(0.8)
+    epochs_only = "BENCH eval t=5.0 epoch=1 val_ter=0.2\nBENCH eval t=8.0 epoch=2 val_ter=0.04\n"
+    assert parse_reference(epochs_only, EXAMPLES["sign"])["epochs_to_target"] == 2.0
+    assert math.isnan(parse_reference("BENCH eval t=5.0 epoch=1 val_ter=0.2\n", EXAMPLES["sign"])["epochs_to_target"])
+    metrics = {"progress/step": 400, "progress/epoch": 40.0, "progress/target_step": 210.0}
+    assert read_saturate(metrics, EXAMPLES["mixup"])["epochs_to_target"] == pytest.approx(21.0)
+    assert math.isnan(
+        read_saturate({"progress/step": 400, "progress/epoch": 40.0}, EXAMPLES["mixup"])["epochs_to_target"]
+    )
+
+
 def test_lines_after_a_progress_bar_are_read():
     log = "Epoch 1/1:   7%|  | 16/240 [00:00<00:05, 38.21img/s]BENCH first_step t=6.019\n"
     log += "Epoch 1/1:  20%|  | 48/240 [00:01<00:05]BENCH eval t=6.809 step=3 epoch=1 val_dice=0.7568\n"
@@ -104,6 +121,7 @@ def _side(example, pair, side, wall, first, target, final=0.9, rc=0, load=3.0):
         load1=load,
         startup={"startup/data_s": 0.5} if side == "saturate" else {},
         per_epoch_s=1.0 if side == "saturate" else 2.0,
+        epochs_to_target=target / (1.0 if side == "saturate" else 2.0),
     )
 
 
@@ -126,6 +144,8 @@ def test_the_summary_pairs_the_sides_and_takes_ratios_median_p80_and_spread():
     assert s.ratio["cpu_s"].median == pytest.approx(ratios[2])  # cpu_s is wall_s / 2 on both sides
     assert s.ratio["first_step_s"].median == pytest.approx(2.0)
     assert s.ratio["per_epoch_s"].median == pytest.approx(0.5)  # saturate's 1.0 s an epoch, the reference's 2.0
+    # each side's time to target over its time an epoch: saturate's path to the target twice the reference's
+    assert s.ratio["epochs_to_target"].median == pytest.approx(2 * ratios[2])
     assert s.sides["saturate"]["wall_s"] == 22 and s.sides["reference"]["wall_s"] == 24
     assert s.startup == {"startup/data_s": 0.5}
 
@@ -144,10 +164,11 @@ def test_summarize_prints_the_tables_of_a_results_file(tmp_path, capsys):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert main(["--summarize", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "| har | 1 | saturate | 20.0 | 10.0 | 4.0 | 10.0 (1/1) | 0.9000 |" in out
+    assert "| har | 1 | saturate | 20.0 | 10.0 | 4.0 | 10.0 (1/1) | 10.0 | 0.9000 |" in out
     assert "0.80 (p80 0.80, 0.80-0.80, n=1)" in out  # whole process 20 / 25
     assert "0.50 (p80 0.50, 0.50-0.50, n=1)" in out  # per epoch 1.0 / 2.0
-    rows[0].pop("per_epoch_s")  # a file recorded before the figure existed: still summarised
+    rows[0].pop("per_epoch_s")  # a file recorded before the figures existed: still summarised
+    rows[0].pop("epochs_to_target")
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert main(["--summarize", str(path)]) == 0
 
