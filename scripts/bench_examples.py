@@ -171,7 +171,7 @@ def read_saturate(metrics: dict, spec: Example) -> dict:
         "to_target_s": float(metrics.get(names.TO_TARGET_S, math.nan)),
         "epochs_to_target": target_step / (steps / epochs) if steps > 0 and epochs > 0 else math.nan,
         "final": float(metrics.get(spec.final, math.nan)),
-        "startup": {k: float(v) for k, v in metrics.items() if k.startswith("startup/")},
+        "startup": {k: float(v) for k, v in metrics.items() if k.startswith(("startup/", names.IMPORTS_PREFIX))},
     }
 
 
@@ -325,7 +325,10 @@ def summarize(records: list[dict]) -> list[Summary]:
             summary.sides[side] = {f: median([p[side].get(f, math.nan) for p in good]) for f in FIGURES}
             summary.sides[side]["reached"] = sum(not math.isnan(p[side]["to_target_s"]) for p in good)
         summary.ratio = {f: ratios(good, f) for f in RATIOS}
-        keys = sorted({k for p in good for k in p["saturate"].get("startup", {})})
+        keys = sorted(  # the spans, then the imports timed within the first
+            {k for p in good for k in p["saturate"].get("startup", {})},
+            key=lambda k: (k.startswith(names.IMPORTS_PREFIX), k),
+        )
         summary.startup = {k: median([p["saturate"]["startup"].get(k, math.nan) for p in good]) for k in keys}
         loads = [p[s]["load1"] for p in good for s in SIDES]
         summary.load = (min(loads), max(loads)) if loads else (math.nan, math.nan)
@@ -335,6 +338,13 @@ def summarize(records: list[dict]) -> list[Summary]:
 
 def _s(x: float, digits: int = 1) -> str:
     return "-" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def _span(key: str) -> str:
+    """startup/data_s: data; imports/torchmetrics_s: import torchmetrics (within interpreter_and_imports)."""
+    if key.startswith(names.IMPORTS_PREFIX):
+        return "import " + key.removeprefix(names.IMPORTS_PREFIX).removesuffix("_s")
+    return key.removeprefix("startup/").removesuffix("_s")
 
 
 def table(summaries: list[Summary]) -> str:
@@ -366,7 +376,7 @@ def table(summaries: list[Summary]) -> str:
     ]
     startup = [
         f"{s.example}: saturate's start-up (median s): "
-        + ", ".join(f"{k.removeprefix('startup/').removesuffix('_s')} {v:.2f}" for k, v in s.startup.items())
+        + ", ".join(f"{_span(k)} {v:.2f}" for k, v in s.startup.items())
         for s in summaries
         if s.startup
     ]

@@ -26,7 +26,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from saturate.config.invocation import SCRIPT, Invocation, from_hydra
 from saturate.config.registration import register
 from saturate.errors import Problem, UserError, shown
-from saturate.started import pause_collector, resume_collector
+from saturate.started import import_timed, pause_collector, resume_collector
 
 log = logging.getLogger("saturate")
 _answering = False  # run() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
@@ -156,14 +156,18 @@ def task(cfg: DictConfig):
     try:
         try:
             _check_launcher(invocation)
-            _check(cfg)  # every mistake in the config now, before torch is imported
+            # the heavy dependencies, each timed for the report's start-up line: the config's check imports
+            # them anyway with its targets (the data's imports torch, a built-in task's torchmetrics)
+            import_timed("torch", "torchmetrics")
+            _check(cfg)  # every mistake in the config now, before the run builds anything
         except UserError as e:
             from saturate.parts.rundir import record_failure
 
             record_failure(cfg.run_dir, e)  # for sweep reports: this job failed, and why
             raise
-        import torch  # noqa: F401 (torch and the rest: imported here, before any thread of the run starts)
-        import torch._dynamo  # noqa: F401 (torch.optim's Optimizer imports it with its first parameter group)
+        # the rest, before any thread of the run starts: torch.optim's Optimizer imports torch._dynamo with its
+        # first parameter group
+        import_timed("torch._dynamo")
 
         from saturate.compose.run import train
         from saturate.scale.launch import processes
@@ -209,8 +213,9 @@ def _launched(cfg: DictConfig, count: int, invocation: Invocation):
 
 
 def _check(cfg: DictConfig) -> None:
-    """The config's every mistake, found with plain Python (no torch): a misspelt value fails
-    in a fraction of a second. train() checks again (for saturate.fit and the compose API)."""
+    """The config's every mistake, before the run builds anything (its `_target_` checks import
+    the targets' modules: torch with the data's). train() checks again (for saturate.fit and
+    the compose API)."""
     from saturate.config.schema import validate
     from saturate.data.policy import PRESETS
 

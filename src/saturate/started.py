@@ -1,5 +1,5 @@
-"""This process's start: when it first imported saturate, and Python's garbage collector over
-a run's start-up.
+"""This process's start: when it first imported saturate, what its heaviest imports took, and
+Python's garbage collector over a run's start-up.
 
 `IMPORTED_AT` (time.perf_counter()): where a run's start-up is counted from when the process's
 own start says nothing (a shell that ran `pip install ... && python train.py` and exec'd python
@@ -21,11 +21,25 @@ stays off; saturate.fit and train() called from Python leave it alone.
 """
 
 import gc
+import importlib
+import sys
 import time
 
 IMPORTED_AT = time.perf_counter()
+IMPORTS: dict[str, float] = {}  # seconds each heavy dependency took to import in this process (import_timed)
 
 _paused = False  # pause_collector turned the collector off; the start-up is not over
+
+
+def import_timed(*modules: str) -> None:
+    """Import each module in turn, timing those not imported yet (IMPORTS): the start-up's
+    report names the dependencies that took the longest."""
+    for name in modules:
+        if name in sys.modules:
+            continue
+        start = time.perf_counter()
+        importlib.import_module(name)
+        IMPORTS[name] = time.perf_counter() - start
 
 
 def pause_collector() -> None:

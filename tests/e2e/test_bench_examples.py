@@ -78,11 +78,12 @@ def test_a_lower_is_better_target_and_a_reference_that_never_reached_it():
 
 def test_saturates_side_is_read_from_metrics_json():
     metrics = {"time/first_step_s": 4.2, "time/to_target_s": 11.0, "test/acc": 0.93, "startup/data_s": 0.1}
+    metrics |= {"imports/torchmetrics_s": 0.9}
     metrics |= {"time/eval_at_s": 34.2, "progress/epoch": 15.0}
     got = read_saturate(metrics, EXAMPLES["har"])
     assert (got["first_step_s"], got["to_target_s"], got["final"]) == (4.2, 11.0, 0.93)
     assert got["per_epoch_s"] == pytest.approx(2.0)  # (34.2 - 4.2) / 15
-    assert got["startup"] == {"startup/data_s": 0.1}
+    assert got["startup"] == {"startup/data_s": 0.1, "imports/torchmetrics_s": 0.9}
     assert math.isnan(read_saturate({}, EXAMPLES["har"])["to_target_s"])  # target never met
     assert math.isnan(read_saturate({}, EXAMPLES["har"])["per_epoch_s"])
 
@@ -119,7 +120,7 @@ def _side(example, pair, side, wall, first, target, final=0.9, rc=0, load=3.0):
         final=final,
         rc=rc,
         load1=load,
-        startup={"startup/data_s": 0.5} if side == "saturate" else {},
+        startup={"startup/data_s": 0.5, "imports/torch_s": 1.2} if side == "saturate" else {},
         per_epoch_s=1.0 if side == "saturate" else 2.0,
         epochs_to_target=target / (1.0 if side == "saturate" else 2.0),
     )
@@ -147,7 +148,7 @@ def test_the_summary_pairs_the_sides_and_takes_ratios_median_p80_and_spread():
     # each side's time to target over its time an epoch: saturate's path to the target twice the reference's
     assert s.ratio["epochs_to_target"].median == pytest.approx(2 * ratios[2])
     assert s.sides["saturate"]["wall_s"] == 22 and s.sides["reference"]["wall_s"] == 24
-    assert s.startup == {"startup/data_s": 0.5}
+    assert s.startup == {"startup/data_s": 0.5, "imports/torch_s": 1.2}
 
 
 def test_a_pair_where_one_side_missed_the_target_has_no_target_ratio():
@@ -167,6 +168,7 @@ def test_summarize_prints_the_tables_of_a_results_file(tmp_path, capsys):
     assert "| har | 1 | saturate | 20.0 | 10.0 | 4.0 | 10.0 (1/1) | 10.0 | 0.9000 |" in out
     assert "0.80 (p80 0.80, 0.80-0.80, n=1)" in out  # whole process 20 / 25
     assert "0.50 (p80 0.50, 0.50-0.50, n=1)" in out  # per epoch 1.0 / 2.0
+    assert "har: saturate's start-up (median s): data 0.50, import torch 1.20" in out
     rows[0].pop("per_epoch_s")  # a file recorded before the figures existed: still summarised
     rows[0].pop("epochs_to_target")
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")

@@ -123,6 +123,13 @@ def test_train_py_counts_the_interpreter_and_imports(tmp_path):
     assert on_disk["startup/interpreter_and_imports_s"] > 0.1  # torch alone takes longer to import
     spans = sum(v for k, v in on_disk.items() if k.startswith("startup/"))
     assert spans == pytest.approx(on_disk[names.FIRST_STEP_S], rel=1e-6)
+    # the heavy dependencies task() imports, each timed (torch: imported before, by the registration of the config)
+    imports = {k: v for k, v in on_disk.items() if k.startswith(names.IMPORTS_PREFIX)}
+    assert {"imports/torch._dynamo_s", "imports/torchmetrics_s"} <= set(imports)
+    assert all(v > 0 for v in imports.values())
+    assert sum(imports.values()) < on_disk["startup/interpreter_and_imports_s"]
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"torchmetrics {imports['imports/torchmetrics_s']:.2f} s" in report
 
 
 def test_a_process_that_began_as_a_shell_counts_from_saturates_import(monkeypatch):
@@ -146,3 +153,19 @@ def test_a_process_that_began_as_a_shell_counts_from_saturates_import(monkeypatc
     monkeypatch.setattr(timing.Startup, "runs", 0)
     monkeypatch.setattr(psutil.Process, "create_time", lambda self: began(0.3))  # the interpreter and Hydra
     assert timing.Startup(from_process=True).origin == pytest.approx(IMPORTED_AT - 0.3, abs=0.05)
+
+
+def test_import_timed_times_what_it_imports_and_not_what_was_there(tmp_path, monkeypatch):
+    import sys
+
+    from saturate.started import IMPORTS, import_timed
+
+    (tmp_path / "slow_to_import_xyz.py").write_text("import time\ntime.sleep(0.05)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import_timed("json", "slow_to_import_xyz")
+        assert "slow_to_import_xyz" in sys.modules and "json" not in IMPORTS  # json: imported already
+        assert IMPORTS["slow_to_import_xyz"] >= 0.05
+    finally:
+        IMPORTS.pop("slow_to_import_xyz", None)
+        sys.modules.pop("slow_to_import_xyz", None)

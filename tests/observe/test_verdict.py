@@ -398,3 +398,16 @@ def test_the_report_names_the_settings_that_change_the_numerics():
         "- numerics: bf16 autocast, channels_last (other convolution kernels), compile (fused kernels): the same seed "
         "gives other float results than fp32 eager"
     ) in text
+
+
+def test_the_start_up_line_names_what_each_heavy_import_took_of_the_interpreters_span():
+    timed = {"time/first_step_s": 3.7, "startup/interpreter_and_imports_s": 2.74, "startup/data_s": 0.27}
+    timed |= {"imports/torch_s": 1.21, "imports/torch._dynamo_s": 0.74, "imports/torchmetrics_s": 0.98}
+    text = render({**perf(0.01), **timed}, diagnose(perf(0.01), facts()), steps=100)
+    assert (
+        "- start-up: 3.7 s to the end of the first step: interpreter and imports 2.74 s (torch 1.21 s, "
+        "torch._dynamo 0.74 s, torchmetrics 0.98 s), data 0.27 s" in text
+    )
+    untimed = {k: v for k, v in timed.items() if not k.startswith("imports/")}  # saturate.fit: none timed
+    text = render({**perf(0.01), **untimed}, diagnose(perf(0.01), facts()), steps=100)
+    assert "interpreter and imports 2.74 s, data 0.27 s" in text

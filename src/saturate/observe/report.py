@@ -440,14 +440,21 @@ def _numerics_line(f: RunFacts | None) -> str | None:
 
 def _startup_line(perf: dict) -> str | None:
     """Where the time to the end of the first optimizer step went, the spans of 0.05 s and more
-    in the order they ran (saturate.observe.timing.Startup)."""
+    in the order they ran (saturate.observe.timing.Startup), the interpreter's and imports' with
+    what each heavy dependency took of it."""
     total = perf.get(names.FIRST_STEP_S)
     if total is None:
         return None
     spans = [
         (k[len("startup/") : -len("_s")].replace("_", " "), v) for k, v in perf.items() if k.startswith("startup/")
     ]
-    said = ", ".join(f"{name} {v:.2f} s" for name, v in spans if v >= 0.05)
+    imports = [
+        (k[len(names.IMPORTS_PREFIX) : -len("_s")], v) for k, v in perf.items() if k.startswith(names.IMPORTS_PREFIX)
+    ]
+    within = f" ({', '.join(f'{module} {v:.2f} s' for module, v in imports)})" if imports else ""
+    said = ", ".join(
+        f"{name} {v:.2f} s" + (within if name == "interpreter and imports" else "") for name, v in spans if v >= 0.05
+    )
     return f"- start-up: {total:.1f} s to the end of the first step" + (f": {said}" if said else "")
 
 

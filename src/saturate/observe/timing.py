@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from saturate import names
-from saturate.started import IMPORTED_AT
+from saturate.started import IMPORTED_AT, IMPORTS
 
 LAUNCH_RATIO = 1.1  # device time within this factor of the host's time to launch the same work: it kept pace
 
@@ -259,8 +259,10 @@ class Startup:
             self.origin = began if IMPORTED_AT - began < PROCESS_SLACK_S else IMPORTED_AT
         self.last = self.origin
         self.spans: dict[str, float] = {}
+        self.imports: dict[str, float] = {}  # within the first span: the heavy dependencies train.py timed
         if from_process:
             self.mark("interpreter and imports")
+            self.imports = dict(IMPORTS)
 
     def mark(self, name: str) -> None:
         now = time.perf_counter()
@@ -269,11 +271,13 @@ class Startup:
 
     def metrics(self, first_step_at: float | None) -> dict[str, float]:
         """`startup/<span>_s` for each span, the first step (loader workers, the first batch, the
-        step) as the last, and `time/first_step_s`: all of it (none when no step ran)."""
+        step) as the last, `time/first_step_s`: all of it (none when no step ran), and
+        `imports/<module>_s`: what each heavy dependency took of the first span."""
         if first_step_at is None:
             return {}
         spans = {**self.spans, "first step": first_step_at - self.last}
         return {
             **{f"startup/{name.replace(' ', '_')}_s": s for name, s in spans.items()},
+            **{f"{names.IMPORTS_PREFIX}{module}_s": s for module, s in self.imports.items()},
             names.FIRST_STEP_S: first_step_at - self.origin,
         }
