@@ -15,7 +15,7 @@ import torch
 
 import saturate
 from saturate.config.schema import LoaderConfig
-from saturate.data.base import ImageTensors
+from saturate.data.base import ImageTensors, materialize, stack
 from saturate.data.loader import (
     DevicePipeline,
     ResidentLoader,
@@ -162,13 +162,30 @@ class Drawn(torch.utils.data.Dataset):
 
 
 class FloatTargets(torch.utils.data.Dataset):
-    """Python float targets: the default collate batches them as float64, held tensors as float32."""
+    """Python float targets: the default collate batches them as float64, and so does the resident loader."""
 
     def __len__(self):
         return 10
 
     def __getitem__(self, i):
         return torch.zeros(1, 2, 2), float(i)
+
+
+def test_the_resident_loader_holds_each_entry_as_the_default_collate_batches_it():
+    """A Python float as float64 (torch.tensor would make it float32), an int as int64, a bool as
+    bool, numpy's scalars and arrays in their own dtypes: loader.resident=true trains on what
+    the DataLoader would give."""
+    samples = [
+        {"x": torch.full((2,), i / 3), "scale": i / 7, "n": i, "flag": i % 2 == 0, "np": np.float32(i) / 3}
+        | {"array": np.full(3, i, dtype=np.int16), "pair": [i / 5, i]}
+        for i in range(10)
+    ]
+    held, collated = materialize(samples).tree, stack(samples)
+    assert held["scale"].dtype == torch.float64 and held["pair"][0].dtype == torch.float64
+    from torch.utils._pytree import tree_leaves
+
+    for a, b in zip(tree_leaves(held), tree_leaves(collated), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
 
 
 def test_resident_auto_holds_data_that_is_read_not_computed_on_a_cpu_run_only():
@@ -182,6 +199,7 @@ def test_resident_auto_holds_data_that_is_read_not_computed_on_a_cpu_run_only():
     assert auto.resident == "auto"
     assert resident_for(auto, data(tensors), fixed, cpu, workers=0, placement="gpu")
     assert resident_for(auto, data(samples), fixed, cpu, workers=0, placement="none")
+    assert resident_for(auto, data(FloatTargets()), fixed, cpu, workers=0, placement="none")  # held as float64
     no = [
         (auto, data(samples), fixed, torch.device("cuda"), 0, "none"),  # CUDA: loader=resident's choice
         (auto, data(samples), fixed, cpu, 1, "none"),  # a worker asked for
@@ -189,7 +207,6 @@ def test_resident_auto_holds_data_that_is_read_not_computed_on_a_cpu_run_only():
         (auto, data(samples, collate=list), fixed, cpu, 0, "none"),  # the data's own collate
         (auto, data(samples), SimpleNamespace(fixed=False), cpu, 0, "none"),
         (auto, data(Drawn()), fixed, cpu, 0, "none"),  # reading draws: computed, not read
-        (auto, data(FloatTargets()), fixed, cpu, 0, "none"),
         (LoaderConfig(resident_memory_fraction=1e-12), data(samples), fixed, cpu, 0, "none"),
         (LoaderConfig(resident=False), data(tensors), fixed, cpu, 0, "none"),
     ]

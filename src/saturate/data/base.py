@@ -265,18 +265,25 @@ class InMemory(Dataset):
 ImageTensors = InMemory  # uint8 images (N, C, H, W) with int64 labels (N,): the built-in image sets
 
 
+def _as_collated(value) -> torch.Tensor:
+    """A sample's entry as torch's default collate batches it: as as_tensor does, but a Python
+    float as float64 (the collate's dtype for it; torch.tensor would make it float32)."""
+    return torch.tensor(value, dtype=torch.float64) if isinstance(value, float) else as_tensor(value)
+
+
 def materialize(dataset: Dataset) -> InMemory:
-    """Every sample of `dataset` read once into tensors of the samples' structure (the
-    resident loader); samples must have fixed shapes."""
+    """Every sample of `dataset` read once into tensors of the samples' structure, each entry
+    in the dtype the DataLoader's default collate gives it (the resident loader trains on what
+    the DataLoader would give); samples must have fixed shapes."""
     if isinstance(dataset, InMemory):
         return dataset
     if hasattr(dataset, "materialize"):
         return dataset.materialize()
-    first = tree_map(as_tensor, dataset[0])
+    first = tree_map(_as_collated, dataset[0])
     leaves, spec = tree_flatten(first)
     stores = [torch.empty((len(dataset), *leaf.shape), dtype=leaf.dtype) for leaf in leaves]
     for i in range(len(dataset)):
-        values, _ = tree_flatten(tree_map(as_tensor, dataset[i]))
+        values, _ = tree_flatten(tree_map(_as_collated, dataset[i]))
         for store, value in zip(stores, values, strict=True):
             if value.shape != store.shape[1:]:
                 raise DataError(

@@ -610,7 +610,7 @@ def read_in_place(dataset) -> tuple[int, float] | None:
     not computed: InMemory; or map-style, two samples each read in under IN_MEMORY_S, the
     same twice (bit for bit), no global generator moved by reading them, and stacked by the
     default collate into what materialize() holds. Else None (a random augmentation in
-    __getitem__, files to decode, Python floats that collate as float64)."""
+    __getitem__, files to decode, entries the collate batches otherwise)."""
     if isinstance(dataset, InMemory):
         return dataset.nbytes // max(1, len(dataset)), 0.0
     map_style = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
