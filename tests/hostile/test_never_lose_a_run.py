@@ -237,7 +237,9 @@ class SlowValidation(Dataset):
 def test_sigterm_during_evaluation_saves_and_stops_between_batches(tmp_path):
     from saturate.loop.faults import Preempted
 
-    overrides = [*TINY, "trainer.limit_val_batches=-1"]
+    # evaluation reading its batches from the DataLoader: held resident (loader.resident=auto takes such a
+    # set on a CPU), the set would be read whole at start-up instead
+    overrides = [*TINY, "trainer.limit_val_batches=-1", "loader.resident=false"]
     with pytest.raises(Preempted) as stopped:
         saturate.fit(bn_model(), Clean(), SlowValidation(), task="regression", overrides=overrides, run_dir=tmp_path)
     assert stopped.value.code == 143
