@@ -188,6 +188,25 @@ def test_the_resident_loader_holds_each_entry_as_the_default_collate_batches_it(
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
+def test_a_tensor_dataset_and_its_random_split_are_held_by_a_gather_not_read_sample_by_sample():
+    """The README's Python example: a TensorDataset split by random_split. Held, each split is
+    what the default collate makes of its samples; no time per sample, so a set far too large
+    to read sample by sample within READ_ONCE_S is held resident too."""
+    x, y = torch.randn(100, 3), torch.arange(100)
+    digits = torch.utils.data.TensorDataset(x, y)
+    train, val = torch.utils.data.random_split(digits, [70, 30], torch.Generator().manual_seed(0))
+    for split in (digits, train, val):
+        held = materialize(split).tree
+        collated = stack([split[i] for i in range(len(split))])
+        assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(held, collated, strict=True))
+        assert held[0].data_ptr() != x.data_ptr()  # a copy: the user's tensors are theirs
+        assert read_in_place(split) == (3 * 4 + 8, 0.0)
+    big = torch.utils.data.TensorDataset(torch.zeros(5_000_000, 1), torch.zeros(5_000_000, dtype=torch.long))
+    auto, cpu = LoaderConfig(), torch.device("cpu")
+    data = SimpleNamespace(train=big, val=None, test=None, collate=None)
+    assert resident_for(auto, data, SimpleNamespace(fixed=True), cpu, workers=0, placement="none")
+
+
 def test_resident_auto_holds_data_that_is_read_not_computed_on_a_cpu_run_only():
     """loader.resident=auto: resident on the CPU, no worker asked for, every split tensors in
     memory or samples read in micro-seconds that come back the same and batch the same way;

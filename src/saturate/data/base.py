@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, Subset, TensorDataset, default_collate
 
 from saturate.errors import ConfigError, DataError, Problem
 
@@ -265,6 +265,18 @@ class InMemory(Dataset):
 ImageTensors = InMemory  # uint8 images (N, C, H, W) with int64 labels (N,): the built-in image sets
 
 
+def tensors_of(dataset) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None] | None:
+    """A TensorDataset's tensors, or a Subset of one's (random_split's) with its indices: held
+    resident by one gather per tensor, not read sample by sample. None for anything else (a
+    subclass may read its samples its own way)."""
+    if type(dataset) is TensorDataset:
+        return tuple(dataset.tensors), None
+    if type(dataset) is Subset and type(dataset.dataset) is TensorDataset:
+        index = torch.as_tensor(list(dataset.indices), dtype=torch.long)
+        return (tuple(dataset.dataset.tensors), index) if not len(index) or index.min() >= 0 else None
+    return None
+
+
 def _as_collated(value) -> torch.Tensor:
     """A sample's entry as torch's default collate batches it: as as_tensor does, but a Python
     float as float64 (the collate's dtype for it; torch.tensor would make it float32)."""
@@ -279,6 +291,11 @@ def materialize(dataset: Dataset) -> InMemory:
         return dataset
     if hasattr(dataset, "materialize"):
         return dataset.materialize()
+    source = tensors_of(dataset)
+    if source is not None:  # a copy on the host, contiguous, as the samples' stores below would be
+        tensors, index = source
+        held = [t.detach() if index is None else t.detach().index_select(0, index.to(t.device)) for t in tensors]
+        return InMemory(tree=tuple(t.to("cpu", memory_format=torch.contiguous_format, copy=True) for t in held))
     first = tree_map(_as_collated, dataset[0])
     leaves, spec = tree_flatten(first)
     stores = [torch.empty((len(dataset), *leaf.shape), dtype=leaf.dtype) for leaf in leaves]

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from saturate.config.schema import AugmentationConfig, LoaderConfig, TrainerConfig
 from saturate.data.augment import BatchAugment, Preview, SampleAugment, Schedule
-from saturate.data.base import DataSpec, InMemory, materialize, stack
+from saturate.data.base import DataSpec, InMemory, materialize, stack, tensors_of
 from saturate.data.mix import MixedPipeline
 from saturate.errors import DataError, UserError
 
@@ -616,6 +616,9 @@ def read_in_place(dataset) -> tuple[int, float] | None:
     map_style = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
     if not map_style or isinstance(dataset, torch.utils.data.IterableDataset) or not len(dataset):
         return None
+    source = tensors_of(dataset)
+    if source is not None:  # gathered, not read: no time per sample
+        return sum(t[0].nbytes for t in source[0]), 0.0
     numpy, python, torch_state = np.random.get_state(), random.getstate(), torch.get_rng_state()
     try:  # what it draws, put back: the DataLoader's runs must see the streams they would without the probe
         started = time.perf_counter()
