@@ -201,6 +201,8 @@ def test_a_tensor_dataset_and_its_random_split_are_held_by_a_gather_not_read_sam
         assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(held, collated, strict=True))
         assert held[0].data_ptr() != x.data_ptr()  # a copy: the user's tensors are theirs
         assert read_in_place(split) == (3 * 4 + 8, 0.0)
+    outside = torch.utils.data.Subset(digits, [0, 100])  # an index past the set: read as the DataLoader would, and fail
+    assert read_in_place(outside) is None
     big = torch.utils.data.TensorDataset(torch.zeros(5_000_000, 1), torch.zeros(5_000_000, dtype=torch.long))
     auto, cpu = LoaderConfig(), torch.device("cpu")
     data = SimpleNamespace(train=big, val=None, test=None, collate=None)

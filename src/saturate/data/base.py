@@ -272,8 +272,10 @@ def tensors_of(dataset) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None] 
     if type(dataset) is TensorDataset:
         return tuple(dataset.tensors), None
     if type(dataset) is Subset and type(dataset.dataset) is TensorDataset:
+        tensors = tuple(dataset.dataset.tensors)
         index = torch.as_tensor(list(dataset.indices), dtype=torch.long)
-        return (tuple(dataset.dataset.tensors), index) if not len(index) or index.min() >= 0 else None
+        inside = not len(index) or (index.min() >= 0 and index.max() < len(tensors[0]))  # else: as __getitem__ says
+        return (tensors, index) if inside else None
     return None
 
 

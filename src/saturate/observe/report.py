@@ -453,7 +453,7 @@ def _startup_line(perf: dict) -> str | None:
     ]
     within = f" ({', '.join(f'{module} {v:.2f} s' for module, v in imports)})" if imports else ""
     said = ", ".join(
-        f"{name} {v:.2f} s" + (within if name == "interpreter and imports" else "") for name, v in spans if v >= 0.05
+        f"{name} {v:.2f} s" + (within if name == names.PROCESS_SPAN else "") for name, v in spans if v >= 0.05
     )
     return f"- start-up: {total:.1f} s to the end of the first step" + (f": {said}" if said else "")
 

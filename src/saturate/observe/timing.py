@@ -261,7 +261,7 @@ class Startup:
         self.spans: dict[str, float] = {}
         self.imports: dict[str, float] = {}  # within the first span: the heavy dependencies train.py timed
         if from_process:
-            self.mark("interpreter and imports")
+            self.mark(names.PROCESS_SPAN)
             self.imports = dict(IMPORTS)
 
     def mark(self, name: str) -> None:
