@@ -188,6 +188,31 @@ def test_the_resident_loader_holds_each_entry_as_the_default_collate_batches_it(
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
+class Ragged(torch.utils.data.Dataset):
+    """2,500 samples (more than materialize batches at once): one of another shape where `odd`
+    says, and a target that turns from int to float past sample 1,999."""
+
+    def __init__(self, odd: int | None = None):
+        self.odd = odd
+
+    def __len__(self):
+        return 2500
+
+    def __getitem__(self, i):
+        return torch.full((4 if i == self.odd else 3,), i / 3), (i if i < 2000 else float(i))
+
+
+def test_the_resident_loader_reads_in_chunks_and_names_a_sample_of_another_shape():
+    """Held chunk by chunk: every sample where the DataLoader would put it, in sample 0's
+    dtypes (a chunk that batches otherwise is read entry by entry); a sample of another shape,
+    past the first chunk, is named."""
+    x, y = materialize(Ragged()).tree
+    assert torch.equal(x, torch.stack([torch.full((3,), i / 3) for i in range(2500)]))
+    assert y.dtype == torch.int64 and torch.equal(y, torch.arange(2500))
+    with pytest.raises(DataError, match=r"sample 2222 has an entry of shape \(4,\), sample 0 \(3,\)"):
+        materialize(Ragged(odd=2222))
+
+
 def test_a_tensor_dataset_and_its_random_split_are_held_by_a_gather_not_read_sample_by_sample():
     """The README's Python example: a TensorDataset split by random_split. Held, each split is
     what the default collate makes of its samples; no time per sample, so a set far too large
