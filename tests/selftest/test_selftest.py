@@ -4,6 +4,7 @@ The whole CPU self-test and the measurements' dry run are slow tests (CI runs th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,8 +20,25 @@ from tests.conftest import ROOT
 
 
 def selftest(*args: str, out, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m saturate.selftest --device cpu --out OUT ARGS`. Run past `timeout`, it is
+    killed with every process under it: each check runs in a child in a session of its own,
+    and one left running measures into the tests after it (a timed-out dry run's compile-gain
+    made a tune test choose workers on a 2-core machine)."""
     command = [sys.executable, "-m", "saturate.selftest", "--device", "cpu", "--out", str(out), *args]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            family = []
+            with contextlib.suppress(psutil.NoSuchProcess):
+                family = psutil.Process(proc.pid).children(recursive=True)
+            proc.kill()
+            for process in family:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
 def rows(out) -> dict[str, dict]:
@@ -135,10 +153,19 @@ def test_the_whole_cpu_selftest_passes_and_skips_only_what_needs_a_gpu(tmp_path)
 
 
 @pytest.mark.slow
+def test_a_selftest_past_its_time_leaves_no_process_behind(tmp_path):
+    """The helper above: the runner and the check it started are gone once it times out."""
+    with pytest.raises(subprocess.TimeoutExpired):
+        selftest("--dry", "--only", "compile-gain", out=tmp_path, timeout=20)
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert not left, [p.info["cmdline"] for p in left]
+
+
+@pytest.mark.slow
 def test_the_measurements_dry_run_on_the_cpu_reads_every_figure(tmp_path):
     out = tmp_path / "st"
     measures = [c.name for c in REGISTRY.values() if c.kind == "measure"]
-    done = selftest("--dry", "--only", ",".join(measures), out=out)
+    done = selftest("--dry", "--only", ",".join(measures), out=out, timeout=1200)  # over 600 s on a slower 2-core CPU
     assert done.returncode == 0, done.stdout + done.stderr
     found = rows(out)
     assert found["copy-bandwidth"]["status"] == "SKIP"
