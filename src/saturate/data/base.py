@@ -302,7 +302,7 @@ def materialize(dataset: Dataset) -> InMemory:
     stores = [torch.empty((len(dataset), *leaf.shape), dtype=leaf.dtype) for leaf in leaves]
     for start in range(0, len(dataset), READ_CHUNK):  # a chunk at a time: the samples' copies stay small
         samples = [dataset[i] for i in range(start, min(start + READ_CHUNK, len(dataset)))]
-        for store, values in zip(stores, _collated(samples, spec, stores, start), strict=True):
+        for store, values in zip(stores, _collated(samples, stores, start), strict=True):
             store[start : start + len(samples)] = values
     return InMemory(tree=tree_unflatten(stores, spec))
 
@@ -310,14 +310,14 @@ def materialize(dataset: Dataset) -> InMemory:
 READ_CHUNK = 1024  # samples batched at once by materialize
 
 
-def _collated(samples: list, spec, stores: list[torch.Tensor], start: int) -> list[torch.Tensor]:
+def _collated(samples: list, stores: list[torch.Tensor], start: int) -> list[torch.Tensor]:
     """The leaves of `samples` batched by the default collate (one stack per entry: 5x faster
     than entry by entry), or, where they do not batch as sample 0 did (another number of
     entries, dtype or shape), entry by entry, cast to sample 0's dtype as before, naming a
     sample whose shape differs."""
     try:
-        leaves, got = tree_flatten(default_collate(samples))  # its tuples come back as lists: the leaves are in order
-        if got.num_leaves == spec.num_leaves and all(
+        leaves = tree_leaves(default_collate(samples))  # its tuples come back as lists: the leaves are in order
+        if len(leaves) == len(stores) and all(
             isinstance(v, torch.Tensor) and v.shape[1:] == s.shape[1:] and v.dtype == s.dtype
             for v, s in zip(leaves, stores, strict=True)
         ):
