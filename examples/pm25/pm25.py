@@ -1,7 +1,8 @@
 """PM2.5 regression over sliding windows of daily sensor readings, ported from a public
 "Beijing PM2.5 Concentration Prediction - 2D CNN Model" training script (`PM25CNN2D`: the
-window of days x features read as a one-channel image; found through the code index, which
-does not name its repository). What it did, and where it lives here:
+window of days x features read as a one-channel image): Bostoncool/something,
+Short-essay-Beijing/DeepLearning/CNN/CNN-CPU.py at bf56a83 (MIT; `reference.py` beside this
+file is that script with the example's data). What it did, and where it lives here:
 
 - features standardised, 30-day windows, the PM2.5 of the window's last day as the target,
   split in time order 70/15/15 (train/val/test)          -> `load_pm25` (returns test too)
