@@ -16,9 +16,10 @@ file is that script with the example's data). What it did, and where it lives he
 
 Two changes on purpose: the scalers are fitted on the training days only (theirs saw the
 test days), and nothing is read from disk: the real script merged six pollutants averaged
-over Beijing's stations with 18 ERA5 reanalysis variables over the city and features made from
-them (wind, calendar, lags), 2015-2024; `make_days` draws five years of days of the same kind
-(weather that drives a positive, skewed PM2.5 series) so the example runs anywhere. Nothing here is saturate's.
+over Beijing's stations with 18 ERA5 reanalysis variables over the city and features made
+from them (wind, calendar, lags), 2015-2024; `make_days` draws five years of days of the
+same kind (weather that drives a positive, skewed PM2.5 series) so the example runs
+anywhere. Nothing here is saturate's.
 """
 
 from __future__ import annotations
