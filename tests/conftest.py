@@ -16,12 +16,21 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import saturate
+from tests.zygote import Zygote, kill_family
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 # the browser that the real-browser tests (TensorBoard, the MLflow UI) drive
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+ZYGOTE = Zygote()  # started with the first run_cli, ended with this process
 saturate.register()  # the schema and resolvers, before anything composes conf/
+
+
+@pytest.fixture(autouse=True)
+def _fresh_interpreters_in_slow_tests(request):
+    """The slow end-to-end checks start every command in a fresh interpreter, as a user does;
+    the default suite forks them from the zygote (`python`)."""
+    ZYGOTE.enabled = request.node.get_closest_marker("slow") is None
 
 
 @pytest.fixture(autouse=True)
@@ -64,16 +73,34 @@ def read_metrics(run_dir) -> dict:
     return json.loads((Path(run_dir) / "metrics.json").read_text())
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python train.py ARGS` in `cwd` (its outputs/ lands there), as a user runs it."""
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+def run_cli(
+    *args: str, cwd: Path, timeout: float = 240, env: dict | None = None, fresh: bool = False
+) -> subprocess.CompletedProcess:
+    """`python train.py ARGS` in `cwd` (its outputs/ lands there), as a user runs it (`python`)."""
+    return python(ROOT / "train.py", *args, cwd=cwd, timeout=timeout, env=env, fresh=fresh)
+
+
+def python(
+    *argv, cwd: Path | str = ROOT, timeout: float = 240, env: dict | None = None, fresh: bool = False
+) -> subprocess.CompletedProcess:
+    """`python ARGV` (a script, -m MODULE or -c CODE, then arguments) in `cwd`, its output
+    captured as text: a process of its own, forked from one that has imported torch and the other
+    heavy modules already (tests/zygote.py); `fresh` (and in a slow test): a new interpreter, for
+    what the imports themselves decide. `env` adds to this process's environment."""
+    env = {**os.environ, **(env or {})}
+    if ZYGOTE.enabled and not (fresh or ZYGOTE.shadowed(env)):
+        return ZYGOTE.run(argv, cwd=cwd, env=env, timeout=timeout)
+    command = [sys.executable, *map(str, argv)]
+    with subprocess.Popen(
+        command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_family(proc.pid)  # with every process under it, whose pipes would keep communicate() waiting
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
 def stopped_after_first_save(args: list[str], run_dir: Path, cwd: Path) -> tuple[int, str]:

@@ -234,7 +234,7 @@ def test_train_pys_start_up_imports_without_the_collector_and_freezes_what_they_
     collector's later passes skip it) and the collector is on for the whole run. What the
     run builds, its model first, is not frozen."""
     probe = "+callbacks.collector._target_=tests.test_cli.CollectorProbe"
-    result = run_cli(*TINY, probe, "hydra.run.dir=run", cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
+    result = run_cli(*TINY, probe, "hydra.run.dir=run", cwd=tmp_path, env={"PYTHONPATH": str(ROOT)}, fresh=True)
     assert result.returncode == 0, result.stderr
     seen = json.loads((tmp_path / "run" / "collector.json").read_text())
     assert seen == {"on_run_start": [[True, True]], "on_train_batch_end": [[True, True]], "model_frozen": False}

@@ -215,13 +215,7 @@ def _has_hparams(tb: Path) -> bool:
 
 
 def _cfg_job(args: list[str], cwd: Path) -> str:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args, "--cfg", "job"],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_cli(*args, "--cfg", "job", cwd=cwd, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

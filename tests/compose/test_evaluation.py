@@ -7,8 +7,6 @@ from __future__ import annotations
 import datetime
 import importlib
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ from omegaconf import OmegaConf
 import saturate
 from saturate.cli import checkpoint_command
 from saturate.compose.evaluation import MOVED, moved
-from tests.conftest import ROOT, TINY, read_metrics
+from tests.conftest import ROOT, TINY, python, read_metrics
 
 # three epochs at a learning rate high enough that a later one is worse: best.pt is the first's
 RUN = [*TINY, "trainer.max_epochs=3", "optim.optimizer.lr=3.0", "logger=[]", "monitor.costs=false"]
@@ -144,12 +142,6 @@ def test_old_module_names_map_to_modules_that_exist_now():
 
 @pytest.mark.slow
 def test_the_command_refuses_another_models_checkpoint_with_status_1_and_no_traceback(finished, tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "saturate", "eval", str(finished), *RUN, "model.width=8", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=240,
-    )
+    result = python("-m", "saturate", "eval", finished, *RUN, "model.width=8", "--out", tmp_path, timeout=240)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip().count("\n") == 0 and "another model" in result.stderr

@@ -14,7 +14,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 import saturate
-from tests.conftest import read_metrics
+from tests.conftest import python, read_metrics
 
 CONTRACT_METRICS = [
     "train/loss",
@@ -217,9 +217,6 @@ def test_fast_preset_runs(make_cfg):
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["bench_engine.py", "bench_loader.py", "bench_augment.py"])
 def test_benchmark_scripts_run_and_print_their_tables(script):
-    import subprocess
-    import sys
-
     from tests.conftest import ROOT
 
     args = {
@@ -239,9 +236,7 @@ def test_benchmark_scripts_run_and_print_their_tables(script):
             "small_cnn",
         ],
     }[script]
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True, timeout=300
-    )
+    result = python(ROOT / "scripts" / script, *args, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| loop |" in result.stdout or "| loader " in result.stdout or "| placement " in result.stdout
     if script == "bench_augment.py":  # the model step it is compared with, and how that step was set up

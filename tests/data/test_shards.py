@@ -7,8 +7,6 @@ import hashlib
 import io
 import json
 import pickle
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import saturate
 from saturate.data.image_folder import load_image_folder
 from saturate.data.shards import load_shards
 from scripts.make_image_folder import write_digits
-from tests.conftest import ROOT, read_metrics
+from tests.conftest import ROOT, python, read_metrics
 from tests.parts.test_resume import EXACT, final_weights, interrupted_then_resumed, step_losses
 
 pytest.importorskip("wids")
@@ -31,19 +29,7 @@ def shards(tmp_path_factory) -> tuple[Path, Path]:
     """(folder, shards): the digits as JPEGs with 2 broken files, converted by the script."""
     root = tmp_path_factory.mktemp("shards")
     write_digits(root / "folder", size=16, fmt="jpg", corrupt=2)
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts/make_shards.py"),
-            str(root / "folder"),
-            str(root / "shards"),
-            "--per-shard",
-            "400",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = python(ROOT / "scripts/make_shards.py", root / "folder", root / "shards", "--per-shard", "400", timeout=300)
     assert done.returncode == 0, done.stderr
     assert "2 broken files skipped" in done.stdout
     return root / "folder", root / "shards"
@@ -309,12 +295,7 @@ def test_make_shards_refuses_what_the_reader_would(tmp_path):
     PNG's size too, so make_shards skips and names it rather than writing it into a shard."""
     write_digits(tmp_path / "folder", size=8, fmt="png")
     (tmp_path / "folder" / "3" / "bomb.png").write_bytes(png(20000, 20000))
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/make_shards.py"), str(tmp_path / "folder"), str(tmp_path / "shards")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = python(ROOT / "scripts/make_shards.py", tmp_path / "folder", tmp_path / "shards", timeout=300)
     assert done.returncode == 0, done.stderr
     assert (
         "1 broken files skipped" in done.stdout

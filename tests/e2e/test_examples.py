@@ -7,8 +7,6 @@ from __future__ import annotations
 import ast
 import json
 import re
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,7 +14,7 @@ import pytest
 import torch
 
 from tests.compose.test_run import events
-from tests.conftest import ROOT, TINY, read_metrics, run_cli
+from tests.conftest import ROOT, TINY, python, read_metrics, run_cli
 from tests.scale.test_distributed import torchrun
 
 EXAMPLES = [  # (folder, experiment, task, a metric it logs, a test metric it logs or None)
@@ -50,13 +48,7 @@ def example_cli(tmp_path, folder: str, experiment: str, *overrides: str) -> dict
 
 def fit_script(tmp_path, folder: str, script: str, *overrides: str) -> tuple[str, dict]:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / folder / script), *TINY, *overrides, f"run_dir={tmp_path / 'run'}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    result = python(ROOT / "examples" / folder / script, *TINY, *overrides, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout, read_metrics(tmp_path / "run")
 
@@ -236,7 +228,7 @@ def test_the_readmes_python_example_runs_as_printed(tmp_path):
     readme = (ROOT / "README.md").read_text()
     code = re.search(r"## Your model, from Python\n\n```python\n(.*?)```", readme, re.S).group(1)
     code += "import json; print(json.dumps({k: metrics[k] for k in ('val/acc', 'progress/epoch')}))\n"
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    done = python("-c", code, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["progress/epoch"] == 10 and figures["val/acc"] > 0.9

@@ -8,7 +8,6 @@ import errno
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from saturate.errors import DataError
 from saturate.tasks.classification import Classification
 from saturate.tasks.regression import Regression
 from scripts.make_image_folder import write_digits
-from tests.conftest import ROOT, TINY, compose_config, read_metrics, run_cli
+from tests.conftest import ROOT, TINY, compose_config, python, read_metrics, run_cli
 
 
 def one_class_folder(tmp: Path) -> list[str]:
@@ -353,13 +352,7 @@ def test_a_failed_run_records_every_problem(make_cfg):
 
 def test_a_run_dir_hydra_cannot_create_is_one_line(tmp_path):
     (tmp_path / "afile").write_text("not a folder")
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *TINY, f"hydra.run.dir={tmp_path / 'afile' / 'run'}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli(*TINY, f"hydra.run.dir={tmp_path / 'afile' / 'run'}", cwd=tmp_path, timeout=120)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert f"error: cannot write {tmp_path / 'afile'}" in result.stderr
 
@@ -417,21 +410,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def test_a_real_write_limit_during_a_save_is_a_clean_error(tmp_path):
     """The kernel refuses the write (RLIMIT_FSIZE), as a full disk would: one message, no traceback."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            FILE_SIZE_LIMIT,
-            str(ROOT / "train.py"),
-            *TINY,
-            "model.width=64",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    run = ["-c", FILE_SIZE_LIMIT, ROOT / "train.py", *TINY, "model.width=64", f"hydra.run.dir={tmp_path / 'run'}"]
+    result = python(*run, cwd=tmp_path, timeout=240)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert (
@@ -814,9 +794,7 @@ main()
 
 def test_fit_inside_a_users_hydra_app_trains(tmp_path):
     (tmp_path / "app.py").write_text(FIT_INSIDE_HYDRA)
-    done = subprocess.run(
-        [sys.executable, "app.py", "hydra.run.dir=outer"], cwd=tmp_path, capture_output=True, text=True, timeout=240
-    )
+    done = python("app.py", "hydra.run.dir=outer", cwd=tmp_path, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "FITTED 4" in done.stdout
     recorded = read_metrics(tmp_path / "fitted")
@@ -838,7 +816,7 @@ except Exception as e:
 
 
 def test_a_full_disk_names_the_file_and_leaves_no_temporary(tmp_path):
-    done = subprocess.run([sys.executable, "-c", FULL, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    done = python("-c", FULL, tmp_path, timeout=60)
     assert done.stdout.strip() == f"UserError cannot write {tmp_path / 'metrics.json'}: File too large", (
         done.stdout + done.stderr
     )

@@ -24,7 +24,7 @@ import saturate
 from saturate.errors import CheckpointError, DataError
 from saturate.loop.faults import TrainingDiverged
 from tests.compose.test_run import events
-from tests.conftest import ROOT, TINY, read_metrics
+from tests.conftest import ROOT, TINY, python, read_metrics, run_cli
 
 
 class Payload:
@@ -343,12 +343,7 @@ def a_sweep(root: Path, jobs: int = 3) -> Path:
 
 
 def sweep_report(directory: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "sweep_report.py"), str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return python(ROOT / "scripts" / "sweep_report.py", directory, timeout=120)
 
 
 def test_a_report_never_writes_through_a_symlink_nor_copies_lines_from_a_run(tmp_path):
@@ -491,22 +486,8 @@ class Swallows:
 @pytest.mark.slow
 def test_a_sweep_whose_hook_exits_fails_that_job_runs_the_others_and_says_so(tmp_path):
     (tmp_path / "leaving.py").write_text(LEAVING)
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "train.py"),
-            "-m",
-            *TINY,
-            "+callbacks.bad._target_=leaving.Raise",
-            "+callbacks.bad.exc=SystemExit,ValueError",
-            "hydra.sweep.dir=sweep",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    args = ["-m", *TINY, "+callbacks.bad._target_=leaving.Raise", "+callbacks.bad.exc=SystemExit,ValueError"]
+    done = run_cli(*args, "hydra.sweep.dir=sweep", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     jobs = sorted((tmp_path / "sweep").glob("[0-9]*"))
     assert len(jobs) == 2

@@ -19,7 +19,7 @@ import torch
 import saturate
 from saturate.observe.monitor import analyse
 from tests.compose.test_run import events
-from tests.conftest import ROOT, read_metrics
+from tests.conftest import ROOT, python, read_metrics
 
 FAKE_NVML = '''
 """A scripted stand-in for pynvml: two GPUs whose utilisation follows FAKE_NVML_UTIL."""
@@ -105,9 +105,7 @@ def test_in_run_sampler_logs_gpu_metrics_and_the_report_summarises_them(make_cfg
 
 
 def test_monitor_script_without_a_gpu_says_so_and_exits_non_zero():
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/monitor_gpu.py"), "--duration", "1"], capture_output=True, text=True
-    )
+    result = python(ROOT / "scripts/monitor_gpu.py", "--duration", "1")
     assert result.returncode == 2
     assert "monitor_gpu: no NVIDIA GPU to watch" in result.stderr and "Traceback" not in result.stderr
 
@@ -147,12 +145,7 @@ def test_monitor_script_shows_what_nvml_gives_when_it_refuses_a_field(fake_nvml,
 
 
 def test_check_env_on_cpu_exits_0_and_reports():
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/check_env.py"), "--device", "cpu"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = python(ROOT / "scripts/check_env.py", "--device", "cpu", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     for line in (
         "[ok] versions",
@@ -169,9 +162,7 @@ def test_check_env_on_cpu_exits_0_and_reports():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_check_env_asked_for_cuda_without_it_fails_clearly():
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/check_env.py"), "--device", "cuda"], capture_output=True, text=True
-    )
+    result = python(ROOT / "scripts/check_env.py", "--device", "cuda")
     assert result.returncode == 1 and "no CUDA device is visible" in result.stderr and "Traceback" not in result.stderr
 
 

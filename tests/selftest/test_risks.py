@@ -4,11 +4,9 @@ to a passing and a failing input here, where no GPU can record them (saturate.se
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from saturate.selftest import risks
-from tests.conftest import ROOT
+from tests.conftest import ROOT, python
 
 
 def test_kernels_per_step_counts_the_traces_kernels_only():
@@ -60,8 +58,7 @@ def test_nvml_uuids_pass_when_accepted_and_name_a_mig_instance_when_refused():
 def test_the_augmentation_probe_runs_and_writes_its_figures_on_the_cpu(tmp_path):
     """Its counts mean something on a GPU only; here its command and figures are checked."""
     out = tmp_path / "syncs.json"
-    command = [sys.executable, str(ROOT / "scripts" / "probe_syncs.py"), "--batches", "2", "--batch", "4"]
-    done = subprocess.run([*command, "--json", str(out)], capture_output=True, text=True, timeout=120)
+    done = python(ROOT / "scripts" / "probe_syncs.py", "--batches", "2", "--batch", "4", "--json", out, timeout=120)
     assert done.returncode == 0, done.stderr
     figures = json.loads(out.read_text())
     assert set(figures["syncs"]) == {"presets", "transforms"} and figures["batches"] == 2

@@ -4,7 +4,6 @@ The whole CPU self-test and the measurements' dry run are slow tests (CI runs th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -16,29 +15,15 @@ import pytest
 from saturate.selftest import REGISTRY
 from saturate.selftest.base import Context
 from saturate.selftest.runner import skip_reason
-from tests.conftest import ROOT
+from tests.conftest import ROOT, python
 
 
 def selftest(*args: str, out, timeout: float = 600) -> subprocess.CompletedProcess:
     """`python -m saturate.selftest --device cpu --out OUT ARGS`. Run past `timeout`, it is
-    killed with every process under it: each check runs in a child in a session of its own,
-    and one left running measures into the tests after it (a timed-out dry run's compile-gain
-    made a tune test choose workers on a 2-core machine)."""
-    command = [sys.executable, "-m", "saturate.selftest", "--device", "cpu", "--out", str(out), *args]
-    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            family = []
-            with contextlib.suppress(psutil.NoSuchProcess):
-                family = psutil.Process(proc.pid).children(recursive=True)
-            proc.kill()
-            for process in family:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.kill()
-            proc.communicate()
-            raise
-    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+    killed with every process under it (tests/zygote.py): each check runs in a child in a
+    session of its own, and one left running measures into the tests after it (a timed-out dry
+    run's compile-gain made a tune test choose workers on a 2-core machine)."""
+    return python("-m", "saturate.selftest", "--device", "cpu", "--out", out, *args, cwd=ROOT, timeout=timeout)
 
 
 def rows(out) -> dict[str, dict]:
