@@ -81,6 +81,21 @@ def test_bad_values_exit_with_every_problem_and_no_traceback(tmp_path):
     assert "loader.num_workers=-1" in error and "trainer.eval_interval=0" in error
 
 
+def test_a_bad_value_is_answered_before_torch_is_imported(tmp_path):
+    """The values and their combinations are checked before the heavy imports (5-9 s on a
+    2-core CPU), so a mistaken number is answered at once: here a torch that cannot be
+    imported is on the path, and the answer is still the one line. The `_target_` nodes,
+    which import their modules, are checked next, once the values are right."""
+    (tmp_path / "no_torch" / "torch").mkdir(parents=True)
+    (tmp_path / "no_torch" / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    env = {"PYTHONPATH": str(tmp_path / "no_torch")}
+    result = run_cli("loader.batch_size=-1", "model._target_=nowhere.Model", cwd=tmp_path, env=env, fresh=True)
+    assert_clean_failure(result, "error: invalid config (1 problem)", "loader.batch_size=-1: expected an integer >= 1")
+    assert "nowhere.Model" not in result.stderr  # the targets' turn comes with the values right
+    right = run_cli("model._target_=nowhere.Model", cwd=tmp_path, fresh=True)
+    assert_clean_failure(right, "model._target_='nowhere.Model': expected an importable class or function")
+
+
 def test_unknown_option_lists_the_available_ones(tmp_path):
     assert_clean_failure(
         run_cli("model=vgg", cwd=tmp_path), "error: model='vgg': expected one of airbench, resnet18, small_cnn"

@@ -156,10 +156,11 @@ def task(cfg: DictConfig):
     try:
         try:
             _check_launcher(invocation)
+            _check(cfg, targets=False)  # every mistaken value or combination, answered before the heavy imports
             # the heavy dependencies, each timed for the report's start-up line: the config's check imports
             # them anyway with its targets (the data's imports torch, a built-in task's torchmetrics)
             import_timed("torch", "torchmetrics")
-            _check(cfg)  # every mistake in the config now, before the run builds anything
+            _check(cfg)  # every mistake in the config now, the `_target_` nodes too, before the run builds anything
         except UserError as e:
             from saturate.parts.rundir import record_failure
 
@@ -212,14 +213,14 @@ def _launched(cfg: DictConfig, count: int, invocation: Invocation):
     return metrics
 
 
-def _check(cfg: DictConfig) -> None:
+def _check(cfg: DictConfig, *, targets: bool = True) -> None:
     """The config's every mistake, before the run builds anything (its `_target_` checks import
-    the targets' modules: torch with the data's). train() checks again (for saturate.fit and
-    the compose API)."""
+    the targets' modules: torch with the data's; `targets=False`, the values and combinations
+    alone, import nothing). train() checks again (for saturate.fit and the compose API)."""
     from saturate.config.schema import validate
     from saturate.data.policy import PRESETS
 
-    validate(cfg, presets=tuple(PRESETS))
+    validate(cfg, presets=tuple(PRESETS), targets=targets)
 
 
 def _check_launcher(invocation: Invocation) -> None:

@@ -629,10 +629,14 @@ def given_text(cfg: DictConfig, key: str) -> Any:
         return "?"
 
 
-def validate(cfg: DictConfig, *, presets: tuple[str, ...], given: tuple[str, ...] = ()) -> RunConfig:
+def validate(
+    cfg: DictConfig, *, presets: tuple[str, ...], given: tuple[str, ...] = (), targets: bool = True
+) -> RunConfig:
     """Check the whole composed config; raise one ConfigError that lists every problem.
     `presets`: the augmentation presets that exist; `given`: nodes whose objects the caller
-    passes in (saturate.fit: "model", "data"), not checked here."""
+    passes in (saturate.fit: "model", "data"), not checked here; `targets=False`: the values
+    and combinations only, not the `_target_` nodes, whose check imports their modules (torch
+    with the data's): what train.py answers before the heavy imports."""
     try:
         run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except OmegaConfBaseException as e:  # an interpolation that does not resolve, a node removed with ~
@@ -640,7 +644,8 @@ def validate(cfg: DictConfig, *, presets: tuple[str, ...], given: tuple[str, ...
         raise ConfigError(
             [Problem(key, given_text(cfg, key), f"a value that resolves ({str(e).splitlines()[0]})")]
         ) from None
-    problems = [*_group_problems(cfg, run, presets), *_node_problems(run, given), *_combination_problems(run)]
+    nodes = _node_problems(run, given) if targets else ()
+    problems = [*_group_problems(cfg, run, presets), *nodes, *_combination_problems(run)]
     if problems:
         raise ConfigError(problems)
     return run
