@@ -22,15 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 # the browser that the real-browser tests (TensorBoard, the MLflow UI) drive
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-ZYGOTE = Zygote()  # started with the first run_cli, ended with this process
 saturate.register()  # the schema and resolvers, before anything composes conf/
-
-
-@pytest.fixture(autouse=True)
-def _fresh_interpreters_in_slow_tests(request):
-    """The slow end-to-end checks start every command in a fresh interpreter, as a user does;
-    the default suite forks them from the zygote (`python`)."""
-    ZYGOTE.enabled = request.node.get_closest_marker("slow") is None
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +80,7 @@ def python(
     heavy modules already (tests/zygote.py); `fresh` (and in a slow test): a new interpreter, for
     what the imports themselves decide. `env` adds to this process's environment."""
     env = {**os.environ, **(env or {})}
-    if ZYGOTE.enabled and not (fresh or ZYGOTE.shadowed(env)):
+    if ZYGOTE.enabled and not (fresh or ZYGOTE.needs_fresh(argv, cwd, env)):
         return ZYGOTE.run(argv, cwd=cwd, env=env, timeout=timeout)
     command = [sys.executable, *map(str, argv)]
     with subprocess.Popen(
@@ -96,9 +88,9 @@ def python(
     ) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_family(proc.pid)  # with every process under it, whose pipes would keep communicate() waiting
-            proc.communicate()
+        except BaseException:  # past the timeout, or interrupted: with every process under it, as the zygote's
+            kill_family(proc.pid)
+            proc.wait()  # as subprocess.run does: not the pipes' end, which a process outside the family may hold
             raise
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
@@ -125,6 +117,14 @@ def stopped_after_first_save(args: list[str], run_dir: Path, cwd: Path) -> tuple
     return proc.returncode, out
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The slow end-to-end checks start every command in a fresh interpreter, as a user does;
+    the default suite forks them from the zygote (`python`). Set before any fixture of the
+    test is: a module's fixture may start commands too."""
+    ZYGOTE.enabled = item.get_closest_marker("slow") is None
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
@@ -138,6 +138,9 @@ def pytest_collection_modifyitems(config, items):
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
+# the commands' zygote (tests/zygote.py), started by the first command, with the session's environment as it is
+# now, ended with this process
+ZYGOTE = Zygote(os.environ)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ everything the tests read of it (a probe run both ways), and a timeout kills it 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 
@@ -53,12 +54,55 @@ def test_a_command_from_the_zygote_is_what_a_fresh_interpreter_gives(tmp_path, f
         assert forked.stderr == fresh.stderr
 
 
-def test_a_pythonpath_folder_that_shadows_a_loaded_module_is_seen(tmp_path):
+def test_a_folder_or_a_variable_that_a_fresh_interpreter_would_import_otherwise_goes_fresh(tmp_path):
     (tmp_path / "psutil.py").write_text("")  # the zygote imported the real one
-    assert ZYGOTE.shadowed({"PYTHONPATH": str(tmp_path)})
-    assert not ZYGOTE.shadowed({"PYTHONPATH": str(tmp_path / "absent")})
+    (tmp_path / "elsewhere").mkdir()
+    assert ZYGOTE.needs_fresh(["-c", "pass"], tmp_path / "elsewhere", {**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert ZYGOTE.needs_fresh([tmp_path / "script.py"], tmp_path / "elsewhere", dict(os.environ))  # its folder
+    assert ZYGOTE.needs_fresh(["-m", "mod"], tmp_path, dict(os.environ))  # the working folder
+    assert ZYGOTE.needs_fresh(["-c", "pass"], tmp_path / "elsewhere", {**os.environ, "PYTHONHASHSEED": "1"})
+    assert not ZYGOTE.needs_fresh(["-c", "pass"], tmp_path / "elsewhere", {**os.environ, "HYDRA_FULL_ERROR": "1"})
+    # what torch itself sets in this process as tests run (a DataLoader's workers, inductor): not a reason
+    torch_sets = {"TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE"}
+    assert not ZYGOTE.needs_fresh(["-c", "pass"], tmp_path / "elsewhere", {**os.environ, **torch_sets})
     done = python("-c", "import psutil; print(psutil.__file__)", env={"PYTHONPATH": str(tmp_path)})
     assert done.stdout.strip() == str(tmp_path / "psutil.py")  # a fresh interpreter's answer
+
+
+LATE = """
+import atexit, os, pickle, sys, threading, time
+class Point:
+    pass
+def late():
+    time.sleep(0.2)
+    print("late:", len(pickle.dumps(Point())) > 0, flush=True)
+atexit.register(lambda: print("at exit:", os.path.basename(sys.argv[0]), flush=True))
+threading.Thread(target=late).start()
+"""
+
+
+@pytest.mark.parametrize("form", ["script", "-m"])
+def test_the_main_module_outlives_the_scripts_last_line(tmp_path, form):
+    """A thread still running, and an atexit handler, see the script's own __main__ (a class
+    defined there pickles) and argv, as in a fresh interpreter."""
+    (tmp_path / "late_mod.py").write_text(LATE)
+    argv = {"script": [tmp_path / "late_mod.py"], "-m": ["-m", "late_mod"]}[form]
+    forked, fresh = both(*argv, cwd=tmp_path)
+    assert forked.stdout == fresh.stdout == "late: True\nat exit: late_mod.py\n", forked.stderr
+    assert forked.returncode == fresh.returncode == 0
+
+
+def test_a_missing_script_output_that_is_not_text_and_fresh_random_streams(tmp_path):
+    missing = both(tmp_path / "absent.py", cwd=tmp_path)
+    assert missing[0].returncode == missing[1].returncode == 2 and missing[0].stderr == missing[1].stderr
+    for fresh in (False, True):  # as subprocess.run(text=True): bytes that are not UTF-8 are an error, not ""
+        with pytest.raises(UnicodeDecodeError):
+            python("-c", "import sys; sys.stderr.buffer.write(b'Traceback \\xff')", fresh=fresh)
+    seeds = [
+        python("-c", "import torch, numpy; print(torch.initial_seed(), numpy.random.randint(1 << 30))").stdout
+        for _ in range(2)
+    ]
+    assert seeds[0] != seeds[1]  # each child draws its own, as each new interpreter does
 
 
 @pytest.mark.parametrize("fresh", [False, True])
@@ -80,3 +124,11 @@ def test_past_its_timeout_the_command_is_killed_with_its_children(tmp_path, fres
         assert time.monotonic() < deadline, "the grandchild outlived the timeout"
         time.sleep(0.05)
     assert python("-c", "print('after')").stdout == "after\n"  # the zygote serves on
+
+
+def test_a_timeout_before_the_answer_leaves_the_next_command_its_own_status():
+    """A timeout between a request and its status (here before the pid came back) must not
+    leave that request's answers to be read as the next one's."""
+    with pytest.raises(subprocess.TimeoutExpired):
+        python("-c", "raise SystemExit(5)", timeout=0.0001)
+    assert [python("-c", f"raise SystemExit({n})").returncode for n in (0, 7, 3)] == [0, 7, 3]

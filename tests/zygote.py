@@ -12,12 +12,14 @@ handlers, its threads joined, its streams flushed. Past its timeout it is killed
 process under it. Nothing of saturate is imported before the fork, and the zygote runs no tensor
 operation (no thread pool exists to fork).
 
-What it cannot be is a process whose imports are its own: the start-up's import figures, the
-collector over the imports, and environment variables that those imports read (PYTHONPATH
-aside) are the zygote's. Tests of those start a fresh interpreter (conftest's `fresh=True`), and
-so does a PYTHONPATH folder that holds a module the zygote has imported (a fake pynvml:
-`Zygote.shadowed`), and so do the slow tests (`enabled`), whose end-to-end checks start every
-command as a user does.
+Each child draws its own random streams (torch's, NumPy's and Python's are reseeded after the
+fork; the hash seed, fixed at the zygote's start, is shared). What it cannot be is a process
+whose imports are its own: the start-up's import figures, the collector over the imports, and
+the environment variables that the interpreter and those imports read once (READ_AT_START) are
+the zygote's. Tests of those start a fresh interpreter (conftest's `fresh=True`), and so does a
+request that sets such a variable otherwise, or whose path puts first a folder holding a module
+the zygote has imported (a fake pynvml: `Zygote.needs_fresh`), and so do the slow tests
+(`enabled`), whose end-to-end checks start every command as a user does.
 
 `python tests/zygote.py FD` is the zygote: it serves requests on the socket FD, one at a time,
 until the socket closes."""
@@ -49,12 +51,18 @@ PRELOAD = (
     "tqdm",
     "psutil",
 )
+# environment variables that the interpreter or a preloaded module reads once, at start or import: a request
+# that sets one otherwise than the zygote's start did runs in a fresh interpreter (PYTHONPATH: see _path). Not
+# TORCHINDUCTOR_*, KMP_* or CUDA_*: torch sets the first two in the test process itself, and reads CUDA_* when
+# CUDA starts, in the child.
+READ_AT_START = ("PYTHON", "TORCH_", "OMP_", "MKL_", "MPLCONFIGDIR", "LANG", "LC_")
+GRACE_S = 5.0  # after a timeout's kill, how long the pipes may stay open (a process outside the family holds them)
 
 
 def _serve(sock: socket.socket) -> None:
-    """The zygote's loop: a request is a JSON object (script, args, cwd, env) and the three fds
-    of the child's stdin, stdout and stderr; the answers, a line each, are the child's pid and
-    then its exit status (a signal as its negative number, as subprocess reports it)."""
+    """The zygote's loop: a request is a JSON object (argv, cwd, env) and the three fds of the
+    child's stdin, stdout and stderr; the answers, a line each, are the child's pid and then its
+    exit status (a signal as its negative number, as subprocess reports it)."""
     own_path = [p for p in sys.path[1:] if p not in _pythonpath(os.environ)]
     sock.send(json.dumps(sorted({name.partition(".")[0] for name in sys.modules})).encode() + b"\n")
     while True:
@@ -76,9 +84,17 @@ def _serve(sock: socket.socket) -> None:
 
 def _become(request: dict, fds: list[int], own_path: list[str]) -> None:
     """In the forked child: what `python ARGV` in `cwd` with `env` would have been (ARGV: a
-    script and its arguments, `-m MODULE ...` or `-c CODE ...`)."""
+    script and its arguments, `-m MODULE ...` or `-c CODE ...`), run in a `__main__` of its own
+    that stays for the process's life (threads and atexit handlers see it), as Python's is."""
+    import builtins
+    import multiprocessing.process
+    import random
     import runpy
+    import tempfile
     import types
+
+    import numpy
+    import torch
 
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -86,22 +102,45 @@ def _become(request: dict, fds: list[int], own_path: list[str]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # what the zygote's start fixed and a new interpreter would not share: its random streams (Python's `random`
+    # reseeds itself after a fork; the hash seed cannot change), the temporary folder, the start folder
+    torch.seed(), numpy.random.seed(), random.seed()
+    tempfile.tempdir = None
+    multiprocessing.process.ORIGINAL_DIR = os.getcwd()
     first, *rest = request["argv"]
+    sys.path[:] = [_path(request["argv"], os.getcwd()), *_pythonpath(request["env"]), *own_path]
     if first == "-m":
         module, *rest = rest
-        sys.argv = ["-m", *rest]  # run_module puts the module's file first, as python -m does
-        sys.path[:] = [os.getcwd(), *_pythonpath(request["env"]), *own_path]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    elif first == "-c":
+        sys.argv = ["-m", *rest]  # python -m's own runner: it puts the module's file first and keeps its __main__
+        runpy._run_module_as_main(module, alter_argv=True)
+        return
+    main = sys.modules["__main__"] = types.ModuleType("__main__")
+    main.__dict__.update(__builtins__=builtins, __spec__=None, __loader__=None, __package__=None)
+    if first == "-c":
         code, *rest = rest
         sys.argv = ["-c", *rest]
-        sys.path[:] = ["", *_pythonpath(request["env"]), *own_path]
-        main = sys.modules["__main__"] = types.ModuleType("__main__")
         exec(compile(code, "<string>", "exec"), main.__dict__)
-    else:
-        sys.argv = [first, *rest]
-        sys.path[:] = [str(Path(first).resolve().parent), *_pythonpath(request["env"]), *own_path]
-        runpy.run_path(first, run_name="__main__")
+        return
+    sys.argv = [first, *rest]
+    try:
+        with open(first, "rb") as script:  # compile() reads a coding cookie, as Python does
+            source = script.read()
+    except OSError as e:
+        sys.stderr.write(
+            f"{sys.executable}: can't open file {os.path.abspath(first)!r}: [Errno {e.errno}] {e.strerror}\n"
+        )
+        raise SystemExit(2) from None
+    main.__file__, main.__cached__ = first, None
+    exec(compile(source, first, "exec"), main.__dict__)
+
+
+def _path(argv: list[str], cwd: str) -> str:
+    """sys.path[0] as Python makes it: the script's folder, the working folder for -m, '' for -c."""
+    if argv[0] == "-c":
+        return ""
+    if argv[0] == "-m":
+        return cwd
+    return str(Path(cwd, argv[0]).resolve().parent)
 
 
 def _pythonpath(env) -> list[str]:
@@ -110,10 +149,12 @@ def _pythonpath(env) -> list[str]:
 
 class Zygote:
     """The test process's side: `run(argv, cwd=, env=, timeout=)` as subprocess.run([python,
-    *argv], capture_output=True, text=True, ...) would return it."""
+    *argv], capture_output=True, text=True, ...) would return it. `env`: the environment the
+    zygote starts with (the test session's, before any test changes it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict) -> None:
         self.enabled = True  # conftest's switch: False in the slow tests, which start fresh interpreters
+        self._env = dict(env)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen | None = None
@@ -125,13 +166,24 @@ class Zygote:
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
+            env=self._env,
         )
         theirs.close()
         self._sock, self._pending = ours, b""
         self._loaded = set(self._answer(None))  # the zygote's imported modules, by top-level name
 
+    def _stop(self) -> None:
+        """After a request that went wrong between its send and its status: a new zygote next
+        time, so that no answer is read as another request's."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._proc = None
+
     def _answer(self, deadline: float | None) -> dict:
-        """The zygote's next line; TimeoutError past the deadline (the line stays to be read)."""
+        """The zygote's next line; TimeoutError past the deadline."""
         while b"\n" not in self._pending:
             self._sock.settimeout(None if deadline is None else max(0.01, deadline - time.monotonic()))
             chunk = self._sock.recv(4096)
@@ -141,55 +193,78 @@ class Zygote:
         line, _, self._pending = self._pending.partition(b"\n")
         return json.loads(line)
 
-    def shadowed(self, env: dict) -> bool:
-        """Whether a PYTHONPATH folder in `env` holds a module the zygote has imported (a fake
-        pynvml): a fresh interpreter would import that one, the zygote's child would not."""
-        folders = [f for f in _pythonpath(env) if os.path.isdir(f)]
-        if not folders:
-            return False
-        with self._lock:
-            self._ensure()
-        names = {Path(name).stem for folder in folders for name in os.listdir(folder)}
-        return bool(names & self._loaded)
-
     def _ensure(self) -> None:
         if self._sock is None or self._proc.poll() is not None:
             self._start()
 
+    def needs_fresh(self, argv, cwd, env: dict) -> bool:
+        """Whether a fresh interpreter would differ from the zygote's child in what it imports:
+        an environment variable read at start set otherwise (READ_AT_START), or a folder first on
+        its path (PYTHONPATH's, the script's, the working one) that holds a module the zygote has
+        imported (a fake pynvml)."""
+        changed = {k for k in {*env, *self._env} if env.get(k) != self._env.get(k) and k != "PYTHONPATH"}
+        if any(k.startswith(READ_AT_START) for k in changed):
+            return True
+        with self._lock:
+            self._ensure()
+        argv = [str(a) for a in argv]
+        folders = [f for f in (_path(argv, str(cwd)) or str(cwd), *_pythonpath(env)) if os.path.isdir(f)]
+        names = {name.partition(".")[0] for folder in folders for name in os.listdir(folder)}
+        return bool(names & self._loaded)
+
     def run(self, argv, *, cwd, env, timeout: float | None = None) -> subprocess.CompletedProcess:
+        argv = [str(a) for a in argv]
+        command = [sys.executable, *argv]
         with self._lock:
             self._ensure()
             stdin = os.open(os.devnull, os.O_RDONLY)
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
-            request = {"argv": [str(a) for a in argv], "cwd": str(cwd), "env": dict(env)}
-            socket.send_fds(self._sock, [json.dumps(request).encode()], [stdin, out_w, err_w])
-            for fd in (stdin, out_w, err_w):
-                os.close(fd)
-            deadline = None if timeout is None else time.monotonic() + timeout
-            pid = self._answer(deadline)["pid"]
-            with open(out_r, encoding="utf-8") as out, open(err_r, encoding="utf-8") as err:
-                stdout, stderr, late = _collect(out, err, pid, deadline)
+            pid = None
             try:
-                status = self._answer(deadline)["status"]
-            except TimeoutError:
-                kill_family(pid)
-                self._answer(None)  # its status, once the zygote has it
-                late = True
-            command = [sys.executable, *map(str, argv)]
-            if late:
-                raise subprocess.TimeoutExpired(command, timeout, stdout, stderr)
-            return subprocess.CompletedProcess(command, status, stdout, stderr)
+                request = {"argv": argv, "cwd": str(cwd), "env": dict(env)}
+                socket.send_fds(self._sock, [json.dumps(request).encode()], [stdin, out_w, err_w])
+                for fd in (stdin, out_w, err_w):
+                    os.close(fd)
+                stdin = out_w = err_w = None
+                deadline = None if timeout is None else time.monotonic() + timeout
+                try:
+                    pid = self._answer(deadline)["pid"]
+                    out, err, late = _collect(out_r, err_r, pid, deadline)
+                    status = None if late else self._answer(deadline)["status"]
+                except TimeoutError:
+                    late, out, err = True, b"", b""
+                if late:
+                    if pid is not None:
+                        kill_family(pid)
+                    self._stop()  # its status, or its pid, is still to come: never read as the next request's
+                    raise subprocess.TimeoutExpired(
+                        command, timeout, out.decode(errors="replace"), err.decode(errors="replace")
+                    )
+            except BaseException:
+                if pid is not None:
+                    kill_family(pid)
+                self._stop()
+                raise
+            finally:
+                for fd in (stdin, out_w, err_w):
+                    if fd is not None:
+                        os.close(fd)
+        # decoded as subprocess.run(text=True) does: strictly, so that output which is not text is an error
+        return subprocess.CompletedProcess(command, status, out.decode(), err.decode())
 
 
-def _collect(out, err, pid: int, deadline: float | None) -> tuple[str, str, bool]:
-    """Both pipes read to their end (a thread each, as subprocess.communicate does); past the
-    deadline the child is killed, so that its pipes close, and the third value is True."""
-    texts = {}
-    readers = [
-        threading.Thread(target=lambda f=f, k=k: texts.__setitem__(k, f.read()))
-        for k, f in (("out", out), ("err", err))
-    ]
+def _collect(out_r: int, err_r: int, pid: int, deadline: float | None) -> tuple[bytes, bytes, bool]:
+    """Both pipes read to their end as bytes (a thread each, as subprocess.communicate does);
+    past the deadline the child is killed with its family, the pipes get GRACE_S more to close,
+    and the third value is True. The read ends are closed here."""
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+
+    def read(fd: int) -> None:
+        while block := os.read(fd, 1 << 16):
+            chunks[fd].append(block)
+
+    readers = [threading.Thread(target=read, args=(fd,), daemon=True) for fd in (out_r, err_r)]
     for reader in readers:
         reader.start()
     late = False
@@ -198,8 +273,10 @@ def _collect(out, err, pid: int, deadline: float | None) -> tuple[str, str, bool
         if reader.is_alive():
             late = True
             kill_family(pid)
-            reader.join()
-    return texts.get("out", ""), texts.get("err", ""), late
+            reader.join(GRACE_S)
+    if not any(r.is_alive() for r in readers):  # a reader still blocked keeps its fd: closing it under a read is unsafe
+        os.close(out_r), os.close(err_r)
+    return b"".join(chunks[out_r]), b"".join(chunks[err_r]), late
 
 
 def kill_family(pid: int) -> None:
