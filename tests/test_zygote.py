@@ -19,7 +19,7 @@ print(json.dumps({
     "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__,
     "env": os.environ.get("ZYGOTE_PROBE"), "pythonpath": [p for p in sys.path if p.endswith("extra")],
     "stdin": sys.stdin.read(), "stdout_is_a_pipe": stat.S_ISFIFO(os.fstat(1).st_mode),
-    "fatal": os.environ.get("ZYGOTE_FATAL"),
+    "fatal": os.environ.get("ZYGOTE_FATAL"), "globals": sorted(k for k in globals() if not k.startswith("__")),
 }))
 sys.stderr.write("to stderr\\n")
 fatal = os.environ.get("ZYGOTE_FATAL")

@@ -109,13 +109,13 @@ def _become(request: dict, fds: list[int], own_path: list[str]) -> None:
     multiprocessing.process.ORIGINAL_DIR = os.getcwd()
     first, *rest = request["argv"]
     sys.path[:] = [_path(request["argv"], os.getcwd()), *_pythonpath(request["env"]), *own_path]
+    main = sys.modules["__main__"] = types.ModuleType("__main__")  # not the zygote's, with its globals
+    main.__dict__.update(__builtins__=builtins, __spec__=None, __loader__=None, __package__=None)
     if first == "-m":
         module, *rest = rest
-        sys.argv = ["-m", *rest]  # python -m's own runner: it puts the module's file first and keeps its __main__
+        sys.argv = ["-m", *rest]  # python -m's own runner: the module's file first, its code in the __main__ above
         runpy._run_module_as_main(module, alter_argv=True)
         return
-    main = sys.modules["__main__"] = types.ModuleType("__main__")
-    main.__dict__.update(__builtins__=builtins, __spec__=None, __loader__=None, __package__=None)
     if first == "-c":
         code, *rest = rest
         sys.argv = ["-c", *rest]
@@ -228,20 +228,17 @@ class Zygote:
                     os.close(fd)
                 stdin = out_w = err_w = None
                 deadline = None if timeout is None else time.monotonic() + timeout
+                out = err = b""
                 try:
                     pid = self._answer(deadline)["pid"]
                     out, err, late = _collect(out_r, err_r, pid, deadline)
                     status = None if late else self._answer(deadline)["status"]
                 except TimeoutError:
-                    late, out, err = True, b"", b""
+                    late = True
                 if late:
-                    if pid is not None:
-                        kill_family(pid)
-                    self._stop()  # its status, or its pid, is still to come: never read as the next request's
-                    raise subprocess.TimeoutExpired(
-                        command, timeout, out.decode(errors="replace"), err.decode(errors="replace")
-                    )
-            except BaseException:
+                    said = out.decode(errors="replace"), err.decode(errors="replace")
+                    raise subprocess.TimeoutExpired(command, timeout, *said)
+            except BaseException:  # a timeout among them: its pid or status is still to come, never the next's
                 if pid is not None:
                     kill_family(pid)
                 self._stop()
