@@ -11,7 +11,8 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import ZYGOTE, python
+from tests.conftest import ROOT, ZYGOTE, python
+from tests.zygote import Zygote
 
 PROBE = """
 import json, os, stat, sys
@@ -105,8 +106,18 @@ def test_a_missing_script_output_that_is_not_text_and_fresh_random_streams(tmp_p
     assert seeds[0] != seeds[1]  # each child draws its own, as each new interpreter does
 
 
+@pytest.fixture(scope="module")
+def light():
+    """A zygote of this module's own that imports nothing heavy: the timeouts below restart the
+    zygote they time out on, and restarting the shared one would import torch and the rest again
+    (8-10 s of CPU each) for the tests after these."""
+    zygote = Zygote(dict(os.environ), preload=("json",))
+    yield lambda *argv, timeout=240: zygote.run(argv, cwd=ROOT, env=dict(os.environ), timeout=timeout)
+    zygote.stop()
+
+
 @pytest.mark.parametrize("fresh", [False, True])
-def test_past_its_timeout_the_command_is_killed_with_its_children(tmp_path, fresh):
+def test_past_its_timeout_the_command_is_killed_with_its_children(tmp_path, fresh, light):
     pid_file = tmp_path / "grandchild.pid"
     code = (
         "import subprocess, sys, time\n"
@@ -116,19 +127,19 @@ def test_past_its_timeout_the_command_is_killed_with_its_children(tmp_path, fres
     )
     start = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        python("-c", code, timeout=3, fresh=fresh)
+        (python("-c", code, timeout=3, fresh=True) if fresh else light("-c", code, timeout=3))
     assert time.monotonic() - start < 20
     grandchild = int(pid_file.read_text())
     deadline = time.monotonic() + 5
     while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the grandchild outlived the timeout"
         time.sleep(0.05)
-    assert python("-c", "print('after')").stdout == "after\n"  # the zygote serves on
+    assert light("-c", "print('after')").stdout == "after\n"  # the zygote serves on (a new one)
 
 
-def test_a_timeout_before_the_answer_leaves_the_next_command_its_own_status():
+def test_a_timeout_before_the_answer_leaves_the_next_command_its_own_status(light):
     """A timeout between a request and its status (here before the pid came back) must not
     leave that request's answers to be read as the next one's."""
     with pytest.raises(subprocess.TimeoutExpired):
-        python("-c", "raise SystemExit(5)", timeout=0.0001)
-    assert [python("-c", f"raise SystemExit({n})").returncode for n in (0, 7, 3)] == [0, 7, 3]
+        light("-c", "raise SystemExit(5)", timeout=0.0001)
+    assert [light("-c", f"raise SystemExit({n})").returncode for n in (0, 7, 3)] == [0, 7, 3]

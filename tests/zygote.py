@@ -21,8 +21,8 @@ request that sets such a variable otherwise, or whose path puts first a folder h
 the zygote has imported (a fake pynvml: `Zygote.needs_fresh`), and so do the slow tests
 (`enabled`), whose end-to-end checks start every command as a user does.
 
-`python tests/zygote.py FD` is the zygote: it serves requests on the socket FD, one at a time,
-until the socket closes."""
+`python tests/zygote.py FD MODULE...` is the zygote: it imports the modules, then serves requests
+on the socket FD, one at a time, until the socket closes."""
 
 from __future__ import annotations
 
@@ -93,9 +93,6 @@ def _become(request: dict, fds: list[int], own_path: list[str]) -> None:
     import tempfile
     import types
 
-    import numpy
-    import torch
-
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -104,7 +101,12 @@ def _become(request: dict, fds: list[int], own_path: list[str]) -> None:
     os.environ.update(request["env"])
     # what the zygote's start fixed and a new interpreter would not share: its random streams (Python's `random`
     # reseeds itself after a fork; the hash seed cannot change), the temporary folder, the start folder
-    torch.seed(), numpy.random.seed(), random.seed()
+    # (torch and NumPy where the zygote imported them: one that did not leaves them to the child's own import)
+    random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
     tempfile.tempdir = None
     multiprocessing.process.ORIGINAL_DIR = os.getcwd()
     first, *rest = request["argv"]
@@ -152,9 +154,10 @@ class Zygote:
     *argv], capture_output=True, text=True, ...) would return it. `env`: the environment the
     zygote starts with (the test session's, before any test changes it)."""
 
-    def __init__(self, env: dict) -> None:
+    def __init__(self, env: dict, preload: tuple[str, ...] = PRELOAD) -> None:
         self.enabled = True  # conftest's switch: False in the slow tests, which start fresh interpreters
         self._env = dict(env)
+        self._preload = preload  # what the zygote imports before it serves (tests of the protocol: a light one)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen | None = None
@@ -162,7 +165,7 @@ class Zygote:
     def _start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._proc = subprocess.Popen(
-            [sys.executable, __file__, str(theirs.fileno())],
+            [sys.executable, __file__, str(theirs.fileno()), *self._preload],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -172,9 +175,9 @@ class Zygote:
         self._sock, self._pending = ours, b""
         self._loaded = set(self._answer(None))  # the zygote's imported modules, by top-level name
 
-    def _stop(self) -> None:
+    def stop(self) -> None:
         """After a request that went wrong between its send and its status: a new zygote next
-        time, so that no answer is read as another request's."""
+        time, so that no answer is read as another request's (and a light zygote's end)."""
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
@@ -241,7 +244,7 @@ class Zygote:
             except BaseException:  # a timeout among them: its pid or status is still to come, never the next's
                 if pid is not None:
                     kill_family(pid)
-                self._stop()
+                self.stop()
                 raise
             finally:
                 for fd in (stdin, out_w, err_w):
@@ -293,7 +296,7 @@ def kill_family(pid: int) -> None:
 
 
 if __name__ == "__main__":
-    for _name in PRELOAD:
+    for _name in sys.argv[2:]:  # PRELOAD, unless the test process asked for less
         importlib.import_module(_name)
     gc.freeze()  # the collector's passes in a child skip what the imports built: no copy of those pages at each
     _serve(socket.socket(fileno=int(sys.argv[1])))  # the socketpair's other end
