@@ -29,7 +29,7 @@ from saturate.loop.evaluate import Evaluator
 from saturate.observe.monitor import device_memory_mb
 from saturate.observe.report import RunFacts, diagnose, render
 from saturate.observe.timing import Startup
-from saturate.observe.tracking import Tracker, hparams_columns, review_hint
+from saturate.observe.tracking import Tracker, hparams_columns, plain, review_hint
 from saturate.parts.checkpoint import load
 from saturate.parts.precision import emulated
 from saturate.parts.rundir import write_json
@@ -313,7 +313,7 @@ def task_name(task) -> str:
 def recorded_config(run: RunConfig, parts: Parts, objects: UserObjects) -> dict:
     """The config as checkpoints record it: resolved, the model and task nodes as built
     (the data's values bound); objects fit was given are named."""
-    resolved = OmegaConf.to_container(OmegaConf.structured(run), resolve=True)
+    resolved = plain(run)
     resolved.update(parts.nodes)
     for key, obj in (("model", objects.model), ("data", objects.data), ("task", objects.task)):
         if obj is not None:
