@@ -50,8 +50,18 @@ def run_one(check: Check, ctx: Context, result: Path) -> None:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         status, detail = "FAIL", f"{type(e).__name__}: {first}"[:300]
     row = Row(check.name, check.kind, check.what, status, one_line(detail), round(time.monotonic() - start, 1), figures)
+    end_leftovers()
     result.parent.mkdir(parents=True, exist_ok=True)  # a check may have removed the work dir
     result.write_text(json.dumps(asdict(row)))
+
+
+def end_leftovers() -> None:
+    """In the check's process, once the check has returned: end every process it started and
+    left running. A detached one (a new session) is out of reach of the runner's group kill, and
+    the runner's polling misses it when the check returns at once after starting it."""
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 def one_line(detail) -> str:
