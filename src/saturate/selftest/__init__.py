@@ -55,6 +55,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checks", action="append", default=[], help="a module of your own checks to import (repeatable)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the runner's child: run this one check
     p.add_argument("--work", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--gpus", type=int, default=None, help=argparse.SUPPRESS)  # the child: the GPUs the runner counted
     return p
 
 
@@ -160,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c.name:<26} {c.kind:<8} {c.what}")
         return 0
     if args.one:  # the child: one check, its row written for the runner
-        device, gpus = resolve_device(args.device)
+        # the device as the runner resolved it: the child imports torch (2-5 s, and CUDA's start) only if its check
+        # does; most checks run train.py commands, whose processes import it themselves
+        device, gpus = (args.device, args.gpus) if args.gpus is not None else resolve_device(args.device)
         ctx = Context(device, Path(args.work), dry=args.dry, gpus=gpus)
         run_one(REGISTRY[args.one], ctx, ctx.work / "logs" / f"{args.one}.result.json")
         return 0

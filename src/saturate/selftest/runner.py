@@ -88,18 +88,8 @@ def run_isolated(check: Check, ctx: Context, extra: list[str]) -> Row:
     logs.mkdir(parents=True, exist_ok=True)
     result = logs / f"{check.name}.result.json"
     result.unlink(missing_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        "saturate.selftest",
-        "--one",
-        check.name,
-        "--device",
-        ctx.device,
-        "--work",
-        str(ctx.work),
-        *extra,
-    ]
+    where = ["--device", ctx.device, "--gpus", str(ctx.gpus), "--work", str(ctx.work)]  # as this process resolved them
+    command = [sys.executable, "-m", "saturate.selftest", "--one", check.name, *where, *extra]
     start = time.monotonic()
     with open(logs / f"{check.name}.log", "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
