@@ -1,6 +1,7 @@
 """The HParams columns and the recorded config read the checked config as plain dicts
 (`tracking.plain`: dataclasses.asdict) where they read it through OmegaConf before: the two must
-give the same values, on the default config, the presets, a user's metric node and every example."""
+give the same values, on the default config, the presets, a user's metric node and every example,
+except a text that still reads `${...}`, which is now recorded as the run used it."""
 
 from __future__ import annotations
 
@@ -47,3 +48,12 @@ def test_plain_settings_are_what_omegaconf_resolves(overrides, tmp_path):
         if isinstance(expected, DictConfig) or OmegaConf.is_config(expected):
             expected = OmegaConf.to_container(expected, resolve=True)
         assert _select(settings, key, "(absent)") == expected, key
+
+
+def test_an_escaped_interpolation_is_recorded_as_the_run_used_it(tmp_path):
+    """`name=\\${oc.env:HOME}` names the run `${oc.env:HOME}`, literally: OmegaConf's round trip
+    resolved it a second time (to the home folder), and failed the run on one that does not resolve."""
+    for text in ("${oc.env:HOME}", "${nope}"):
+        escaped = text.replace("${", "\\${")
+        run = validate(compose_config([*TINY, f"run_dir={tmp_path}", f"name={escaped}"]), presets=tuple(PRESETS))
+        assert run.name == plain(run)["name"] == text
