@@ -275,7 +275,8 @@ def _collect(out_r: int, err_r: int, pid: int, deadline: float | None) -> tuple[
             kill_family(pid)
             reader.join(GRACE_S)
     if not any(r.is_alive() for r in readers):  # a reader still blocked keeps its fd: closing it under a read is unsafe
-        os.close(out_r), os.close(err_r)
+        os.close(out_r)
+        os.close(err_r)
     return b"".join(chunks[out_r]), b"".join(chunks[err_r]), late
 
 
