@@ -3,6 +3,7 @@
     python scripts/bench_examples.py [--examples har,sign] [--pairs 5] [--threads 1] [--seeds]
                                      [--author-scripts DIR] [--results FILE] [--quick]
     python scripts/bench_examples.py --summarize FILE      # the tables again, from recorded runs (and their logs)
+    python scripts/bench_examples.py --summarize FILE --at 42     # time to another value of the target's metric
 
 Each pair runs both sides, one after the other, in fresh processes, alternating which goes
 first (saturate then the reference, then the reference then saturate, ...):
@@ -45,6 +46,13 @@ them, since with it every start compiles the project's own modules again (satura
 60-odd: 0.15-0.2 s on a 2-core CPU; a plain script's two or three: milliseconds), which no
 user's runs pay after their first.
 
+`--at VALUE` (with `--summarize`) times both sides to another value of the example's target
+metric, recomputed from each side's own record of its evaluations: the reference's `BENCH eval`
+lines, saturate's TensorBoard file (`time/eval_at_s` and the metric, paired by step). A run
+whose files are gone has no time to it. A target that one side rarely meets gives few pairs
+(pm25's 40 µg/m³: the reference met it on one seed in ten); several values show whether a
+ratio is the loops' or the one threshold's.
+
 `--threads N` sets OMP_NUM_THREADS=N for both sides (an environment variable, not a
 saturate key; on a shared 2-core machine torch's default of one thread per core waits on
 descheduled threads and makes a single run 5-10x slower at random). `--quick` runs one
@@ -54,6 +62,7 @@ short pair (each side's `quick` settings) for a test.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -160,19 +169,46 @@ def per_epoch(first_step: float, last_eval: float, epochs: float) -> float:
     return (last_eval - first_step) / epochs if epochs > 0 else math.nan
 
 
-def read_saturate(metrics: dict, spec: Example) -> dict:
-    """saturate's own figures from its run's metrics.json."""
+def read_saturate(metrics: dict, spec: Example, evals: list[tuple[float, float, int]] | None = None) -> dict:
+    """saturate's own figures from its run's metrics.json; with `evals` (saturate_evals: each
+    evaluation's time, value and step), the time to spec.value is recomputed from them
+    instead of read (the run's own target may have been another value)."""
     first_step = float(metrics.get(names.FIRST_STEP_S, math.nan))
     last_eval, epochs = (float(metrics.get(k, math.nan)) for k in (names.EVAL_AT_S, names.EPOCH))
     steps, target_step = (float(metrics.get(k, math.nan)) for k in (names.STEP, names.TO_TARGET_STEP))
+    to_target = float(metrics.get(names.TO_TARGET_S, math.nan))
+    if evals is not None:
+        hit = next(((t, step) for t, v, step in evals if meets(v, spec.value, spec.better)), (math.nan, math.nan))
+        to_target, target_step = hit
     return {
         "first_step_s": first_step,
         "per_epoch_s": per_epoch(first_step, last_eval, epochs),
-        "to_target_s": float(metrics.get(names.TO_TARGET_S, math.nan)),
+        "to_target_s": to_target,
         "epochs_to_target": target_step / (steps / epochs) if steps > 0 and epochs > 0 else math.nan,
         "final": float(metrics.get(spec.final, math.nan)),
         "startup": {k: float(v) for k, v in metrics.items() if k.startswith(("startup/", names.IMPORTS_PREFIX))},
     }
+
+
+def saturate_evals(run_dir: Path, metric: str) -> list[tuple[float, float, int]] | None:
+    """Each evaluation of a saturate run as (seconds since the process started, `metric`,
+    step) in step order, from its TensorBoard file: `time/eval_at_s` and the metric paired by
+    step (a step's first value of each). None without a file or either tag."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not any(run_dir.glob("events.out.tfevents.*")):
+        return None
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = events.Tags().get("scalars", [])
+    if names.EVAL_AT_S not in tags or metric not in tags:
+        return None
+    at: dict[int, float] = {}
+    values: dict[int, float] = {}
+    for tag, into in ((names.EVAL_AT_S, at), (metric, values)):
+        for e in events.Scalars(tag):
+            into.setdefault(e.step, e.value)
+    return [(at[step], values[step], step) for step in sorted(at) if step in values]
 
 
 # ---------------------------------------------------------------- running the two sides
@@ -238,18 +274,29 @@ def run_reference(name: str, spec: Example, script: Path, out: Path, args, seed:
     return {**record, **parsed, "command": " ".join(cmd[1:])}
 
 
-def reread(record: dict) -> dict:
+def reread(record: dict, at: float | None = None) -> dict:
     """A recorded run read again where its files are still there: the reference's log, or
     saturate's metrics.json beside its log (so that a fix to the reading, or a figure added
-    since, applies to recorded runs)."""
+    since, applies to recorded runs). With `at`, the time to that value of the target's
+    metric, from the run's own evaluations; a run whose files are gone has none."""
     log = Path(record.get("log", ""))
     spec = EXAMPLES.get(record.get("example"))
-    if spec is None or not log.is_file():
+    if spec is None:
         return record
+    if at is not None:
+        spec = dataclasses.replace(spec, value=at)
+    lost = {"to_target_s": math.nan, "epochs_to_target": math.nan} if at is not None else {}
+    if not log.is_file():
+        return {**record, **lost}
     if record.get("side") == "reference":
         return {**record, **parse_reference(log.read_text(errors="replace"), spec)}
-    metrics = log.parent / "run" / "metrics.json"
-    return {**record, **read_saturate(json.loads(metrics.read_text()), spec)} if metrics.is_file() else record
+    run_dir = log.parent / "run"
+    if not (run_dir / "metrics.json").is_file():
+        return {**record, **lost}
+    evals = saturate_evals(run_dir, spec.metric) if at is not None else None
+    if at is not None and evals is None:
+        return {**record, **lost}
+    return {**record, **read_saturate(json.loads((run_dir / "metrics.json").read_text()), spec, evals)}
 
 
 # ---------------------------------------------------------------- summarising
@@ -401,10 +448,19 @@ def main(argv: list[str] | None = None) -> int:
         "--seeds", action="store_true", help="pair N trains with seed N on both sides (default: each side's own seed)"
     )
     parser.add_argument("--summarize", type=Path, default=None, help="print the tables of a results file and exit")
+    parser.add_argument("--at", type=float, default=None, help="with --summarize: the time to this value of the metric")
     args = parser.parse_args(argv)
+    if args.at is not None and not args.summarize:
+        parser.error("--at VALUE: only with --summarize FILE (a run times the example's own target)")
     if args.summarize:
         records = [json.loads(line) for line in args.summarize.read_text().splitlines() if line.strip()]
-        print(table(summarize([reread(r) for r in records])))
+        summaries = summarize([reread(r, args.at) for r in records])
+        if args.at is not None:
+            for s in summaries:
+                spec = EXAMPLES[s.example]
+                sign = ">=" if spec.better == "max" else "<="
+                print(f"{s.example}: to target is to {spec.metric} {sign} {args.at:g} (its own: {spec.value:g})")
+        print(table(summaries))
         return 0
     names = [n for n in args.examples.split(",") if n]
     unknown = [n for n in names if n not in EXAMPLES]

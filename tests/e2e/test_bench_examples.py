@@ -18,11 +18,12 @@ from scripts.bench_examples import (
     percentile,
     read_saturate,
     reference_command,
+    reread,
     run_process,
     saturate_command,
     summarize,
 )
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TINY, compose_config
 
 REFERENCE_LOG = """\
 Training on CPU
@@ -193,6 +194,73 @@ def test_recorded_runs_are_read_again_from_their_files_where_these_are_still_the
     assert main(["--summarize", str(path)]) == 0
     ratio = 2.0 / ((12.5 - 3.512) / 3)  # (34 - 4) / 15 against the log's three epochs
     assert f"| {ratio:.2f} (p80 {ratio:.2f}, {ratio:.2f}-{ratio:.2f}, n=1) |" in capsys.readouterr().out
+
+
+def _recorded(tmp_path, side: str, example: str = "har") -> dict:
+    """A recorded run of `side` whose files are under tmp_path/side (saturate's run in run/)."""
+    folder = tmp_path / side
+    (folder / "run").mkdir(parents=True, exist_ok=True)
+    log = folder / f"{side}.log"
+    if not log.exists():
+        log.write_text(REFERENCE_LOG if side == "reference" else "")
+    return _side(example, 1, side, 20, 4, 10) | {"log": str(log)}
+
+
+def test_at_another_value_both_sides_are_timed_from_their_own_evaluations(tmp_path, capsys):
+    """--at: the reference's time from its BENCH eval lines, saturate's from its TensorBoard
+    file (time/eval_at_s and the metric paired by step: the first value a step has, as the
+    run's own target reads it); a run whose files are gone has no time to it."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    sat, ref = _recorded(tmp_path, "saturate"), _recorded(tmp_path, "reference")
+    run = tmp_path / "saturate" / "run"
+    metrics = {"time/first_step_s": 4.0, "time/eval_at_s": 34.0, "progress/epoch": 3.0, "progress/step": 30}
+    metrics |= {"time/to_target_s": 24.0, "progress/target_step": 20.0, "test/acc": 0.9}
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    with SummaryWriter(str(run)) as writer:
+        for step, t, acc in ((10, 14.0, 0.5), (20, 24.0, 0.7), (30, 34.0, 0.8)):
+            writer.add_scalar("val/acc", acc, step)
+            writer.add_scalar("time/eval_at_s", t, step)
+        writer.add_scalar("val/acc", 0.1, 30)  # a second value at a step: not the evaluation's
+    got = reread(sat, at=0.75)
+    assert got["to_target_s"] == pytest.approx(34.0) and got["epochs_to_target"] == pytest.approx(3.0)
+    assert reread(sat, at=0.65)["to_target_s"] == pytest.approx(24.0)  # the run's own figure, recomputed
+    assert math.isnan(reread(sat, at=0.9)["to_target_s"]) and math.isnan(reread(sat, at=0.9)["epochs_to_target"])
+    assert reread(sat)["to_target_s"] == 24.0  # without --at: metrics.json's
+    assert reread(ref, at=0.6)["to_target_s"] == pytest.approx(9.25)  # the log's second evaluation (0.66)
+    assert reread(ref, at=0.5)["to_target_s"] == pytest.approx(9.25) and reread(ref, at=0.4)["to_target_s"] == 6.001
+    gone = sat | {"log": str(tmp_path / "elsewhere" / "saturate.log")}
+    assert math.isnan(reread(gone, at=0.75)["to_target_s"]) and reread(gone)["to_target_s"] == 10
+    (run / "metrics.json").rename(run / "kept.json")
+    assert math.isnan(reread(sat, at=0.75)["to_target_s"])
+    (run / "kept.json").rename(run / "metrics.json")
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(sat) + "\n" + json.dumps(ref) + "\n")
+    assert main(["--summarize", str(path), "--at", "0.75"]) == 0
+    out = capsys.readouterr().out
+    assert "har: to target is to val/acc >= 0.75 (its own: 0.65)" in out
+    assert "| har | 1 | saturate | 20.0 | 10.0 | 4.0 | 34.0 (1/1) |" in out
+    assert "| har | 1 | reference | 20.0 | 10.0 | 3.5 | - (0/1) |" in out  # the log's best is 0.66
+    with pytest.raises(SystemExit):
+        main(["--at", "0.75"])  # a run times the example's own target
+    assert "--at VALUE: only with --summarize FILE" in capsys.readouterr().err
+
+
+def test_at_the_runs_own_target_a_real_runs_evaluations_give_its_recorded_time(tmp_path):
+    """A saturate run's TensorBoard file, read back: the time and step at which it first met
+    its own target are what its metrics.json recorded."""
+    import saturate
+
+    sat = _recorded(tmp_path, "saturate")
+    run = tmp_path / "saturate" / "run"
+    overrides = [*TINY, "trainer.max_epochs=2", f"run_dir={run}", "target.metric=val/acc", "target.value=0.0"]
+    saturate.train(compose_config(overrides))
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["time/to_target_s"] > 0 and metrics["progress/target_step"] == 3  # the first evaluation
+    got = reread(sat, at=0.0)
+    assert got["to_target_s"] == pytest.approx(metrics["time/to_target_s"], rel=1e-6)  # float32 in the file
+    assert got["epochs_to_target"] == pytest.approx(1.0)
+    assert math.isnan(reread(sat, at=1.01)["to_target_s"])
 
 
 def test_with_seeds_pair_n_trains_both_sides_with_seed_n_and_without_each_keeps_its_own(tmp_path):
