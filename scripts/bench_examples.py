@@ -281,13 +281,11 @@ def reread(record: dict, at: float | None = None) -> dict:
     metric, from the run's own evaluations; a run whose files are gone has none."""
     log = Path(record.get("log", ""))
     spec = EXAMPLES.get(record.get("example"))
-    if spec is None:
-        return record
+    lost = {"to_target_s": math.nan, "epochs_to_target": math.nan} if at is not None else {}
+    if spec is None or not log.is_file():
+        return {**record, **lost}
     if at is not None:
         spec = dataclasses.replace(spec, value=at)
-    lost = {"to_target_s": math.nan, "epochs_to_target": math.nan} if at is not None else {}
-    if not log.is_file():
-        return {**record, **lost}
     if record.get("side") == "reference":
         return {**record, **parse_reference(log.read_text(errors="replace"), spec)}
     run_dir = log.parent / "run"
@@ -457,7 +455,10 @@ def main(argv: list[str] | None = None) -> int:
         summaries = summarize([reread(r, args.at) for r in records])
         if args.at is not None:
             for s in summaries:
-                spec = EXAMPLES[s.example]
+                spec = EXAMPLES.get(s.example)
+                if spec is None:
+                    print(f"{s.example}: not an example of this bench: no time to {args.at:g}")
+                    continue
                 sign = ">=" if spec.better == "max" else "<="
                 print(f"{s.example}: to target is to {spec.metric} {sign} {args.at:g} (its own: {spec.value:g})")
         print(table(summaries))

@@ -241,6 +241,11 @@ def test_at_another_value_both_sides_are_timed_from_their_own_evaluations(tmp_pa
     assert "har: to target is to val/acc >= 0.75 (its own: 0.65)" in out
     assert "| har | 1 | saturate | 20.0 | 10.0 | 4.0 | 34.0 (1/1) |" in out
     assert "| har | 1 | reference | 20.0 | 10.0 | 3.5 | - (0/1) |" in out  # the log's best is 0.66
+    other = _side("old_name", 1, "saturate", 20, 4, 10) | {"log": sat["log"]}  # an example since renamed
+    path.write_text(json.dumps(other) + "\n")
+    assert main(["--summarize", str(path), "--at", "0.75"]) == 0
+    assert "old_name: not an example of this bench: no time to 0.75" in capsys.readouterr().out
+    assert math.isnan(reread(other, at=0.75)["to_target_s"]) and reread(other)["to_target_s"] == 10
     with pytest.raises(SystemExit):
         main(["--at", "0.75"])  # a run times the example's own target
     assert "--at VALUE: only with --summarize FILE" in capsys.readouterr().err
