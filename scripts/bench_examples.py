@@ -193,7 +193,10 @@ def read_saturate(metrics: dict, spec: Example, evals: list[tuple[float, float, 
 def saturate_evals(run_dir: Path, metric: str) -> list[tuple[float, float, int]] | None:
     """Each evaluation of a saturate run as (seconds since the process started, `metric`,
     step) in step order, from its TensorBoard file: `time/eval_at_s` and the metric paired by
-    step (a step's first value of each). None without a file or either tag."""
+    step (a step's first value of each; a step without both is left out). The values are the
+    file's float32, as the run's own target compared them (0.9 is 0.8999999761...: an
+    accuracy of exactly 0.9 does not meet 0.9 here, while the reference's printed 0.9 does).
+    None without a file or either tag."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not any(run_dir.glob("events.out.tfevents.*")):
@@ -432,6 +435,22 @@ def table(summaries: list[Summary]) -> str:
 # ---------------------------------------------------------------- the command
 
 
+def summarize_file(path: Path, at: float | None) -> int:
+    """--summarize: the tables of a results file, its runs read again (reread); with `at`,
+    the time to that value, each example's metric named first."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    summaries = summarize([reread(r, at) for r in records])
+    for s in summaries if at is not None else ():
+        spec = EXAMPLES.get(s.example)
+        if spec is None:
+            print(f"{s.example}: not an example of this bench: no time to {at:g}")
+            continue
+        sign = ">=" if spec.better == "max" else "<="
+        print(f"{s.example}: to target is to {spec.metric} {sign} {at:g} (its own: {spec.value:g})")
+    print(table(summaries))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", default=",".join(EXAMPLES), help="comma-separated names")
@@ -451,18 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.at is not None and not args.summarize:
         parser.error("--at VALUE: only with --summarize FILE (a run times the example's own target)")
     if args.summarize:
-        records = [json.loads(line) for line in args.summarize.read_text().splitlines() if line.strip()]
-        summaries = summarize([reread(r, args.at) for r in records])
-        if args.at is not None:
-            for s in summaries:
-                spec = EXAMPLES.get(s.example)
-                if spec is None:
-                    print(f"{s.example}: not an example of this bench: no time to {args.at:g}")
-                    continue
-                sign = ">=" if spec.better == "max" else "<="
-                print(f"{s.example}: to target is to {spec.metric} {sign} {args.at:g} (its own: {spec.value:g})")
-        print(table(summaries))
-        return 0
+        return summarize_file(args.summarize, args.at)
     names = [n for n in args.examples.split(",") if n]
     unknown = [n for n in names if n not in EXAMPLES]
     if unknown:

@@ -222,6 +222,8 @@ def test_at_another_value_both_sides_are_timed_from_their_own_evaluations(tmp_pa
             writer.add_scalar("val/acc", acc, step)
             writer.add_scalar("time/eval_at_s", t, step)
         writer.add_scalar("val/acc", 0.1, 30)  # a second value at a step: not the evaluation's
+        writer.add_scalar("val/acc", 0.95, 35)  # a step without its time, and a time without its value:
+        writer.add_scalar("time/eval_at_s", 40.0, 40)  # paired by step, neither is an evaluation met at 40 s
     got = reread(sat, at=0.75)
     assert got["to_target_s"] == pytest.approx(34.0) and got["epochs_to_target"] == pytest.approx(3.0)
     assert reread(sat, at=0.65)["to_target_s"] == pytest.approx(24.0)  # the run's own figure, recomputed
@@ -234,6 +236,10 @@ def test_at_another_value_both_sides_are_timed_from_their_own_evaluations(tmp_pa
     (run / "metrics.json").rename(run / "kept.json")
     assert math.isnan(reread(sat, at=0.75)["to_target_s"])
     (run / "kept.json").rename(run / "metrics.json")
+    (events,) = run.glob("events.out.tfevents.*")
+    events.rename(tmp_path / events.name)  # metrics.json without its evaluations: none, not its own target's time
+    assert math.isnan(reread(sat, at=0.65)["to_target_s"]) and reread(sat)["to_target_s"] == 24.0
+    (tmp_path / events.name).rename(events)
     path = tmp_path / "results.jsonl"
     path.write_text(json.dumps(sat) + "\n" + json.dumps(ref) + "\n")
     assert main(["--summarize", str(path), "--at", "0.75"]) == 0
