@@ -389,7 +389,7 @@ def _s(x: float, digits: int = 1) -> str:
 
 
 def _span(key: str) -> str:
-    """startup/data_s: data; imports/torchmetrics_s: import torchmetrics (within interpreter_and_imports)."""
+    """startup/data_s: data; imports/torchmetrics_s: import torchmetrics (within the imports' span)."""
     if key.startswith(names.IMPORTS_PREFIX):
         return "import " + key.removeprefix(names.IMPORTS_PREFIX).removesuffix("_s")
     return key.removeprefix("startup/").removesuffix("_s")

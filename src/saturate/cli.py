@@ -26,7 +26,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from saturate.config.invocation import SCRIPT, Invocation, from_hydra
 from saturate.config.registration import register
 from saturate.errors import Problem, UserError, shown
-from saturate.started import import_timed, pause_collector, resume_collector
+from saturate.started import import_timed, pause_collector, reach, resume_collector
 
 log = logging.getLogger("saturate")
 _answering = False  # run() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
@@ -47,6 +47,7 @@ def run(main: Callable[[], object]) -> None:
     sys.argv[1:] = [shorthand(arg) for arg in sys.argv[1:]]
     if not {"-m", "--multirun"} & set(sys.argv[1:]):  # a multirun's parent may wait on a launcher for hours
         pause_collector()  # no collector passes over the start-up's imports (saturate.started): about 1 s
+    reach("main")  # from here to task(): Hydra's work, the start-up's "hydra" span
     try:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             main()
@@ -152,6 +153,7 @@ def task(cfg: DictConfig):
     for (saturate.scale.launch). In a single run a UserError leaves at once, as a SystemExit, so
     that Hydra adds nothing to its message; in a multirun it is raised as usual: the job is
     recorded as failed and the sweep goes on."""
+    reach("task")
     invocation = from_hydra()  # how this run was started, read once; passed down from here
     try:
         try:

@@ -38,8 +38,13 @@ FIRST_STEP_S = "time/first_step_s"  # the end of the first optimizer step
 EVAL_AT_S = "time/eval_at_s"  # each evaluation's end
 TO_TARGET_S = "time/to_target_s"  # the end of the evaluation that first met target.metric's target.value
 TO_TARGET_STEP = "progress/target_step"  # the step of that evaluation
-PROCESS_SPAN = "interpreter and imports"  # train.py's first start-up span (startup/interpreter_and_imports_s)
-IMPORTS_PREFIX = "imports/"  # imports/<module>_s: train.py's heavy dependencies, each timed within PROCESS_SPAN
+# train.py's first start-up spans: the interpreter to its call of the Hydra app, Hydra's work to the task (the config
+# composed twice, the run dir, logging), the imports to the run; one span where those points are not known
+INTERPRETER_SPAN, HYDRA_SPAN, IMPORTS_SPAN = "interpreter", "hydra", "imports"
+PROCESS_SPAN = "interpreter and imports"  # startup/interpreter_and_imports_s
+IMPORTS_PREFIX = (
+    "imports/"  # imports/<module>_s: heavy dependencies train.py timed, within IMPORTS_SPAN (or PROCESS_SPAN)
+)
 PEAK_MB = "memory/peak_mb"  # device (CUDA) or process (CPU) peak memory
 
 # -- resources, sampled in the background (the window's mean at log steps; *_mean over the run)

@@ -27,6 +27,9 @@ import time
 
 IMPORTED_AT = time.perf_counter()
 IMPORTS: dict[str, float] = {}  # seconds each heavy dependency took to import in this process (import_timed)
+# time.perf_counter() when this process first reached each point of train.py's way to a run: "main" (saturate.cli.run
+# calls the Hydra app) and "task" (Hydra calls saturate.cli.task); between them, Hydra's work (the start-up's "hydra")
+REACHED: dict[str, float] = {}
 
 _paused = False  # pause_collector turned the collector off; the start-up is not over
 
@@ -40,6 +43,11 @@ def import_timed(*modules: str) -> None:
         start = time.perf_counter()
         importlib.import_module(name)
         IMPORTS[name] = time.perf_counter() - start
+
+
+def reach(point: str) -> None:
+    """This process reached `point` ("main", "task"); the first time counts."""
+    REACHED.setdefault(point, time.perf_counter())
 
 
 def pause_collector() -> None:

@@ -115,22 +115,74 @@ def test_the_start_up_spans_add_up_to_the_first_step_and_the_report_names_them(t
     assert f"- start-up: {on_disk[names.FIRST_STEP_S]:.1f} s to the end of the first step" in report
 
 
+PROCESS_SPANS = ["startup/interpreter_s", "startup/hydra_s", "startup/imports_s"]
+
+
 @pytest.mark.slow
-def test_train_py_counts_the_interpreter_and_imports(tmp_path):
+def test_train_py_counts_the_interpreter_hydra_and_the_imports(tmp_path):
     args = ["trainer.max_epochs=1", "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}"]
     done = run_cli(*args, cwd=tmp_path, fresh=True)  # its own imports, timed
     assert done.returncode == 0, done.stderr[-2000:]
     on_disk = read_metrics(tmp_path / "run")
-    assert on_disk["startup/interpreter_and_imports_s"] > 0.1  # torch alone takes longer to import
+    assert set(PROCESS_SPANS) <= set(on_disk)
+    assert on_disk["startup/imports_s"] > 0.1  # torch alone takes longer to import
+    assert "startup/interpreter_and_imports_s" not in on_disk
     spans = sum(v for k, v in on_disk.items() if k.startswith("startup/"))
     assert spans == pytest.approx(on_disk[names.FIRST_STEP_S], rel=1e-6)
-    # the heavy dependencies task() imports, each timed (torch: imported before, by the registration of the config)
+    # the heavy dependencies task() imports, each timed, within the imports' span
     imports = {k: v for k, v in on_disk.items() if k.startswith(names.IMPORTS_PREFIX)}
-    assert {"imports/torch._dynamo_s", "imports/torchmetrics_s"} <= set(imports)
+    assert {"imports/torch_s", "imports/torch._dynamo_s", "imports/torchmetrics_s"} <= set(imports)
     assert all(v > 0 for v in imports.values())
-    assert sum(imports.values()) < on_disk["startup/interpreter_and_imports_s"]
-    report = (tmp_path / "run" / "report.md").read_text()
-    assert f"torchmetrics {imports['imports/torchmetrics_s']:.2f} s" in report
+    assert sum(imports.values()) < on_disk["startup/imports_s"]
+    said = f"interpreter {on_disk['startup/interpreter_s']:.2f} s, hydra {on_disk['startup/hydra_s']:.2f} s, "
+    said += f"imports {on_disk['startup/imports_s']:.2f} s (torch {imports['imports/torch_s']:.2f} s"
+    assert said in (tmp_path / "run" / "report.md").read_text()  # in the order they ran
+
+
+def test_train_py_names_hydras_share_of_the_start_up(tmp_path):
+    """Hydra's work between train.py's call and the task (the config composed twice, the run
+    dir, its logging) is a span of its own, between the interpreter's and the imports'."""
+    args = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.progress=false"]
+    done = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    on_disk = read_metrics(tmp_path / "run")
+    assert set(PROCESS_SPANS) <= set(on_disk) and "startup/interpreter_and_imports_s" not in on_disk
+    assert on_disk["startup/hydra_s"] > 0.05  # two compositions of conf/ take longer
+    assert all(on_disk[k] >= 0 for k in PROCESS_SPANS)
+    spans = sum(v for k, v in on_disk.items() if k.startswith("startup/"))
+    assert spans == pytest.approx(on_disk[names.FIRST_STEP_S], rel=1e-6)
+    line = next(x for x in (tmp_path / "run" / "report.md").read_text().splitlines() if x.startswith("- start-up:"))
+    assert line.index(f"hydra {on_disk['startup/hydra_s']:.2f} s") < line.index("imports ")  # in the order they ran
+
+
+def test_the_process_is_split_where_both_points_came_in_order_and_else_is_one_span(monkeypatch):
+    """A process that did not come through train.py's app (the user's own `@hydra.main` calling
+    saturate.train), or that was forked after those points were taken: one span, as before."""
+    import time
+
+    from saturate import started
+    from saturate.observe import timing
+
+    now = time.perf_counter()
+    cases = [
+        ({"main": now - 0.3, "task": now - 0.1}, [names.INTERPRETER_SPAN, names.HYDRA_SPAN, names.IMPORTS_SPAN]),
+        ({}, [names.PROCESS_SPAN]),
+        ({"main": now - 1.0}, [names.PROCESS_SPAN]),
+        ({"main": now - 0.1, "task": now - 0.3}, [names.PROCESS_SPAN]),  # out of order
+        ({"main": now + 5.0, "task": now + 6.0}, [names.PROCESS_SPAN]),  # after the run began
+    ]
+    for reached, expected in cases:
+        monkeypatch.setattr(timing.Startup, "runs", 0)
+        for point in ("main", "task"):
+            monkeypatch.delitem(started.REACHED, point, raising=False)
+        for point, at in reached.items():
+            monkeypatch.setitem(started.REACHED, point, at)
+        startup = timing.Startup(from_process=True)
+        assert list(startup.spans) == expected, reached
+        assert sum(startup.spans.values()) == pytest.approx(startup.last - startup.origin)
+        if len(expected) == 3:  # from train.py's call of its app to the task, and from there to the run
+            assert startup.spans[names.HYDRA_SPAN] == pytest.approx(0.2)
+            assert startup.spans[names.IMPORTS_SPAN] >= 0.1
 
 
 def test_a_process_that_began_as_a_shell_counts_from_saturates_import(monkeypatch):

@@ -411,3 +411,10 @@ def test_the_start_up_line_names_what_each_heavy_import_took_of_the_interpreters
     untimed = {k: v for k, v in timed.items() if not k.startswith("imports/")}  # saturate.fit: none timed
     text = render({**perf(0.01), **untimed}, diagnose(perf(0.01), facts()), steps=100)
     assert "interpreter and imports 2.74 s, data 0.27 s" in text
+    split = {k: v for k, v in timed.items() if k != "startup/interpreter_and_imports_s"}  # train.py's own process
+    split = {"startup/interpreter_s": 0.31, "startup/hydra_s": 0.62, "startup/imports_s": 1.81, **split}
+    text = render({**perf(0.01), **split}, diagnose(perf(0.01), facts()), steps=100)
+    assert (
+        "- start-up: 3.7 s to the end of the first step: interpreter 0.31 s, hydra 0.62 s, imports 1.81 s (torch "
+        "1.21 s, torch._dynamo 0.74 s, torchmetrics 0.98 s), data 0.27 s" in text
+    )

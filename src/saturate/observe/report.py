@@ -440,8 +440,8 @@ def _numerics_line(f: RunFacts | None) -> str | None:
 
 def _startup_line(perf: dict) -> str | None:
     """Where the time to the end of the first optimizer step went, the spans of 0.05 s and more
-    in the order they ran (saturate.observe.timing.Startup), the interpreter's and imports' with
-    what each heavy dependency took of it."""
+    in the order they ran (saturate.observe.timing.Startup), the imports' with what each heavy
+    dependency took of it."""
     total = perf.get(names.FIRST_STEP_S)
     if total is None:
         return None
@@ -453,7 +453,9 @@ def _startup_line(perf: dict) -> str | None:
     ]
     within = f" ({', '.join(f'{module} {v:.2f} s' for module, v in imports)})" if imports else ""
     said = ", ".join(
-        f"{name} {v:.2f} s" + (within if name == names.PROCESS_SPAN else "") for name, v in spans if v >= 0.05
+        f"{name} {v:.2f} s" + (within if name in (names.IMPORTS_SPAN, names.PROCESS_SPAN) else "")
+        for name, v in spans
+        if v >= 0.05
     )
     return f"- start-up: {total:.1f} s to the end of the first step" + (f": {said}" if said else "")
 

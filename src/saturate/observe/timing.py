@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from saturate import names
-from saturate.started import IMPORTED_AT, IMPORTS
+from saturate.started import IMPORTED_AT, IMPORTS, REACHED
 
 LAUNCH_RATIO = 1.1  # device time within this factor of the host's time to launch the same work: it kept pace
 
@@ -259,10 +259,22 @@ class Startup:
             self.origin = began if IMPORTED_AT - began < PROCESS_SLACK_S else IMPORTED_AT
         self.last = self.origin
         self.spans: dict[str, float] = {}
-        self.imports: dict[str, float] = {}  # within the first span: the heavy dependencies train.py timed
+        self.imports: dict[str, float] = {}  # within the imports' span: the heavy dependencies train.py timed
         if from_process:
-            self.mark(names.PROCESS_SPAN)
+            self._process_spans()
             self.imports = dict(IMPORTS)
+
+    def _process_spans(self) -> None:
+        """The process's own start-up: the interpreter to train.py's call of its app, Hydra's
+        work to the task, the imports to this run; one span where those points are not known
+        or not in order (the user's own app calling saturate.train; a process forked after them)."""
+        main, task, now = REACHED.get("main"), REACHED.get("task"), time.perf_counter()
+        if main is None or task is None or not self.origin <= main <= task <= now:
+            self.mark(names.PROCESS_SPAN)
+            return
+        for name, end in ((names.INTERPRETER_SPAN, main), (names.HYDRA_SPAN, task), (names.IMPORTS_SPAN, now)):
+            self.spans[name] = end - self.last
+            self.last = end
 
     def mark(self, name: str) -> None:
         now = time.perf_counter()
