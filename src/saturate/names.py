@@ -42,9 +42,7 @@ TO_TARGET_STEP = "progress/target_step"  # the step of that evaluation
 # composed twice, the run dir, logging), the imports to the run; one span where those points are not known
 INTERPRETER_SPAN, HYDRA_SPAN, IMPORTS_SPAN = "interpreter", "hydra", "imports"
 PROCESS_SPAN = "interpreter and imports"  # startup/interpreter_and_imports_s
-IMPORTS_PREFIX = (
-    "imports/"  # imports/<module>_s: heavy dependencies train.py timed, within IMPORTS_SPAN (or PROCESS_SPAN)
-)
+IMPORTS_PREFIX = "imports/"  # imports/<module>_s: what train.py timed of IMPORTS_SPAN (or PROCESS_SPAN)
 PEAK_MB = "memory/peak_mb"  # device (CUDA) or process (CPU) peak memory
 
 # -- resources, sampled in the background (the window's mean at log steps; *_mean over the run)
