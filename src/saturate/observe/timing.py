@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from saturate import names
-from saturate.started import IMPORTED_AT, IMPORTS, REACHED
+from saturate.started import IMPORTED_AT, IMPORTS, REACHED, process_age
 
 LAUNCH_RATIO = 1.1  # device time within this factor of the host's time to launch the same work: it kept pace
 
@@ -236,6 +236,14 @@ class RunClock:
 PROCESS_SLACK_S = 5.0  # the most a process's start may precede saturate's import and still count as its start
 
 
+def process_origin(began: float) -> float:
+    """Where a process's start-up is counted from, given when it began (perf_counter): there,
+    unless it began before saturate's import by more than the interpreter and Hydra take. Such
+    a process began as something else (a shell that exec'd python after pip install): from
+    the import."""
+    return began if IMPORTED_AT - began < PROCESS_SLACK_S else IMPORTED_AT
+
+
 class Startup:
     """Where the time from the command to the end of the first optimizer step went: spans
     marked in order as the run builds its parts (`mark(name)`: the time since the previous
@@ -251,12 +259,7 @@ class Startup:
         from_process = from_process and Startup.runs == 0
         Startup.runs += 1
         if from_process:
-            import psutil
-
-            began = now - max(0.0, time.time() - psutil.Process().create_time())
-            # a process older than saturate's import by more than the interpreter and Hydra take
-            # began as something else (a shell that exec'd python after pip install): from the import
-            self.origin = began if IMPORTED_AT - began < PROCESS_SLACK_S else IMPORTED_AT
+            self.origin = process_origin(now - process_age())
         self.last = self.origin
         self.spans: dict[str, float] = {}
         self.imports: dict[str, float] = {}  # within the imports' span: the heavy dependencies train.py timed
