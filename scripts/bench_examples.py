@@ -373,7 +373,7 @@ def summarize(records: list[dict]) -> list[Summary]:
             summary.sides[side] = {f: median([p[side].get(f, math.nan) for p in good]) for f in FIGURES}
             summary.sides[side]["reached"] = sum(not math.isnan(p[side]["to_target_s"]) for p in good)
         summary.ratio = {f: ratios(good, f) for f in RATIOS}
-        keys = sorted(  # the spans, then the imports timed within the first
+        keys = sorted(  # the spans (by name: metrics.json keeps no order), then the imports timed within them
             {k for p in good for k in p["saturate"].get("startup", {})},
             key=lambda k: (k.startswith(names.IMPORTS_PREFIX), k),
         )

@@ -40,6 +40,7 @@ TO_TARGET_S = "time/to_target_s"  # the end of the evaluation that first met tar
 TO_TARGET_STEP = "progress/target_step"  # the step of that evaluation
 # train.py's first start-up spans: the interpreter to its call of the Hydra app, Hydra's work to the task (the config
 # composed twice, the run dir, logging), the imports to the run; one span where those points are not known
+# (one tuple: bare words other modules use in their own sense, which the one-place check of names would flag)
 INTERPRETER_SPAN, HYDRA_SPAN, IMPORTS_SPAN = "interpreter", "hydra", "imports"
 PROCESS_SPAN = "interpreter and imports"  # startup/interpreter_and_imports_s
 IMPORTS_PREFIX = "imports/"  # imports/<module>_s: what train.py timed of IMPORTS_SPAN (or PROCESS_SPAN)

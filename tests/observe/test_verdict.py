@@ -400,7 +400,7 @@ def test_the_report_names_the_settings_that_change_the_numerics():
     ) in text
 
 
-def test_the_start_up_line_names_what_each_heavy_import_took_of_the_interpreters_span():
+def test_the_start_up_line_names_what_each_heavy_import_took_of_the_imports_span():
     timed = {"time/first_step_s": 3.7, "startup/interpreter_and_imports_s": 2.74, "startup/data_s": 0.27}
     timed |= {"imports/torch_s": 1.21, "imports/torch._dynamo_s": 0.74, "imports/torchmetrics_s": 0.98}
     text = render({**perf(0.01), **timed}, diagnose(perf(0.01), facts()), steps=100)

@@ -440,8 +440,8 @@ def _numerics_line(f: RunFacts | None) -> str | None:
 
 def _startup_line(perf: dict) -> str | None:
     """Where the time to the end of the first optimizer step went, the spans of 0.05 s and more
-    in the order they ran (saturate.observe.timing.Startup), the imports' with what each heavy
-    dependency took of it."""
+    in the order they ran (saturate.observe.timing.Startup), the imports' (or the one process
+    span's) with what each heavy dependency took of it."""
     total = perf.get(names.FIRST_STEP_S)
     if total is None:
         return None

@@ -287,7 +287,8 @@ class Startup:
     def metrics(self, first_step_at: float | None) -> dict[str, float]:
         """`startup/<span>_s` for each span, the first step (loader workers, the first batch, the
         step) as the last, `time/first_step_s`: all of it (none when no step ran), and
-        `imports/<module>_s`: what each heavy dependency took of the first span."""
+        `imports/<module>_s`: what each heavy dependency took of the imports' span (or of the
+        one process span)."""
         if first_step_at is None:
             return {}
         spans = {**self.spans, "first step": first_step_at - self.last}
