@@ -49,9 +49,9 @@ def import_timed(*modules: str) -> None:
 def process_age() -> float:
     """Seconds since this process began. On Linux from the kernel's own start time (clock
     ticks since boot, /proc/self/stat) against CLOCK_BOOTTIME: 10 ms resolution, as the bench's
-    references take theirs. Elsewhere from psutil's create_time, which on Linux counts from
-    /proc/stat's boot time in whole seconds: up to a second too early, the same for every
-    process until the machine restarts (0.26 s on the machine that found it)."""
+    references take theirs. Without /proc, from psutil's create_time. (On Linux psutil counts
+    from /proc/stat's boot time in whole seconds: up to a second too early, the same for every
+    process until the machine restarts; 0.26 s on the machine that found it.)"""
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
