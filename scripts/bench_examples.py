@@ -292,10 +292,8 @@ def reread(record: dict, at: float | None = None) -> dict:
     if record.get("side") == "reference":
         return {**record, **parse_reference(log.read_text(errors="replace"), spec)}
     run_dir = log.parent / "run"
-    if not (run_dir / "metrics.json").is_file():
-        return {**record, **lost}
     evals = saturate_evals(run_dir, spec.metric) if at is not None else None
-    if at is not None and evals is None:
+    if not (run_dir / "metrics.json").is_file() or (at is not None and evals is None):
         return {**record, **lost}
     return {**record, **read_saturate(json.loads((run_dir / "metrics.json").read_text()), spec, evals)}
 

@@ -171,7 +171,7 @@ def test_the_process_is_split_where_both_points_came_in_order_and_else_is_one_sp
         ({"main": now - 0.1, "task": now - 0.3}, [names.PROCESS_SPAN]),  # out of order
         ({"main": now + 5.0, "task": now + 6.0}, [names.PROCESS_SPAN]),  # after the run began
         ({"main": timing.process_origin(now - started.process_age()) - 1.0, "task": now - 0.1}, [names.PROCESS_SPAN]),
-    ]  # the last: before the process began (a process forked after train.py's call, as a DataLoader worker is)
+    ]  # the last: before the process began (a process forked after train.py's call)
     for reached, expected in cases:
         monkeypatch.setattr(timing.Startup, "runs", 0)
         for point in ("main", "task"):

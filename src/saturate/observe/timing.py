@@ -273,14 +273,14 @@ class Startup:
         or not in order (the user's own app calling saturate.train; a process forked after them)."""
         main, task, now = REACHED.get("main"), REACHED.get("task"), time.perf_counter()
         if main is None or task is None or not self.origin <= main <= task <= now:
-            self.mark(names.PROCESS_SPAN)
+            self.mark(names.PROCESS_SPAN, at=now)
             return
         for name, end in ((names.INTERPRETER_SPAN, main), (names.HYDRA_SPAN, task), (names.IMPORTS_SPAN, now)):
-            self.spans[name] = end - self.last
-            self.last = end
+            self.mark(name, at=end)
 
-    def mark(self, name: str) -> None:
-        now = time.perf_counter()
+    def mark(self, name: str, at: float | None = None) -> None:
+        """The span `name` ends now (or `at`, a perf_counter time already taken)."""
+        now = time.perf_counter() if at is None else at
         self.spans[name] = self.spans.get(name, 0.0) + now - self.last
         self.last = now
 
