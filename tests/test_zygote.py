@@ -94,6 +94,32 @@ def test_the_main_module_outlives_the_scripts_last_line(tmp_path, form):
     assert forked.returncode == fresh.returncode == 0
 
 
+ENDINGS = {
+    # the script's globals are finalized at its end: a file it left open is flushed and closed
+    "a-file-left-open": ("log = open('left-open.txt', 'w')\nlog.write('kept')\nprint('no newline', end='')", 0),
+    "an-exit-status": ("import sys\nprint('out')\nsys.exit(300)", 300 & 0xFF),
+    "an-exit-with-an-object": ("raise SystemExit(['not', 'a', 'number'])", 1),
+    # an uncaught Ctrl-C: Python prints it, then ends by SIGINT (-2 to subprocess)
+    "ctrl-c": ("import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\nraise KeyboardInterrupt", -2),
+}
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_a_command_ends_as_a_fresh_interpreter_ends(tmp_path, ending):
+    """The zygote's child skips the interpreter's teardown of its modules (tests/zygote.py's
+    `_child`): what a script sees of its ending is still a fresh interpreter's."""
+    code, status = ENDINGS[ending]
+    outputs = []
+    for fresh in (False, True):
+        (tmp_path / "left-open.txt").unlink(missing_ok=True)
+        done = python("-c", code, cwd=tmp_path, fresh=fresh)
+        left = tmp_path / "left-open.txt"
+        kept = left.read_text() if left.exists() else None
+        outputs.append((done.returncode, done.stdout, done.stderr.splitlines()[-1:], kept))
+    assert outputs[0] == outputs[1]
+    assert outputs[0][0] == status
+
+
 def test_a_missing_script_output_that_is_not_text_and_fresh_random_streams(tmp_path):
     missing = both(tmp_path / "absent.py", cwd=tmp_path)
     assert missing[0].returncode == missing[1].returncode == 2 and missing[0].stderr == missing[1].stderr
