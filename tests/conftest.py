@@ -95,19 +95,26 @@ def python(
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
+def popen(*argv, cwd: Path | str = ROOT, env: dict | None = None, stdout: int = subprocess.PIPE):
+    """`python ARGV` started as subprocess.Popen(..., stdout=PIPE, stderr=PIPE, text=True) would
+    start it, from the zygote where `python` would run it there (tests/zygote.py's Child: pid,
+    poll, wait, send_signal, kill, communicate, stdout and stderr)."""
+    env = {**os.environ, **(env or {})}
+    if ZYGOTE.enabled and not ZYGOTE.needs_fresh(argv, cwd, env):
+        return ZYGOTE.popen(argv, cwd=cwd, env=env, stdout=stdout)
+    command = [sys.executable, *map(str, argv)]
+    return subprocess.Popen(
+        command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE, text=True
+    )
+
+
 def stopped_after_first_save(args: list[str], run_dir: Path, cwd: Path) -> tuple[int, str]:
     """`python train.py ARGS hydra.run.dir=RUN_DIR`, sent SIGTERM once its first last.pt exists:
     (its exit status, its output: Hydra logs to stdout)."""
     import signal
     import time
 
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = popen(ROOT / "train.py", *args, f"hydra.run.dir={run_dir}", cwd=cwd)
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoints" / "last.pt").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

@@ -13,7 +13,7 @@ import torch
 from hydra.errors import CompactHydraException
 
 from saturate.cli import describe
-from tests.conftest import ROOT, TINY, compose_config, read_metrics, run_cli
+from tests.conftest import ROOT, TINY, compose_config, popen, read_metrics, run_cli
 
 
 def run_dirs(cwd):
@@ -41,11 +41,8 @@ def test_cli_run_leaves_the_contract_run_dir(tmp_path):
 
 
 def test_two_runs_started_together_get_their_own_dirs(tmp_path):
-    cmd = [sys.executable, str(ROOT / "train.py"), *TINY, "trainer.limit_train_batches=1", "name=my baseline/v1"]
-    procs = [
-        subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
+    cmd = [ROOT / "train.py", *TINY, "trainer.limit_train_batches=1", "name=my baseline/v1"]
+    procs = [popen(*cmd, cwd=tmp_path, stdout=subprocess.DEVNULL) for _ in range(2)]
     for p in procs:
         assert p.wait(timeout=240) == 0, p.stderr.read()
     dirs = run_dirs(tmp_path)

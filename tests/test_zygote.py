@@ -6,14 +6,16 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 
 import psutil
 import pytest
 
-from tests.conftest import ROOT, ZYGOTE, python
-from tests.zygote import Zygote
+from tests.conftest import ROOT, ZYGOTE, popen, python
+from tests.zygote import Child, Zygote
 
 PROBE = """
 import json, os, stat, sys
@@ -133,6 +135,47 @@ def test_a_missing_script_output_that_is_not_text_and_fresh_random_streams(tmp_p
     assert seeds[0] != seeds[1]  # each child draws its own, as each new interpreter does
 
 
+SIDE_BY_SIDE = """
+import os, sys, time
+mine, theirs = sys.argv[1:]
+open(mine, "w").close()
+deadline = time.monotonic() + 30
+while not os.path.exists(theirs):
+    assert time.monotonic() < deadline, "the other command did not run beside this one"
+    time.sleep(0.01)
+print("met")
+"""
+
+
+def test_commands_started_together_run_side_by_side(tmp_path):
+    """Each waits for a file that the other writes: served one at a time, neither would end."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    procs = [popen("-c", SIDE_BY_SIDE, a, b, cwd=tmp_path), popen("-c", SIDE_BY_SIDE, b, a, cwd=tmp_path)]
+    assert all(isinstance(p, Child) for p in procs)  # from the zygote
+    assert [p.communicate(timeout=60) for p in procs] == [("met\n", "")] * 2
+    assert [p.returncode for p in procs] == [0, 0]
+
+
+WAITS = "import sys, time\nprint('ready', flush=True)\nsys.stderr.write('on stderr\\n')\ntime.sleep(60)"
+
+
+def test_a_started_command_is_handled_as_popens_is(tmp_path):
+    """What the tests do with a command they started: read a line of it, poll it, wait on it
+    past a timeout, signal it, then read the rest and its status. The zygote's and Popen's."""
+    seen = []
+    for proc in (popen("-c", WAITS, cwd=tmp_path), subprocess.Popen([sys.executable, "-c", WAITS], **POPEN)):
+        line, running = proc.stdout.readline(), proc.poll()
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)
+        proc.send_signal(signal.SIGTERM)
+        seen.append((line, running, proc.communicate(timeout=30), proc.returncode))
+    assert isinstance(proc, subprocess.Popen)
+    assert seen[0] == seen[1] == ("ready\n", None, ("", "on stderr\n"), -signal.SIGTERM)
+
+
+POPEN = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+
+
 @pytest.fixture(scope="module")
 def light():
     """A zygote of this module's own that imports nothing heavy: the timeouts below restart the
@@ -162,7 +205,7 @@ def test_past_its_timeout_the_command_is_killed_with_its_children(tmp_path, fres
     while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the grandchild outlived the timeout"
         time.sleep(0.05)
-    if not fresh:  # the zygote serves on (a new one)
+    if not fresh:  # the zygote serves on
         assert run("-c", "print('after')").stdout == "after\n"
 
 

@@ -24,20 +24,24 @@ the zygote has imported (a fake pynvml: `Zygote.needs_fresh`), and so do the slo
 (`enabled`), whose end-to-end checks start every command as a user does.
 
 `python tests/zygote.py FD MODULE...` is the zygote: it imports the modules, then serves requests
-on the socket FD, one at a time, until the socket closes."""
+on the socket FD until the socket closes, each by a waiter forked for it, so that commands run
+side by side (`Zygote.popen`, as Popen's do)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 PRELOAD = (
     "torch",
@@ -62,25 +66,42 @@ GRACE_S = 5.0  # after a timeout's kill, how long the pipes may stay open (a pro
 
 
 def _serve(sock: socket.socket) -> None:
-    """The zygote's loop: a request is a JSON object (argv, cwd, env) and the three fds of the
-    child's stdin, stdout and stderr; the answers, a line each, are the child's pid and then its
-    exit status (a signal as its negative number, as subprocess reports it)."""
+    """The zygote's loop: a request is a JSON object (argv, cwd, env) and four fds: the child's
+    stdin, stdout and stderr, and a socket for its answers. Each is handed to a waiter forked
+    for it (`_wait_on`), and the zygote takes the next request at once: commands run side by
+    side, as Popen's do."""
     own_path = [p for p in sys.path[1:] if p not in _pythonpath(os.environ)]
     sock.send(json.dumps(sorted({name.partition(".")[0] for name in sys.modules})).encode() + b"\n")
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the waiters
     while True:
-        message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+        message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 4)
         if not message:
             return
-        request = json.loads(message)
-        pid = os.fork()
-        if pid == 0:
+        if os.fork() == 0:
             sock.close()
-            os._exit(_child(request, fds, own_path))
+            _wait_on(json.loads(message), fds, own_path)
         for fd in fds:
             os.close(fd)
-        sock.send(json.dumps({"pid": pid}).encode() + b"\n")
-        _, status = os.waitpid(pid, 0)
-        sock.send(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+
+
+def _wait_on(request: dict, fds: list[int], own_path: list[str]) -> NoReturn:
+    """The waiter: forks the command, and answers its pid, then its exit status (a signal as its
+    negative number, as subprocess reports it), a line each, on the request's socket."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its own child is its to wait for
+    *streams, answers = fds
+    pid = os.fork()
+    if pid == 0:
+        os.close(answers)
+        os._exit(_child(request, streams, own_path))
+    for fd in streams:
+        os.close(fd)
+    try:
+        with socket.socket(fileno=answers) as out:
+            out.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            _, status = os.waitpid(pid, 0)
+            out.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+    finally:  # the caller gone (a timeout) or not: never the zygote's own loop
+        os._exit(0)
 
 
 def _child(request: dict, fds: list[int], own_path: list[str]) -> int:
@@ -92,7 +113,6 @@ def _child(request: dict, fds: list[int], own_path: list[str]) -> int:
     have finalized is the script's globals and what its modules still hold: the first are
     cleared here; the slow tests, in fresh interpreters, keep the whole of it."""
     import atexit
-    import signal
 
     interrupted = False
     try:
@@ -197,8 +217,9 @@ def _pythonpath(env) -> list[str]:
 
 class Zygote:
     """The test process's side: `run(argv, cwd=, env=, timeout=)` as subprocess.run([python,
-    *argv], capture_output=True, text=True, ...) would return it. `env`: the environment the
-    zygote starts with (the test session's, before any test changes it)."""
+    *argv], capture_output=True, text=True, ...) would return it, and `popen(argv, cwd=, env=)`
+    as subprocess.Popen(..., stdout=PIPE, stderr=PIPE, text=True) would start it. `env`: the
+    environment the zygote starts with (the test session's, before any test changes it)."""
 
     def __init__(self, env: dict, preload: tuple[str, ...] = PRELOAD) -> None:
         self.enabled = True  # conftest's switch: False in the slow tests, which start fresh interpreters
@@ -218,29 +239,17 @@ class Zygote:
             env=self._env,
         )
         theirs.close()
-        self._sock, self._pending = ours, b""
-        self._loaded = set(self._answer(None))  # the zygote's imported modules, by top-level name
+        self._sock = ours
+        self._loaded = set(_Lines(ours).next(None))  # the zygote's imported modules, by top-level name
 
     def stop(self) -> None:
-        """After a request that went wrong between its send and its status: a new zygote next
-        time, so that no answer is read as another request's (and a light zygote's end)."""
+        """The zygote ended (the commands it started run on to their own end)."""
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
         if self._sock is not None:
             self._sock.close()
         self._sock = self._proc = None
-
-    def _answer(self, deadline: float | None) -> dict:
-        """The zygote's next line; TimeoutError past the deadline."""
-        while b"\n" not in self._pending:
-            self._sock.settimeout(None if deadline is None else max(0.01, deadline - time.monotonic()))
-            chunk = self._sock.recv(4096)
-            if not chunk:
-                raise RuntimeError("the zygote ended")
-            self._pending += chunk
-        line, _, self._pending = self._pending.partition(b"\n")
-        return json.loads(line)
 
     def _ensure(self) -> None:
         if self._sock is None or self._proc.poll() is not None:
@@ -261,43 +270,141 @@ class Zygote:
         names = {name.partition(".")[0] for folder in folders for name in os.listdir(folder)}
         return bool(names & self._loaded)
 
+    def _request(self, argv: list[str], cwd, env: dict, stdout: int) -> tuple[_Lines, int, int | None]:
+        """Sends a request: its answers' reader, and the read ends of its stdout (None: it goes
+        to /dev/null) and stderr."""
+        answers, theirs = socket.socketpair()
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        out_r, out_w = os.pipe() if stdout == subprocess.PIPE else (None, os.open(os.devnull, os.O_WRONLY))
+        err_r, err_w = os.pipe()
+        try:
+            with self._lock:
+                self._ensure()
+                request = json.dumps({"argv": argv, "cwd": str(cwd), "env": dict(env)}).encode()
+                socket.send_fds(self._sock, [request], [stdin, out_w, err_w, theirs.fileno()])
+        except BaseException:
+            answers.close()
+            for fd in (out_r, err_r):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        finally:
+            theirs.close()
+            for fd in (stdin, out_w, err_w):
+                os.close(fd)
+        return _Lines(answers), out_r, err_r
+
+    def popen(self, argv, *, cwd, env, stdout: int = subprocess.PIPE) -> Child:
+        argv = [str(a) for a in argv]
+        answers, out_r, err_r = self._request(argv, cwd, env, stdout)
+        return Child([sys.executable, *argv], answers, out_r, err_r)
+
     def run(self, argv, *, cwd, env, timeout: float | None = None) -> subprocess.CompletedProcess:
         argv = [str(a) for a in argv]
         command = [sys.executable, *argv]
-        with self._lock:
-            self._ensure()
-            stdin = os.open(os.devnull, os.O_RDONLY)
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
-            pid = None
+        answers, out_r, err_r = self._request(argv, cwd, env, subprocess.PIPE)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pid = None
+        try:
+            out = err = b""
             try:
-                request = {"argv": argv, "cwd": str(cwd), "env": dict(env)}
-                socket.send_fds(self._sock, [json.dumps(request).encode()], [stdin, out_w, err_w])
-                for fd in (stdin, out_w, err_w):
-                    os.close(fd)
-                stdin = out_w = err_w = None
-                deadline = None if timeout is None else time.monotonic() + timeout
-                out = err = b""
-                try:
-                    pid = self._answer(deadline)["pid"]
-                    out, err, late = _collect(out_r, err_r, pid, deadline)
-                    status = None if late else self._answer(deadline)["status"]
-                except TimeoutError:
-                    late = True
-                if late:
-                    said = out.decode(errors="replace"), err.decode(errors="replace")
-                    raise subprocess.TimeoutExpired(command, timeout, *said)
-            except BaseException:  # a timeout among them: its pid or status is still to come, never the next's
-                if pid is not None:
-                    kill_family(pid)
-                self.stop()
-                raise
-            finally:
-                for fd in (stdin, out_w, err_w):
-                    if fd is not None:
-                        os.close(fd)
+                pid = answers.next(deadline)["pid"]
+                out, err, late = _collect(out_r, err_r, pid, deadline)
+                status = None if late else answers.next(deadline)["status"]
+            except TimeoutError:
+                late = True
+            if late:
+                said = out.decode(errors="replace"), err.decode(errors="replace")
+                raise subprocess.TimeoutExpired(command, timeout, *said)
+        except BaseException:  # a timeout among them: the command is not left running
+            if pid is None:  # its pid still to come
+                with contextlib.suppress(Exception):
+                    pid = answers.next(time.monotonic() + GRACE_S)["pid"]
+            if pid is not None:
+                kill_family(pid)
+            raise
+        finally:
+            answers.close()
         # decoded as subprocess.run(text=True) does: strictly, so that output which is not text is an error
         return subprocess.CompletedProcess(command, status, out.decode(), err.decode())
+
+
+class _Lines:
+    """JSON lines read from a socket; TimeoutError past a deadline."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self._pending = sock, b""
+
+    def next(self, deadline: float | None) -> dict | list:
+        while b"\n" not in self._pending:
+            self.sock.settimeout(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            try:
+                chunk = self.sock.recv(4096)
+            except BlockingIOError:
+                raise TimeoutError from None
+            if not chunk:
+                raise RuntimeError("the zygote ended")
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Child:
+    """A command started by the zygote: what the tests use of subprocess.Popen(text=True),
+    `stdout` and `stderr` as text streams (stdout None where it went to /dev/null)."""
+
+    def __init__(self, args: list[str], answers: _Lines, out_r: int | None, err_r: int) -> None:
+        self.args, self.returncode, self._answers = args, None, answers
+        self.pid = answers.next(time.monotonic() + 60)["pid"]
+        self.stdout = None if out_r is None else open(out_r, encoding="utf-8")  # noqa: SIM115 (closed by communicate)
+        self.stderr = open(err_r, encoding="utf-8")  # noqa: SIM115
+
+    def poll(self) -> int | None:
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            try:
+                self.returncode = self._answers.next(None if timeout is None else time.monotonic() + timeout)["status"]
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+            self._answers.close()
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:  # as Popen: never a signal to a pid that another process may have by now
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str]:
+        """Both streams read to their end, then the exit status; TimeoutExpired past `timeout`
+        (the command left running, as Popen leaves it)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        said: dict = {}
+        readers = [
+            threading.Thread(target=lambda name=name, f=f: said.setdefault(name, f.read()), daemon=True)
+            for name, f in (("out", self.stdout), ("err", self.stderr))
+            if f is not None
+        ]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        for f in (self.stdout, self.stderr):
+            if f is not None:
+                f.close()
+        return said.get("out"), said["err"]
 
 
 def _collect(out_r: int, err_r: int, pid: int, deadline: float | None) -> tuple[bytes, bytes, bool]:

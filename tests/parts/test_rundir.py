@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from hydra.errors import CompactHydraException
 
 import saturate
 from saturate.parts.rundir import RunDirTaken
-from tests.conftest import ROOT, TINY, read_metrics, run_cli
+from tests.conftest import ROOT, TINY, popen, read_metrics, run_cli
 
 
 def finished(make_cfg):
@@ -90,13 +89,7 @@ def test_the_cli_refuses_in_one_line(tmp_path):
 def test_a_second_run_into_a_dir_in_use_is_refused(make_cfg, tmp_path):
     run_dir = tmp_path / "busy"
     args = [*TINY, "trainer.max_epochs=1000", "trainer.limit_train_batches=-1", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = popen(ROOT / "train.py", *args, cwd=tmp_path, stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
         while not (run_dir / "checkpoints" / "last.pt").exists():  # training, lock held
