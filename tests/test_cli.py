@@ -89,7 +89,7 @@ def test_a_bad_value_is_answered_before_torch_is_imported(tmp_path):
     result = run_cli("loader.batch_size=-1", "model._target_=nowhere.Model", cwd=tmp_path, env=env, fresh=True)
     assert_clean_failure(result, "error: invalid config (1 problem)", "loader.batch_size=-1: expected an integer >= 1")
     assert "nowhere.Model" not in result.stderr  # the targets' turn comes with the values right
-    right = run_cli("model._target_=nowhere.Model", cwd=tmp_path, fresh=True)
+    right = run_cli("model._target_=nowhere.Model", cwd=tmp_path)  # torch importable: the zygote's child
     assert_clean_failure(right, "model._target_='nowhere.Model': expected an importable class or function")
 
 

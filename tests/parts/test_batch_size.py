@@ -275,8 +275,9 @@ def test_micro_batches_never_outnumber_the_samples(make_cfg, monkeypatch):
 
 
 def test_a_short_last_batch_is_not_split_into_empty_pieces(make_cfg):
-    """trainer.accumulate=8 and a last batch of 5 (1,437 digits, batch 8, drop_last=false)."""
+    """trainer.accumulate=8 and a last batch of 7 (71 digits, the rest held out; batch 8, drop_last=false)."""
     cfg = make_cfg(
+        "data.val_fraction=0.96",
         "loader.batch_size=8",
         "trainer.accumulate=8",
         "loader.drop_last=false",
@@ -284,7 +285,7 @@ def test_a_short_last_batch_is_not_split_into_empty_pieces(make_cfg):
         "trainer.max_steps=-1",
     )
     metrics = saturate.train(cfg)
-    assert metrics["progress/step"] == 180 and metrics["train/nonfinite_steps"] == 0  # 179 batches of 8 and one of 5
+    assert metrics["progress/step"] == 9 and metrics["train/nonfinite_steps"] == 0  # 8 batches of 8 and one of 7
 
 
 def test_cublas_and_cudnn_allocation_failures_are_out_of_memory():

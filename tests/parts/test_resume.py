@@ -17,7 +17,7 @@ import saturate
 from saturate.loop.faults import Preempted
 from saturate.parts import checkpoint
 from tests.compose.test_run import events
-from tests.conftest import read_metrics, run_cli, stopped_after_first_save
+from tests.conftest import popen, read_metrics, run_cli, stopped_after_first_save
 
 # digits, 11 steps per epoch, every step's loss logged; a narrow small_cnn (width 8): what a resume restores is the
 # same, its arithmetic a sixteenth
@@ -206,7 +206,7 @@ for step in range(1, 10_000):
 
 
 def test_sigkill_during_a_save_never_leaves_a_partial_checkpoint(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", SAVER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    proc = popen("-c", SAVER, tmp_path)
     saved = int(proc.stdout.readline())  # one complete save
     time.sleep(0.15)  # somewhere inside a later one
     proc.send_signal(signal.SIGKILL)
