@@ -101,8 +101,16 @@ ENDINGS = {
     "a-file-left-open": ("log = open('left-open.txt', 'w')\nlog.write('kept')\nprint('no newline', end='')", 0),
     "an-exit-status": ("import sys\nprint('out')\nsys.exit(300)", 300 & 0xFF),
     "an-exit-with-an-object": ("raise SystemExit(['not', 'a', 'number'])", 1),
-    # an uncaught Ctrl-C: Python prints it, then ends by SIGINT (-2 to subprocess)
+    # an uncaught Ctrl-C: Python prints it, then ends by SIGINT (-2 to subprocess); a subclass of it does not
     "ctrl-c": ("import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\nraise KeyboardInterrupt", -2),
+    "a-subclass-of-ctrl-c": ("class Stop(KeyboardInterrupt):\n    pass\nraise Stop", 1),
+    "an-exit-status-past-a-c-long": ("raise SystemExit(2**70)", 255),
+    # finalizers of the script's objects still see its globals
+    "a-finalizer-that-reads-a-global": (
+        "import os\nclass Late:\n    def __del__(self):\n        print('finalized:', os.sep)\nkeep = Late()",
+        0,
+    ),
+    "stdout-closed-by-the-script": ("import sys\nprint('before')\nsys.stdout.close()", 0),
 }
 
 
@@ -174,6 +182,21 @@ def test_a_started_command_is_handled_as_popens_is(tmp_path):
 
 
 POPEN = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+
+
+def test_communicate_after_a_timeout_gives_the_whole_output(tmp_path):
+    """Popen's idiom: communicate past a timeout, then again (after a kill, or to wait more)."""
+    code = "import time\nprint('early', flush=True)\ntime.sleep(0.5)\nprint('late')"
+    seen = []
+    for start in (
+        lambda: popen("-c", code, cwd=tmp_path),
+        lambda: subprocess.Popen([sys.executable, "-c", code], **POPEN),
+    ):
+        proc = start()  # one after the other: the second must not have ended while the first was read
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.communicate(timeout=0.05)
+        seen.append((proc.communicate(timeout=30), proc.returncode))
+    assert seen[0] == seen[1] == (("early\nlate\n", ""), 0)
 
 
 @pytest.fixture(scope="module")

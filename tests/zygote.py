@@ -10,8 +10,9 @@ script runs as `__main__`, and whatever ends it (a SystemExit with a message, an
 traceback, Ctrl-C, a normal end) ends the process as Python's exit does: the message or
 traceback printed, its threads joined, its atexit handlers run, its globals finalized, its
 streams flushed, the same status. Python's teardown of every module after that is skipped
-(`_child`): in a forked child it costs more than the rest of a short command. Past its
-timeout it is killed with every process under it. Nothing of saturate is imported before the
+(`_child`): in a forked child it costs more than the rest of a short command, and what the
+other modules still hold at exit is not finalized. Past its timeout it is killed with every
+process under it. Nothing of saturate is imported before the
 fork, and the zygote runs no tensor operation (no thread pool exists to fork).
 
 Each child draws its own random streams (torch's, NumPy's and Python's are reseeded after the
@@ -92,7 +93,13 @@ def _wait_on(request: dict, fds: list[int], own_path: list[str]) -> NoReturn:
     pid = os.fork()
     if pid == 0:
         os.close(answers)
-        os._exit(_child(request, streams, own_path))
+        status = 1
+        try:
+            status = _child(request, streams, own_path)
+        finally:  # whatever escapes: never Python's teardown, nor the zygote's loop
+            os._exit(status)
+    for signum in (signal.SIGINT, signal.SIGTERM):  # a Ctrl-C to the test session reaches the command, not this
+        signal.signal(signum, signal.SIG_IGN)
     for fd in streams:
         os.close(fd)
     try:
@@ -105,14 +112,16 @@ def _wait_on(request: dict, fds: list[int], own_path: list[str]) -> NoReturn:
 
 
 def _child(request: dict, fds: list[int], own_path: list[str]) -> int:
-    """In the forked child: the script run, then what Python does before it tears its modules
-    down (the uncaught exception or SystemExit's message printed, threads joined, atexit
-    handlers run, the standard streams flushed); the exit status is returned for os._exit.
-    The teardown itself is skipped: in a child of the zygote it copies every page the imports
-    built (0.6 s of CPU a command here, against 0.06 s for the rest of a `pass`). What it would
-    have finalized is the script's globals and what its modules still hold: the first are
-    cleared here; the slow tests, in fresh interpreters, keep the whole of it."""
+    """In the forked child: the script run, then what Python 3.11 does at exit before it tears
+    its modules down: the uncaught exception or SystemExit's message printed, the threads joined,
+    the atexit handlers run, `__main__` dropped and the garbage collected (the script's globals
+    finalized, their finalizers still seeing them), the standard streams flushed; the exit
+    status is returned for os._exit. The teardown itself is skipped: in a child of the zygote it
+    copies every page the imports built (0.6 s of CPU a command here, against 0.06 s for the rest
+    of a `pass`). So what other modules still hold at exit is not finalized (a file kept open on
+    a module is not flushed); the slow tests, in fresh interpreters, keep the whole of it."""
     import atexit
+    import weakref
 
     interrupted = False
     try:
@@ -121,16 +130,26 @@ def _child(request: dict, fds: list[int], own_path: list[str]) -> int:
     except SystemExit as e:  # as Python's own handling: None is 0, an int itself, anything else printed and 1
         status = _exit_status(e.code)
     except BaseException as e:
-        interrupted = isinstance(e, KeyboardInterrupt)
+        interrupted = type(e) is KeyboardInterrupt  # Python ends by SIGINT for that class only, not a subclass
         sys.excepthook(type(e), e, e.__traceback__)
         status = 1
-    threading._shutdown()  # Python's exit joins the threads that are not daemons
+    try:
+        threading._shutdown()  # Python's exit joins the threads that are not daemons
+    except BaseException as e:  # a Ctrl-C while it waits: Python reports it and goes on
+        _unraisable(e, threading)
     atexit._run_exitfuncs()
-    sys.modules["__main__"].__dict__.clear()
+    main = weakref.ref(sys.modules.pop("__main__"))
+    gc.collect()  # quick here: what the zygote built before the fork is frozen, out of the collector's reach
+    if main() is not None:
+        main().__dict__.clear()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None or getattr(stream, "closed", False):
+            continue  # Python flushes only a stream that is there and open
         try:
             stream.flush()
-        except (OSError, ValueError):
+        except Exception as e:
+            if stream is sys.stdout:
+                _unraisable(e, stream)
             status = 120  # Python's status when it cannot flush them at exit
     if interrupted:  # an uncaught Ctrl-C ends Python by SIGINT itself, as a shell expects
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -139,12 +158,26 @@ def _child(request: dict, fds: list[int], own_path: list[str]) -> int:
     return status
 
 
+def _unraisable(e: BaseException, where: object) -> None:
+    """What Python prints for an error it can only report ("Exception ignored in: ...")."""
+    import traceback
+
+    if sys.stderr is not None and not sys.stderr.closed:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"Exception ignored in: {where!r}\n{''.join(traceback.format_exception(e))}")
+            sys.stderr.flush()
+
+
 def _exit_status(code) -> int:
+    """SystemExit's code as Python's exit status: None 0, an int (a bool too) its low byte (-1's,
+    255, where it does not fit in a C long), anything else printed on stderr and 1."""
     if code is None:
         return 0
     if isinstance(code, int):
-        return code & 0xFF
-    sys.stderr.write(f"{code}\n")
+        return (code if -(2**63) <= code < 2**63 else -1) & 0xFF
+    if sys.stderr is not None:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"{code}\n")
     return 1
 
 
@@ -304,12 +337,13 @@ class Zygote:
         command = [sys.executable, *argv]
         answers, out_r, err_r = self._request(argv, cwd, env, subprocess.PIPE)
         deadline = None if timeout is None else time.monotonic() + timeout
-        pid = None
+        pid = pipes = None
         try:
             out = err = b""
             try:
                 pid = answers.next(deadline)["pid"]
-                out, err, late = _collect(out_r, err_r, pid, deadline)
+                pipes = _collect(out_r, err_r, pid, deadline)  # closes the read ends
+                out, err, late = pipes
                 status = None if late else answers.next(deadline)["status"]
             except TimeoutError:
                 late = True
@@ -322,6 +356,9 @@ class Zygote:
                     pid = answers.next(time.monotonic() + GRACE_S)["pid"]
             if pid is not None:
                 kill_family(pid)
+            if pipes is None:
+                for fd in (out_r, err_r):
+                    os.close(fd)
             raise
         finally:
             answers.close()
@@ -358,7 +395,16 @@ class Child:
 
     def __init__(self, args: list[str], answers: _Lines, out_r: int | None, err_r: int) -> None:
         self.args, self.returncode, self._answers = args, None, answers
-        self.pid = answers.next(time.monotonic() + 60)["pid"]
+        self._readers: list[threading.Thread] = []
+        self._said: dict[str, str] = {}
+        try:
+            self.pid = answers.next(time.monotonic() + 60)["pid"]
+        except BaseException:
+            answers.close()
+            for fd in (out_r, err_r):
+                if fd is not None:
+                    os.close(fd)
+            raise
         self.stdout = None if out_r is None else open(out_r, encoding="utf-8")  # noqa: SIM115 (closed by communicate)
         self.stderr = open(err_r, encoding="utf-8")  # noqa: SIM115
 
@@ -388,15 +434,15 @@ class Child:
         """Both streams read to their end, then the exit status; TimeoutExpired past `timeout`
         (the command left running, as Popen leaves it)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        said: dict = {}
-        readers = [
-            threading.Thread(target=lambda name=name, f=f: said.setdefault(name, f.read()), daemon=True)
-            for name, f in (("out", self.stdout), ("err", self.stderr))
-            if f is not None
-        ]
-        for reader in readers:
-            reader.start()
-        for reader in readers:
+        if not self._readers:  # a call after a timeout joins the same readers, as Popen's does
+            self._readers = [
+                threading.Thread(target=lambda name=name, f=f: self._said.setdefault(name, f.read()), daemon=True)
+                for name, f in (("out", self.stdout), ("err", self.stderr))
+                if f is not None
+            ]
+            for reader in self._readers:
+                reader.start()
+        for reader in self._readers:
             reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if reader.is_alive():
                 raise subprocess.TimeoutExpired(self.args, timeout)
@@ -404,7 +450,7 @@ class Child:
         for f in (self.stdout, self.stderr):
             if f is not None:
                 f.close()
-        return said.get("out"), said["err"]
+        return self._said.get("out"), self._said["err"]
 
 
 def _collect(out_r: int, err_r: int, pid: int, deadline: float | None) -> tuple[bytes, bytes, bool]:
