@@ -12,8 +12,8 @@ traceback printed, its threads joined, its atexit handlers run, its globals fina
 streams flushed, the same status. Python's teardown of every module after that is skipped
 (`_child`): in a forked child it costs more than the rest of a short command, and what the
 other modules still hold at exit is not finalized. Past its timeout it is killed with every
-process under it. Nothing of saturate is imported before the
-fork, and the zygote runs no tensor operation (no thread pool exists to fork).
+process under it. Nothing of saturate is imported before the fork, and the zygote runs no
+tensor operation (no thread pool exists to fork).
 
 Each child draws its own random streams (torch's, NumPy's and Python's are reseeded after the
 fork; the hash seed, fixed at the zygote's start, is shared). What it cannot be is a process
@@ -303,7 +303,7 @@ class Zygote:
         names = {name.partition(".")[0] for folder in folders for name in os.listdir(folder)}
         return bool(names & self._loaded)
 
-    def _request(self, argv: list[str], cwd, env: dict, stdout: int) -> tuple[_Lines, int, int | None]:
+    def _request(self, argv: list[str], cwd, env: dict, stdout: int) -> tuple[_Lines, int | None, int]:
         """Sends a request: its answers' reader, and the read ends of its stdout (None: it goes
         to /dev/null) and stderr."""
         answers, theirs = socket.socketpair()
