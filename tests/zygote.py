@@ -317,9 +317,7 @@ class Zygote:
                 socket.send_fds(self._sock, [request], [stdin, out_w, err_w, theirs.fileno()])
         except BaseException:
             answers.close()
-            for fd in (out_r, err_r):
-                if fd is not None:
-                    os.close(fd)
+            _close(out_r, err_r)
             raise
         finally:
             theirs.close()
@@ -357,8 +355,7 @@ class Zygote:
             if pid is not None:
                 kill_family(pid)
             if pipes is None:
-                for fd in (out_r, err_r):
-                    os.close(fd)
+                _close(out_r, err_r)
             raise
         finally:
             answers.close()
@@ -401,9 +398,7 @@ class Child:
             self.pid = answers.next(time.monotonic() + 60)["pid"]
         except BaseException:
             answers.close()
-            for fd in (out_r, err_r):
-                if fd is not None:
-                    os.close(fd)
+            _close(out_r, err_r)
             raise
         self.stdout = None if out_r is None else open(out_r, encoding="utf-8")  # noqa: SIM115 (closed by communicate)
         self.stderr = open(err_r, encoding="utf-8")  # noqa: SIM115
@@ -477,6 +472,13 @@ def _collect(out_r: int, err_r: int, pid: int, deadline: float | None) -> tuple[
         os.close(out_r)
         os.close(err_r)
     return b"".join(chunks[out_r]), b"".join(chunks[err_r]), late
+
+
+def _close(*fds: int | None) -> None:
+    """The read ends of a command's pipes that were not handed on (None: it had none)."""
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
 
 
 def kill_family(pid: int) -> None:
