@@ -1,30 +1,36 @@
-"""This process's start: when it first imported saturate, what its heaviest imports took, and
-Python's garbage collector over a run's start-up.
+"""This process's start: when it first imported saturate, what its heaviest imports took (and
+torchmetrics' import without the scipy.signal it loads for nothing: `scipy_signal_stood_in`),
+and Python's garbage collector over a run's start-up.
 
 `IMPORTED_AT` (time.perf_counter()): where a run's start-up is counted from when the process's
 own start says nothing (a shell that ran `pip install ... && python train.py` and exec'd python
 keeps its own start time, minutes earlier).
 
-The collector: importing torch, torch._dynamo, torchmetrics (with scipy and matplotlib), Hydra
-and the rest allocates some 700k objects that live as long as the process, and the collector
-walks the growing heap again and again while they load (about a second of a 2-core CPU's
-start-up; docs/benchmarks.md). In train.py's process (a single run: cli.run) the collector is
-off from the command to the end of those imports (`pause_collector`), which then freezes
-everything alive and turns it back on (`resume_collector(freeze=True)`, in cli.task): its later
-passes skip the frozen objects (so does the one at exit; in DataLoader workers forked after it,
-they no longer touch those pages: gc.freeze's documented use, not measured here). Nothing the
-run builds is frozen: the data, the model and DDP's reducer are freed as before. What the
-imports left as garbage in reference cycles (some 30k small objects, 10-15 MB, no tensors:
-measured on the examples) is frozen with the rest and never freed: collecting it first would
-cost one pass over the whole heap (0.4-0.65 s on a 2-core CPU). A collector the user turned off
-stays off; saturate.fit and train() called from Python leave it alone.
+The collector: importing torch, torch._dynamo, torchmetrics (with matplotlib when installed),
+Hydra and the rest allocates some 700k objects (measured with scipy.signal among them) that live
+as long as the process, and the collector walks the growing heap again and again while they load
+(about a second of a 2-core CPU's start-up; docs/benchmarks.md). In train.py's process (a single
+run: cli.run) the collector is off from the command to the end of those imports
+(`pause_collector`), which then freezes everything alive and turns it back on
+(`resume_collector(freeze=True)`, in cli.task): its later passes skip the frozen objects (so
+does the one at exit; in DataLoader workers forked after it, they no longer touch those pages:
+gc.freeze's documented use, not measured here). Nothing the run builds is frozen: the data, the
+model and DDP's reducer are freed as before. What the imports left as garbage in reference
+cycles (some 30k small objects, 10-15 MB, no tensors: measured on the examples) is frozen with
+the rest and never freed: collecting it first would cost one pass over the whole heap (0.4-0.65
+s on a 2-core CPU). A collector the user turned off stays off; saturate.fit and train() called
+from Python leave it alone.
 """
 
+import contextlib
 import gc
 import importlib
+import importlib.util
 import os
 import sys
 import time
+import types
+from collections.abc import Iterator
 
 IMPORTED_AT = time.perf_counter()
 IMPORTS: dict[str, float] = {}  # seconds each heavy dependency took to import in this process (import_timed)
@@ -37,13 +43,54 @@ _paused = False  # pause_collector turned the collector off; the start-up is not
 
 def import_timed(*modules: str) -> None:
     """Import each module in turn, timing those not imported yet (IMPORTS): the start-up's
-    report names the dependencies that took the longest."""
+    report names the dependencies that took the longest. torchmetrics is imported without
+    scipy.signal (scipy_signal_stood_in)."""
     for name in modules:
         if name in sys.modules:
             continue
         start = time.perf_counter()
-        importlib.import_module(name)
+        with scipy_signal_stood_in() if name == "torchmetrics" else contextlib.nullcontext():
+            importlib.import_module(name)
         IMPORTS[name] = time.perf_counter() - start
+
+
+class _SignalStandIn(types.ModuleType):
+    """What `scipy.signal` is while torchmetrics imports: `hamming` is there (the one thing its
+    shim asks, with hasattr); any other attribute imports the real module and is read from it."""
+
+    def __getattr__(self, name: str):
+        if name == "hamming":
+            return lambda *args, **kwargs: self.__getattr__("windows").hamming(*args, **kwargs)
+        if sys.modules.get("scipy.signal") is self:
+            del sys.modules["scipy.signal"]
+        return getattr(importlib.import_module("scipy.signal"), name)
+
+
+@contextlib.contextmanager
+def scipy_signal_stood_in() -> Iterator[None]:
+    """A stand-in for `scipy.signal` while the block imports, when scipy is there and
+    scipy.signal not imported yet; afterwards the stand-in is gone and a later import gets the
+    real module.
+
+    torchmetrics (up to 1.9.0 at least) imports scipy.signal in three `__init__`s for one line
+    that patches `scipy.signal.hamming` back in for SRMRpy, a package it never imports
+    (Lightning-AI/torchmetrics#3457, #3459): about 1.1 s of a 2-core CPU's start-up, scipy.stats
+    and scipy.interpolate with it, half of what the start-up imports beyond torch. Neither
+    saturate nor torchmetrics' metrics use it. What changes: scipy.signal.hamming is not
+    put back for SRMRpy's callers (scipy removed it in 1.13)."""
+    if "scipy.signal" in sys.modules or importlib.util.find_spec("scipy") is None:
+        yield
+        return
+    stand_in = _SignalStandIn("scipy.signal")
+    sys.modules["scipy.signal"] = stand_in
+    try:
+        yield
+    finally:
+        if sys.modules.get("scipy.signal") is stand_in:
+            del sys.modules["scipy.signal"]
+        scipy = sys.modules.get("scipy")
+        if scipy is not None and vars(scipy).get("signal") is stand_in:
+            del scipy.signal
 
 
 def process_age() -> float:
