@@ -27,9 +27,11 @@ def test_torchmetrics_is_imported_without_scipy_signal_and_scipy_signal_is_real_
     seen = in_fresh_python(
         """
         import json, sys
-        from saturate.started import IMPORTS, import_timed
+        import gc
+        from saturate.started import IMPORTS, _SignalStandIn, import_timed
         import_timed("torch", "torchmetrics")
         deferred = "scipy.signal" not in sys.modules
+        left = [o for o in gc.get_objects() if isinstance(o, _SignalStandIn)]
         import torch
         from torchmetrics import MeanSquaredError
         mse = MeanSquaredError()
@@ -37,14 +39,15 @@ def test_torchmetrics_is_imported_without_scipy_signal_and_scipy_signal_is_real_
         import scipy.signal
         from scipy.signal import windows
         print(json.dumps({
-            "deferred": deferred, "timed": "torchmetrics" in IMPORTS, "mse": float(mse.compute()),
+            "deferred": deferred, "left": len(left), "timed": "torchmetrics" in IMPORTS, "mse": float(mse.compute()),
             "real": hasattr(scipy.signal, "__file__") and scipy.signal is sys.modules["scipy.signal"],
             "hamming": windows.hamming(3).tolist(), "attribute": sys.modules["scipy"].signal is scipy.signal,
         }))
         """,
         tmp_path,
     )
-    assert seen["deferred"] and seen["timed"]  # torchmetrics' import did not load scipy.signal
+    assert seen["deferred"] and seen["timed"]  # torchmetrics' import did not load scipy.signal, and left nothing there
+    assert seen["left"] == 0  # nor anywhere else
     assert seen["mse"] == pytest.approx(2.5)
     assert seen["real"] and seen["attribute"]  # imported after it, the module is the real one
     assert seen["hamming"] == pytest.approx([0.08, 1.0, 0.08])
@@ -59,17 +62,21 @@ def test_an_import_that_uses_scipy_signal_gets_the_real_one_through_the_stand_in
         """
         import json, sys
         from saturate.started import scipy_signal_stood_in
+        import inspect
         with scipy_signal_stood_in():
             stood_in = sys.modules["scipy.signal"]
+            inspect.getframeinfo(sys._getframe())  # asks every module for its __file__ (torch.library does this)
+            asked = sys.modules["scipy.signal"] is stood_in
             import uses_signal_xyz
         import scipy.signal
         print(json.dumps({
-            "window": uses_signal_xyz.WINDOW, "says_hamming": uses_signal_xyz.SAYS_HAMMING,
-            "stand_in_gone": scipy.signal is not stood_in and hasattr(scipy.signal, "__file__"),
+            "asked": asked, "window": uses_signal_xyz.WINDOW, "says_hamming": uses_signal_xyz.SAYS_HAMMING,
+            "stand_in_gone": scipy.signal is not stood_in and sys.modules["scipy.signal"] is scipy.signal,
         }))
         """,
         tmp_path,
     )
+    assert seen["asked"]  # inspect's questions did not load the real module
     assert seen["window"] == pytest.approx([0.08, 1.0, 0.08])  # the stand-in fetched the real module
     assert seen["says_hamming"]  # what torchmetrics' shim asks is answered by the stand-in
     assert seen["stand_in_gone"]

@@ -56,14 +56,24 @@ def import_timed(*modules: str) -> None:
 
 class _SignalStandIn(types.ModuleType):
     """What `scipy.signal` is while torchmetrics imports: `hamming` is there (the one thing its
-    shim asks, with hasattr); any other attribute imports the real module and is read from it."""
+    shim asks, with hasattr), and so is the real module's `__file__` (what `inspect.getmodule`
+    asks of every module: torch.library's registrations call it); any other attribute imports
+    the real module and is read from it. A name bound to the stand-in itself (`import
+    scipy.signal as s` while it stands) keeps forwarding to the real one. A submodule of
+    scipy.signal imported while it stands would be loaded twice (Python reads `__path__`, which
+    loads the real package and the submodule with it, then loads the submodule again): nothing
+    torchmetrics 1.9 imports does that."""
+
+    def __init__(self, spec):
+        super().__init__(spec.name)
+        self.__file__ = spec.origin
 
     def __getattr__(self, name: str):
         if name == "hamming":
             return lambda *args, **kwargs: self.__getattr__("windows").hamming(*args, **kwargs)
-        if sys.modules.get("scipy.signal") is self:
-            del sys.modules["scipy.signal"]
-        return getattr(importlib.import_module("scipy.signal"), name)
+        if sys.modules.get(self.__name__) is self:
+            sys.modules.pop(self.__name__, None)
+        return getattr(importlib.import_module(self.__name__), name)
 
 
 @contextlib.contextmanager
@@ -78,16 +88,20 @@ def scipy_signal_stood_in() -> Iterator[None]:
     and scipy.interpolate with it, half of what the start-up imports beyond torch. Neither
     saturate nor torchmetrics' metrics use it. What changes: scipy.signal.hamming is not
     put back for SRMRpy's callers (scipy removed it in 1.13)."""
-    if "scipy.signal" in sys.modules or importlib.util.find_spec("scipy") is None:
+    spec = None
+    if "scipy.signal" not in sys.modules:
+        with contextlib.suppress(ImportError):  # scipy not installed
+            spec = importlib.util.find_spec("scipy.signal")  # imports scipy (light), not scipy.signal
+    if spec is None:
         yield
         return
-    stand_in = _SignalStandIn("scipy.signal")
+    stand_in = _SignalStandIn(spec)
     sys.modules["scipy.signal"] = stand_in
     try:
         yield
     finally:
         if sys.modules.get("scipy.signal") is stand_in:
-            del sys.modules["scipy.signal"]
+            sys.modules.pop("scipy.signal", None)
         scipy = sys.modules.get("scipy")
         if scipy is not None and vars(scipy).get("signal") is stand_in:
             del scipy.signal
