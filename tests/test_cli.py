@@ -221,6 +221,7 @@ class CollectorProbe:
     def __init__(self):
         self.seen: dict[str, list] = {"on_run_start": [], "on_train_batch_end": []}
         self.model_frozen = None
+        self.scipy_signal = None
 
     def note(self, hook: str) -> None:
         state = [gc.isenabled(), gc.get_freeze_count() > 0]
@@ -229,6 +230,8 @@ class CollectorProbe:
 
     def on_run_start(self, run) -> None:
         self.note("on_run_start")
+        scipy = sys.modules.get("scipy")  # torchmetrics imported it; scipy.signal is left out (saturate.started)
+        self.scipy_signal = "scipy.signal" in sys.modules or (scipy is not None and "signal" in vars(scipy))
 
     def on_train_batch_end(self, run, loss) -> None:
         self.note("on_train_batch_end")
@@ -236,7 +239,8 @@ class CollectorProbe:
             self.model_frozen = not any(o is run.model for o in gc.get_objects())
 
     def on_run_end(self, run, metrics) -> None:
-        (run.run_dir / "collector.json").write_text(json.dumps({**self.seen, "model_frozen": self.model_frozen}))
+        seen = {**self.seen, "model_frozen": self.model_frozen, "scipy_signal": self.scipy_signal}
+        (run.run_dir / "collector.json").write_text(json.dumps(seen))
 
 
 def test_train_pys_start_up_imports_without_the_collector_and_freezes_what_they_built(tmp_path):
@@ -244,12 +248,17 @@ def test_train_pys_start_up_imports_without_the_collector_and_freezes_what_they_
     while torch, dynamo, torchmetrics and the rest import (saturate.started). train.py's
     run turns it off until task() has imported them; then everything alive is frozen (the
     collector's later passes skip it) and the collector is on for the whole run. What the
-    run builds, its model first, is not frozen."""
+    run builds, its model first, is not frozen. torchmetrics came without scipy.signal."""
     probe = "+callbacks.collector._target_=tests.test_cli.CollectorProbe"
     result = run_cli(*TINY, probe, "hydra.run.dir=run", cwd=tmp_path, env={"PYTHONPATH": str(ROOT)}, fresh=True)
     assert result.returncode == 0, result.stderr
     seen = json.loads((tmp_path / "run" / "collector.json").read_text())
-    assert seen == {"on_run_start": [[True, True]], "on_train_batch_end": [[True, True]], "model_frozen": False}
+    assert seen == {
+        "on_run_start": [[True, True]],
+        "on_train_batch_end": [[True, True]],
+        "model_frozen": False,
+        "scipy_signal": False,  # torchmetrics' import left scipy.signal out, and no stand-in behind
+    }
 
 
 def test_the_collector_is_left_alone_by_python_calls_a_users_off_switch_and_a_multirun(make_cfg, monkeypatch):

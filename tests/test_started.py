@@ -1,5 +1,6 @@
 """The start-up's imports (saturate.started): torchmetrics without the scipy.signal that only its
-SRMRpy shim imports, and a stand-in that gives way to the real module when anything else asks."""
+SRMRpy shim imports, and a stand-in that gives way to the real module when anything else asks.
+That train.py's run imports torchmetrics without it: tests/test_cli.py (the collector's test)."""
 
 from __future__ import annotations
 
@@ -21,36 +22,6 @@ def in_fresh_python(code: str, cwd) -> dict:
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def test_torchmetrics_is_imported_without_scipy_signal_and_scipy_signal_is_real_afterwards(tmp_path):
-    seen = in_fresh_python(
-        """
-        import json, sys
-        import gc
-        from saturate.started import IMPORTS, _SignalStandIn, import_timed
-        import_timed("torch", "torchmetrics")
-        deferred = "scipy.signal" not in sys.modules
-        left = [o for o in gc.get_objects() if isinstance(o, _SignalStandIn)]
-        import torch
-        from torchmetrics import MeanSquaredError
-        mse = MeanSquaredError()
-        mse.update(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0]))
-        import scipy.signal
-        from scipy.signal import windows
-        print(json.dumps({
-            "deferred": deferred, "left": len(left), "timed": "torchmetrics" in IMPORTS, "mse": float(mse.compute()),
-            "real": hasattr(scipy.signal, "__file__") and scipy.signal is sys.modules["scipy.signal"],
-            "hamming": windows.hamming(3).tolist(), "attribute": sys.modules["scipy"].signal is scipy.signal,
-        }))
-        """,
-        tmp_path,
-    )
-    assert seen["deferred"] and seen["timed"]  # torchmetrics' import did not load scipy.signal, and left nothing there
-    assert seen["left"] == 0  # nor anywhere else
-    assert seen["mse"] == pytest.approx(2.5)
-    assert seen["real"] and seen["attribute"]  # imported after it, the module is the real one
-    assert seen["hamming"] == pytest.approx([0.08, 1.0, 0.08])
 
 
 def test_an_import_that_uses_scipy_signal_gets_the_real_one_through_the_stand_in(tmp_path):
