@@ -5,11 +5,12 @@ That train.py's run imports torchmetrics without it: tests/test_cli.py (the coll
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from tests.conftest import python
 
 pytest.importorskip("scipy")
 
@@ -17,9 +18,7 @@ pytest.importorskip("scipy")
 def in_fresh_python(code: str, cwd) -> dict:
     """`code` in a new interpreter (this one has imported scipy.signal long ago); its last line
     of output, as JSON."""
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=cwd, timeout=120
-    )
+    done = python("-c", textwrap.dedent(code), cwd=cwd, timeout=120, fresh=True)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
