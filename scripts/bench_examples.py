@@ -38,7 +38,10 @@ explains (first step, per epoch) can be told from the part the path does.
 reference's `--seed N`; the data stay the example's). Time to a target depends on the seed
 (the U-Net reference met Dice 0.7 between 26.0 and 52.4 s over seeds 1-5), so
 without it a pair compares one seed's luck with another's; with it both medians are over the
-same seeds.
+same seeds. A third table gives each side against itself: its time to target (and whole
+process) in each pair over the same side's in every other pair. With --seeds that is what
+the seed alone does to a ratio when the loop is the same on both sides, the yardstick for
+the saturate / reference spread beside it.
 
 Both sides run as Python does by default, its compiled modules written once and reused:
 an environment's PYTHONDONTWRITEBYTECODE=1 (the project machines set it) is dropped for
@@ -330,15 +333,28 @@ class Ratio:
         return f"{self.median:.2f} (p80 {self.p80:.2f}, {self.low:.2f}-{self.high:.2f}, n={self.n})"
 
 
-def ratios(pairs: list[dict], key: str) -> Ratio:
-    """saturate / reference for each pair where both sides have the figure (a file recorded
-    before a figure existed lacks it)."""
-    both = [(p["saturate"].get(key, math.nan), p["reference"].get(key, math.nan)) for p in pairs]
-    rs = [sat / ref for sat, ref in both if sat > 0 and ref > 0]
+def _ratio(rs: list[float]) -> Ratio:
     rs = [r for r in rs if not math.isnan(r)]
     if not rs:
         return Ratio(math.nan, math.nan, math.nan, math.nan, 0)
     return Ratio(median(rs), percentile(rs, 80), min(rs), max(rs), len(rs))
+
+
+def ratios(pairs: list[dict], key: str) -> Ratio:
+    """saturate / reference for each pair where both sides have the figure (a file recorded
+    before a figure existed lacks it)."""
+    both = [(p["saturate"].get(key, math.nan), p["reference"].get(key, math.nan)) for p in pairs]
+    return _ratio([sat / ref for sat, ref in both if sat > 0 and ref > 0])
+
+
+def against_itself(pairs: list[dict], side: str, key: str) -> Ratio:
+    """One side's figure in each pair over its figure in every other pair, both orders (its
+    median about 1): the spread a ratio of two runs has when the command is the same and only the
+    pair differs. With --seeds that is the seed (each run its own path to the target), without
+    it the machine's timing. A bound on saturate / reference tighter than a side's own p80 is
+    one that the side's loop would not meet against itself."""
+    xs = [p[side].get(key, math.nan) for p in pairs]
+    return _ratio([a / b for i, a in enumerate(xs) for j, b in enumerate(xs) if i != j and a > 0 and b > 0])
 
 
 @dataclass
@@ -347,6 +363,7 @@ class Summary:
     pairs: int
     sides: dict = field(default_factory=dict)  # side -> {figure: median}
     ratio: dict = field(default_factory=dict)  # figure -> Ratio
+    itself: dict = field(default_factory=dict)  # (side, figure) -> Ratio: against_itself
     startup: dict = field(default_factory=dict)  # startup/* -> median
     load: tuple[float, float] = (math.nan, math.nan)
     failed: int = 0
@@ -354,6 +371,7 @@ class Summary:
 
 FIGURES = ("wall_s", "cpu_s", "first_step_s", "to_target_s", "epochs_to_target", "per_epoch_s", "final")
 RATIOS = ("wall_s", "cpu_s", "first_step_s", "to_target_s", "epochs_to_target", "per_epoch_s")
+ITSELF = ("to_target_s", "wall_s")
 
 
 def summarize(records: list[dict]) -> list[Summary]:
@@ -371,6 +389,7 @@ def summarize(records: list[dict]) -> list[Summary]:
             summary.sides[side] = {f: median([p[side].get(f, math.nan) for p in good]) for f in FIGURES}
             summary.sides[side]["reached"] = sum(not math.isnan(p[side]["to_target_s"]) for p in good)
         summary.ratio = {f: ratios(good, f) for f in RATIOS}
+        summary.itself = {(side, f): against_itself(good, side, f) for side in SIDES for f in ITSELF}
         keys = sorted(  # the spans (by name: metrics.json keeps no order), then the imports timed within them
             {k for p in good for k in p["saturate"].get("startup", {})},
             key=lambda k: (k.startswith(names.IMPORTS_PREFIX), k),
@@ -420,6 +439,17 @@ def table(summaries: list[Summary]) -> str:
         f"{_s(s.load[0])}-{_s(s.load[1])} |"
         for s in summaries
     ]
+    itself_head = (
+        "\n| example | to target, saturate against itself | the reference against itself | whole process, saturate "
+        "against itself | the reference against itself |\n"
+        "|---|---|---|---|---|\n"
+    )
+    itself_rows = [
+        f"| {s.example} | "
+        + " | ".join(s.itself[(side, f)].text() for f in ITSELF for side in SIDES if (side, f) in s.itself)
+        + " |"
+        for s in summaries
+    ]
     startup = [
         f"{s.example}: saturate's start-up (median s): "
         + ", ".join(f"{_span(k)} {v:.2f}" for k, v in s.startup.items())
@@ -427,7 +457,8 @@ def table(summaries: list[Summary]) -> str:
         if s.startup
     ]
     failed = [f"{s.example}: {s.failed} pair(s) left out (a side exited non-zero)" for s in summaries if s.failed]
-    return head + "\n".join(rows) + "\n" + ratio_head + "\n".join(ratio_rows) + "\n\n" + "\n".join(startup + failed)
+    ratio_part = ratio_head + "\n".join(ratio_rows) + "\n" + itself_head + "\n".join(itself_rows)
+    return head + "\n".join(rows) + "\n" + ratio_part + "\n\n" + "\n".join(startup + failed)
 
 
 # ---------------------------------------------------------------- the command

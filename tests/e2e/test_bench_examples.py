@@ -22,6 +22,7 @@ from scripts.bench_examples import (
     run_process,
     saturate_command,
     summarize,
+    table,
 )
 from tests.conftest import ROOT, TINY, compose_config
 
@@ -150,6 +151,26 @@ def test_the_summary_pairs_the_sides_and_takes_ratios_median_p80_and_spread():
     assert s.ratio["epochs_to_target"].median == pytest.approx(2 * ratios[2])
     assert s.sides["saturate"]["wall_s"] == 22 and s.sides["reference"]["wall_s"] == 24
     assert s.startup == {"startup/data_s": 0.5, "imports/torch_s": 1.2}
+
+
+def test_each_side_against_itself_is_its_own_runs_over_each_other_in_every_order():
+    """The spread a ratio has when the command is the same on both sides: each side's figure in
+    one pair over its figure in every other pair, both orders (so its median is about 1)."""
+    targets = [(10.0, 8.0), (12.0, 10.0), (15.0, math.nan), (11.0, 9.0)]  # (saturate, reference) per pair
+    records = []
+    for pair, (sat, ref) in enumerate(targets, 1):
+        records += [_side("mixup", pair, "saturate", 20, 4, sat), _side("mixup", pair, "reference", 25, 3, ref)]
+    (s,) = summarize(records)
+    sat = [10.0, 12.0, 15.0, 11.0]
+    expected = sorted(a / b for i, a in enumerate(sat) for j, b in enumerate(sat) if i != j)
+    mine = s.itself[("saturate", "to_target_s")]
+    assert mine.n == 12 and mine.median == pytest.approx(percentile(expected, 50)) and 1 <= mine.median < 1.01
+    assert mine.p80 == pytest.approx(percentile(expected, 80)) and mine.high == pytest.approx(1.5)
+    ref = s.itself[("reference", "to_target_s")]  # the run that missed the target is left out: 3 runs, 6 ratios
+    assert ref.n == 6 and ref.high == pytest.approx(10 / 8) and ref.low == pytest.approx(8 / 10)
+    assert s.itself[("reference", "wall_s")].n == 12 and s.itself[("reference", "wall_s")].p80 == pytest.approx(1.0)
+    out = table([s])
+    assert "| mixup | " + mine.text() + " | " + ref.text() + " |" in out
 
 
 def test_a_pair_where_one_side_missed_the_target_has_no_target_ratio():
