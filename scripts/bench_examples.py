@@ -445,9 +445,7 @@ def table(summaries: list[Summary]) -> str:
         "|---|---|---|---|---|\n"
     )
     itself_rows = [
-        f"| {s.example} | "
-        + " | ".join(s.itself[(side, f)].text() for f in ITSELF for side in SIDES if (side, f) in s.itself)
-        + " |"
+        f"| {s.example} | " + " | ".join(s.itself[(side, f)].text() for f in ITSELF for side in SIDES) + " |"
         for s in summaries
     ]
     startup = [
