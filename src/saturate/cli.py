@@ -23,6 +23,7 @@ from hydra.errors import CompactHydraException, MissingConfigException, Override
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from saturate.compose import ahead
 from saturate.config.invocation import SCRIPT, Invocation, from_hydra
 from saturate.config.registration import register
 from saturate.errors import Problem, UserError, shown
@@ -159,6 +160,8 @@ def task(cfg: DictConfig):
         try:
             _check_launcher(invocation)
             _check(cfg, targets=False)  # every mistaken value or combination, answered before the heavy imports
+            if ahead.wanted(cfg) and not invocation.multirun:
+                ahead.start(cfg)  # the data, built in a forked process while this one imports
             # the heavy dependencies, each timed for the report's start-up line: the config's check imports
             # them anyway with its targets (the data's imports torch, a built-in task's torchmetrics)
             import_timed("torch", "torchmetrics")
@@ -188,6 +191,8 @@ def task(cfg: DictConfig):
         if _answering and not invocation.multirun:
             raise SystemExit(f"error: {e}") from None
         raise
+    finally:
+        ahead.discard()  # data built ahead that no run took (the run failed first, or tune or torchrun took over)
 
 
 def _launched(cfg: DictConfig, count: int, invocation: Invocation):

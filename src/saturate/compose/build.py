@@ -22,6 +22,7 @@ import torch
 from hydra.utils import get_method
 from torch import nn
 
+from saturate.compose import ahead
 from saturate.config import data_info
 from saturate.config.instantiate import build
 from saturate.config.invocation import Invocation
@@ -410,7 +411,8 @@ def _model(made: Ingredients, node: dict | None, values: dict, given):
 def _data_and_task(run: RunConfig, invocation: Invocation, objects: UserObjects, device: torch.device):
     """The data, what one look at it said, its values for the model and task nodes, the
     nodes as bound, and the task."""
-    data = objects.data if objects.data is not None else build_datasets(run.data)
+    data = objects.data if objects.data is not None else ahead.take(run.data)  # train.py's, built while it imported
+    data = data if data is not None else build_datasets(run.data)
     spec = _describe(run, invocation, data, objects)
     check_fits_data(run, spec)
     autotune_convolutions(run.device, fixed_shapes=spec.fixed, device=device)

@@ -104,6 +104,9 @@ class LoaderConfig:
     # that is read, not computed (saturate.data.loader.resident_for)
     resident: Any = "auto"
     resident_memory_fraction: float = 0.5  # most of the device's free memory the data may take
+    # train.py: build the data in a forked process while torch and the rest import (Linux, 2+ cores; the same data
+    # and random streams: saturate.compose.ahead); false: in the run's process, after the imports
+    build_ahead: bool = True
 
     def problems(self) -> Issues:
         yield from _int_or_auto("batch_size", self.batch_size, 1)

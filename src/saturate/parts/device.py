@@ -146,6 +146,13 @@ def free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def seed_all(seed: int) -> None:
+    """Python's, NumPy's and torch's global generators (torch's CUDA ones too) seeded with `seed`."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 @contextlib.contextmanager
 def seeded(cfg: TrainerConfig, device: torch.device):
     """Seed every generator; with `deterministic`, deterministic kernels for the run (the
@@ -155,9 +162,7 @@ def seeded(cfg: TrainerConfig, device: torch.device):
     scatter-add among them): torch then warns when one runs instead of stopping the run, and
     the run is reproducible up to those ops. On the CPU every op used is deterministic and
     resumed runs equal uninterrupted ones bit for bit."""
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
+    seed_all(cfg.seed)
     before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
