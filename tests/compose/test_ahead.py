@@ -5,6 +5,7 @@ in the run's process, saying why; the builder's own mistake is answered as befor
 
 from __future__ import annotations
 
+import io
 import pickle
 import random
 import textwrap
@@ -124,12 +125,17 @@ def _round_trip(obj):
 def test_tensors_and_large_arrays_come_back_in_shared_memory_the_rest_by_value():
     big = np.arange(300_000, dtype=np.float32).reshape(600, 500)  # 1.1 MiB
     small = np.arange(10, dtype=np.int16)
-    tensor = torch.randn(100, 3)
-    back = _round_trip({"big": big, "small": small, "tensor": tensor, "view": tensor[10:20], "names": ["a", "b"]})
+    tensor = torch.randn(1000, 300)  # 1.1 MiB
+    clips = [torch.randn(30, 21) for _ in range(ahead.MAX_PIECES + 1)]  # small ones: by value, however many
+    halves = torch.zeros(3, dtype=torch.bfloat16)  # no NumPy dtype: shared, however small
+    sent = {"big": big, "small": small, "tensor": tensor, "view": tensor[10:20], "clips": clips, "halves": halves}
+    back = _round_trip({**sent, "names": ["a", "b"]})
     assert type(back["big"]) is np.ndarray and back["big"].dtype == np.float32
     assert np.array_equal(back["big"], big) and np.array_equal(back["small"], small)
     assert torch.equal(back["tensor"], tensor) and torch.equal(back["view"], tensor[10:20])
-    assert back["tensor"].is_shared()
+    assert back["tensor"].is_shared() and back["halves"].is_shared() and back["halves"].dtype == torch.bfloat16
+    assert all(torch.equal(a, b) and not b.is_shared() for a, b in zip(clips, back["clips"], strict=True))
+    back["clips"][0][0, 0] = 1.0  # a writable copy
     assert back["names"] == ["a", "b"]
 
 
@@ -139,12 +145,16 @@ def test_what_cannot_come_back_is_declined_with_the_reason(tmp_path):
         "it does not pickle": {"transform": lambda x: x},
         "memory-mapped": {"x": memmapped},
         "by value": {"blob": b"\0" * (ahead.BY_VALUE_LIMIT + 1)},
-        "tensors": [torch.zeros(1) for _ in range(ahead.MAX_PIECES + 1)],
     }
     for says, data in cases.items():
         declined = pickle.loads(ahead._pickled(data))
         assert isinstance(declined, ahead.Declined) and says in declined.why, (says, declined)
         assert not declined.build_error
+    pickler = ahead._Pickler(io.BytesIO(), limit=2**30, pieces=2)  # the limits' own logic, at small limits
+    with pytest.raises(ahead._TooMuch, match="over 2 tensors of 1 MiB"):
+        pickler.dump([torch.zeros(2**18) for _ in range(3)])
+    with pytest.raises(ahead._TooMuch, match="3 MiB of shared memory"):
+        ahead._Pickler(io.BytesIO(), limit=3 * 2**20).dump([torch.zeros(2**18) for _ in range(4)])
 
 
 def test_data_is_taken_only_where_building_it_here_would_give_the_same():

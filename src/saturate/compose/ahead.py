@@ -10,8 +10,8 @@ the imports.
 
 What the run gets is what building it in the run's own process gives, the random streams
 included:
-- the data comes back through `torch.multiprocessing`'s pickler: tensors (and NumPy arrays of 1 MiB
-  or more, as tensors) in shared memory, the rest by value;
+- the data comes back through `torch.multiprocessing`'s pickler: tensors and NumPy arrays of 1 MiB
+  or more in shared memory, the rest by value (smaller tensors as copies of their elements);
 - the child sends Python's, NumPy's and torch's CPU generator states from before and after the
   build; the run takes the data only if its own generators stand where the child's started, and
   then leaves them where the child's ended (a builder that draws a random split moves them);
@@ -20,8 +20,9 @@ included:
 Anything else and the run builds the data itself, as without a child, saying why when the reason
 is not the build's own error (which its own build then raises as before): a dataset that does
 not pickle (a lambda, an open file), one that holds a memory-mapped array, more than 64 MiB by
-value or more shared memory than a quarter of what is free, a builder that touched CUDA, changed
-torch's default dtype or threads. What is not carried back: what the builder changed outside
+value, over 256 tensors of 1 MiB or more (each is a file descriptor passed over a socket),
+more shared memory than a quarter of what is free, a builder that touched CUDA, changed torch's
+default dtype or threads. What is not carried back: what the builder changed outside
 what it returned (a module-level variable it sets, a registry it fills). `loader.build_ahead=false`
 builds in the run's process; so does every run that is not train.py's single, first, one-process
 run on Linux (a multirun, tune, torchrun's ranks, saturate.fit).
@@ -46,7 +47,7 @@ from typing import Any
 log = logging.getLogger("saturate")
 
 BY_VALUE_LIMIT = 64 * 2**20  # bytes of the pickle itself (what is not in shared memory)
-SHARED_ARRAY_MIN = 2**20  # NumPy arrays this large go through shared memory, smaller ones by value
+SHARED_MIN = 2**20  # tensors (their storage) and NumPy arrays this large: in shared memory; smaller: by value
 SHARED_SHARE = 0.25  # of the memory free when the child sends: the most its shared memory may take
 MAX_PIECES = 256  # shared tensors: each is one file descriptor passed over a socket
 
@@ -289,6 +290,13 @@ def _pickled(obj) -> bytes:
     return buffer.getvalue()
 
 
+def _small_tensor(array):
+    """A tensor under SHARED_MIN sent by value, as its NumPy array (a copy of its elements)."""
+    import torch
+
+    return torch.from_numpy(array)
+
+
 def _shared_array(tensor):
     """A NumPy array sent as the tensor holding it: a view of the shared memory."""
     return tensor.numpy()
@@ -298,9 +306,9 @@ class _Pickler(ForkingPickler):
     """ForkingPickler (with torch's reductions) that counts the shared memory it sends, sends
     large NumPy arrays as tensors, and refuses memory-mapped arrays."""
 
-    def __init__(self, file, limit: int):
+    def __init__(self, file, limit: int, pieces: int = MAX_PIECES):
         super().__init__(file, 5)  # ForkingPickler takes Pickler's arguments by position
-        self.limit, self.shared, self.storages = limit, 0, set()
+        self.limit, self.pieces, self.shared, self.storages = limit, pieces, 0, set()
 
     def reducer_override(self, obj):
         import numpy as np
@@ -308,17 +316,22 @@ class _Pickler(ForkingPickler):
 
         if isinstance(obj, np.memmap):
             raise _TooMuch("it holds a memory-mapped array (mapped in the run's process instead)")
-        if type(obj) is np.ndarray and obj.nbytes >= SHARED_ARRAY_MIN and obj.dtype.kind in "biufc":
+        if type(obj) is np.ndarray and obj.nbytes >= SHARED_MIN and obj.dtype.kind in "biufc":
             with contextlib.suppress(TypeError, ValueError), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a read-only array: the run's copy is writable
                 return _shared_array, (torch.from_numpy(np.ascontiguousarray(obj)),)  # (a dtype torch lacks: by value)
         if isinstance(obj, torch.Tensor) and obj.layout == torch.strided:
+            small = obj.untyped_storage().nbytes() < SHARED_MIN
+            if small and type(obj) is torch.Tensor and obj.device.type == "cpu" and not obj.requires_grad:
+                with contextlib.suppress(TypeError, RuntimeError):  # a dtype NumPy lacks (bfloat16): shared
+                    return _small_tensor, (obj.numpy(),)
             storage = obj.untyped_storage()
             if storage.data_ptr() not in self.storages:
                 self.storages.add(storage.data_ptr())
                 self.shared += storage.nbytes()
-                if self.shared > self.limit or len(self.storages) > MAX_PIECES:
+                if self.shared > self.limit or len(self.storages) > self.pieces:
                     raise _TooMuch(
-                        f"over {MAX_PIECES} tensors or {self.limit >> 20} MiB of shared memory (a quarter of the free)"
+                        f"over {self.pieces} tensors of 1 MiB or more, or {self.limit >> 20} MiB of shared memory (a "
+                        "quarter of the free)"
                     )
         return NotImplemented
