@@ -94,6 +94,8 @@ def test_data_built_ahead_trains_bit_identically_to_data_built_in_the_run(tmp_pa
     learnt = _learnt(tmp_path / "ahead")
     assert learnt and "val/acc" in learnt
     assert learnt == _learnt(tmp_path / "here")
+    assert read_metrics(tmp_path / "ahead")["ahead/data_s"] > 0  # the child's build, beside the imports
+    assert "ahead/data_s" not in read_metrics(tmp_path / "here")
 
 
 @pytest.mark.slow

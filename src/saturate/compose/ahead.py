@@ -129,9 +129,10 @@ def start(cfg) -> None:
     _pending = _Pending(process, results, done)
 
 
-def take(node) -> Any | None:
-    """The data built ahead for `node` (a Data), with the global generators where building it
-    here would have left them; None when there is none to take (then build it here)."""
+def take(node) -> Built | None:
+    """What was built ahead for `node` (its `data`, a Data; `seconds`, the child's build), with
+    the global generators left where building it here would have left them; None when there is
+    none to take (then build it here)."""
     global _pending
     pending, _pending = _pending, None
     if pending is None:
@@ -155,7 +156,7 @@ def take(node) -> Any | None:
         built.seconds,
         waited,
     )
-    return built.data
+    return built
 
 
 def discard() -> None:

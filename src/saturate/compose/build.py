@@ -408,11 +408,12 @@ def _model(made: Ingredients, node: dict | None, values: dict, given):
     )
 
 
-def _data_and_task(run: RunConfig, invocation: Invocation, objects: UserObjects, device: torch.device):
-    """The data, what one look at it said, its values for the model and task nodes, the
-    nodes as bound, and the task."""
-    data = objects.data if objects.data is not None else ahead.take(run.data)  # train.py's, built while it imported
-    data = data if data is not None else build_datasets(run.data)
+def _data_and_task(
+    run: RunConfig, invocation: Invocation, objects: UserObjects, device: torch.device, built: Data | None = None
+):
+    """The data (the caller's, or `built` ahead, or built now), what one look at it said, its
+    values for the model and task nodes, the nodes as bound, and the task."""
+    data = objects.data if objects.data is not None else built if built is not None else build_datasets(run.data)
     spec = _describe(run, invocation, data, objects)
     check_fits_data(run, spec)
     autotune_convolutions(run.device, fixed_shapes=spec.fixed, device=device)
@@ -479,8 +480,11 @@ def build_parts(
     """data -> task -> precision -> model -> (batch-size search) -> loaders -> optimizer and
     schedule; each marked on `startup`."""
     mark = startup.mark if startup is not None else _unmarked
-    data, spec, values, nodes, task = _data_and_task(run, invocation, objects, device)
+    taken = ahead.take(run.data) if objects.data is None else None  # train.py's, built while it imported
+    data, spec, values, nodes, task = _data_and_task(run, invocation, objects, device, taken and taken.data)
     mark("data")
+    if taken is not None and startup is not None:
+        startup.data_ahead_s = taken.seconds
     checkpointing = run.checkpoint.resolved(task, spec.has_val)  # the monitored metric, its direction
     _check_predict(run, spec)
     precision = setup_precision(run.precision, device)
