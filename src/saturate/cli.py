@@ -156,12 +156,13 @@ def task(cfg: DictConfig):
     recorded as failed and the sweep goes on."""
     reach("task")
     invocation = from_hydra()  # how this run was started, read once; passed down from here
+    data_ahead = None
     try:
         try:
             _check_launcher(invocation)
             _check(cfg, targets=False)  # every mistaken value or combination, answered before the heavy imports
             if ahead.wanted(cfg) and not invocation.multirun:
-                ahead.start(cfg)  # the data, built in a forked process while this one imports
+                data_ahead = ahead.start(cfg)  # the data, built in a forked process while this one imports
             # the heavy dependencies, each timed for the report's start-up line: the config's check imports
             # them anyway with its targets (the data's imports torch, a built-in task's torchmetrics)
             import_timed("torch", "torchmetrics")
@@ -185,14 +186,17 @@ def task(cfg: DictConfig):
             return tune(cfg, invocation)
         count = processes(cfg.trainer.devices, cfg.device.type) if _valid_devices(cfg.trainer.devices) else 1
         if count > 1:
+            if data_ahead is not None:  # devices=auto on several GPUs: each rank builds its own
+                data_ahead.discard()
             return _launched(cfg, count, invocation)
-        return train(cfg, invocation)
+        return train(cfg, invocation, data_ahead=data_ahead)
     except UserError as e:
         if _answering and not invocation.multirun:
             raise SystemExit(f"error: {e}") from None
         raise
     finally:
-        ahead.discard()  # data built ahead that no run took (the run failed first, or tune or torchrun took over)
+        if data_ahead is not None:  # a child whose data the run did not take (it failed first): after Ctrl-C, at once
+            data_ahead.discard(interrupted=isinstance(sys.exc_info()[1], KeyboardInterrupt))
 
 
 def _launched(cfg: DictConfig, count: int, invocation: Invocation):

@@ -2,30 +2,42 @@
 
 A run's start-up imports torch, torch._dynamo and torchmetrics (1.5-2.5 s of one core) and only
 then builds its data (the data node's `_target_`: reading, decoding, splitting; mixup's digits
-1.3 s, scikit-learn's import among it). On a machine with two cores or more, train.py forks a
-child before those imports (`start`); the child builds the data as the run would (the same
-config, intra-op threads, seeds and deterministic switch), and the run takes it when it reaches
-the data (`take`, from compose.build) instead of building it again: the build's time overlaps
-the imports.
+0.7-1.3 s, scikit-learn's import among it). On a machine with two cores or more, train.py forks
+a child before those imports (`start`); the child builds the data as the run would (the same
+config, intra-op threads, seeds and deterministic switch, the data's module imported before the
+seeding, as the run's config check imports it), and the run takes it when it reaches the data
+(`Ahead.take`, handed down to compose.build) instead of building it again: the build's time
+overlaps the imports.
 
 What the run gets is what building it in the run's own process gives, the random streams
 included:
 - the data comes back through `torch.multiprocessing`'s pickler: tensors and NumPy arrays of 1 MiB
-  or more in shared memory, the rest by value (smaller tensors as copies of their elements);
+  or more in shared memory, smaller ones by value; either way with their strides, offsets, and the
+  memory views of one array or storage share (a view and its base stay one buffer), and an
+  array's read-only flag;
 - the child sends Python's, NumPy's and torch's CPU generator states from before and after the
   build; the run takes the data only if its own generators stand where the child's started, and
-  then leaves them where the child's ended (a builder that draws a random split moves them);
-- the run's intra-op threads and deterministic switch must match those the child built under.
+  then leaves them where the child's ended (a builder that draws a random split moves them; one
+  that calls torch.manual_seed reseeds the CUDA generators too, as it would have);
+- the run's intra-op threads, default dtype, deterministic switch and float32 matmul precision
+  must be those the child built under, and the build must not have changed them.
 
-Anything else and the run builds the data itself, as without a child, saying why when the reason
-is not the build's own error (which its own build then raises as before): a dataset that does
-not pickle (a lambda, an open file), one that holds a memory-mapped array, more than 64 MiB by
-value, over 256 tensors of 1 MiB or more (each is a file descriptor passed over a socket),
-more shared memory than a quarter of what is free, a builder that touched CUDA, changed torch's
-default dtype or threads. What is not carried back: what the builder changed outside
-what it returned (a module-level variable it sets, a registry it fills). `loader.build_ahead=false`
-builds in the run's process; so does every run that is not train.py's single, first, one-process
-run on Linux (a multirun, tune, torchrun's ranks, saturate.fit).
+A mistake the builder reports (a saturate UserError) is raised in the run as its own build would
+raise it, without a second build. Anything else and the run builds the data itself, as without a
+child, saying why: a dataset that does not pickle (a lambda, an open file), a memory-mapped array
+or tensor, more than 64 MiB by value, over 256 tensors of 1 MiB or more (each is a file descriptor
+passed over a socket), more shared memory than a quarter of what is free (or than /dev/shm has),
+a builder that used CUDA or raised an error of another kind (its traceback is then the run's own).
+What is not carried back: what the builder changed outside what it returned (a module-level
+variable, a registry, a CUDA seed set with torch.cuda.manual_seed alone), and whatever a class's
+own pickling leaves out (a `__getstate__` that drops a cache). `loader.build_ahead=false` builds
+in the run's process; so does every run that is not train.py's single, first, one-process run on
+Linux (a multirun, tune, torchrun's ranks, saturate.fit).
+
+The child has its own process group (Ctrl-C and the stop signals are the run's to answer) and
+dies with the run. A run that ends before taking the data (a mistake found after the fork, the
+run dir refused) lets a build under way finish for up to 10 s, so that a cache it writes is not
+cut short, then stops it and what it started; after Ctrl-C, at once.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import shutil
 import signal
 import sys
 import threading
@@ -44,12 +57,16 @@ from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from saturate.errors import UserError
+from saturate.scale.ranks import STOP_SIGNALS
+
 log = logging.getLogger("saturate")
 
 BY_VALUE_LIMIT = 64 * 2**20  # bytes of the pickle itself (what is not in shared memory)
 SHARED_MIN = 2**20  # tensors (their storage) and NumPy arrays this large: in shared memory; smaller: by value
 SHARED_SHARE = 0.25  # of the memory free when the child sends: the most its shared memory may take
 MAX_PIECES = 256  # shared tensors: each is one file descriptor passed over a socket
+GRACE_S = 10.0  # a run that ends before taking the data lets a build under way finish this long
 
 
 @dataclass
@@ -59,41 +76,94 @@ class Built:
     node: Any
     data: Any
     seconds: float
-    threads: int
-    deterministic: bool
+    switches: tuple  # (threads, default dtype, deterministic, float32 matmul precision) it built under
     before: tuple  # (Python's, NumPy's, torch's CPU) generator states when the build began
     after: tuple  # ... and when it ended
+    reseeded: int | None = None  # the seed the builder gave torch.manual_seed (the CUDA generators follow it)
 
 
 @dataclass
 class Declined:
     why: str
-    build_error: bool = False  # the build itself raised: the run's own build says so
 
 
-class _Pending:
+@dataclass
+class Failed:
+    """The builder's own mistake (a UserError): the run raises it as its own build would have."""
+
+    node: Any
+    error: BaseException
+
+
+class Ahead:
+    """The child building a run's data (`start`): the run takes what it built (`take`), or
+    lets it go (`discard`)."""
+
     def __init__(self, process, results, done):
         self.process, self.results, self.done = process, results, done
 
-    def receive(self) -> Built | Declined:
+    def take(self, node) -> Built | None:
+        """What was built for `node` (its `data`, a Data; `seconds`, the child's build), with the
+        global generators left where building it here would have left them; None when it cannot
+        be taken (then build it here: the log says why). Raises the builder's own mistake. Once;
+        the child is stopped."""
+        if self.process is None:
+            return None
+        waited = time.perf_counter()
+        try:
+            got = self._receive()
+        finally:
+            self._stop(grace=0)  # what it sent (its shared memory too) is here
+        waited = time.perf_counter() - waited
+        if isinstance(got, (Built, Failed)) and got.node != node:
+            got = Declined("the data node differs from the one it was built from")
+        if isinstance(got, Failed):
+            raise got.error
+        if isinstance(got, Built) and _mismatch(got):
+            got = Declined(_mismatch(got))
+        if isinstance(got, Declined):
+            log.info("data: built here, not ahead in a forked process: %s (loader.build_ahead)", got.why)
+            return None
+        _carry_back(got)
+        log.info(
+            "data: built in a forked process while the imports ran (%.2f s there; %.2f s waited here)",
+            got.seconds,
+            waited,
+        )
+        return got
+
+    def discard(self, *, interrupted: bool = False) -> None:
+        """Stop a child whose data no run took (the run failed first, or tune or torchrun took
+        over): after its build, for up to GRACE_S; `interrupted` (Ctrl-C), at once."""
+        self._stop(grace=0 if interrupted else GRACE_S)
+
+    def _receive(self) -> Built | Declined | Failed:
+        ended = Declined("the process building it ended without sending it")
+        while not self.results.poll(0.05):  # readable: what it sent, or the end of the pipe
+            if not self.process.is_alive() and not self.results.poll(0):  # gone (its pipe held by what it started)
+                return ended
         try:
             return ForkingPickler.loads(self.results.recv_bytes())
-        except EOFError:
-            return Declined(f"the process building it ended without sending it (exit code {self.process.exitcode})")
+        except (EOFError, OSError):  # killed (out of memory) before it had sent it all
+            return ended
         except Exception as e:  # a class that does not unpickle here
             return Declined(f"its data did not unpickle here ({type(e).__name__}: {e})")
 
-    def close(self) -> None:
-        """Let the child go (it waits until the data's shared memory is taken), and reap it."""
+    def _stop(self, grace: float) -> None:
+        """Stop the child and whatever it started (its process group), after up to `grace` s for
+        a build under way (the child sends once the build is done), and reap it."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if grace > 0 and process.is_alive():
+            with contextlib.suppress(OSError, EOFError):
+                self.results.poll(grace)
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.kill()
+        process.join()
         for conn in (self.done, self.results):
             conn.close()
-        self.process.join(timeout=5)
-        if self.process.exitcode is None:
-            self.process.kill()
-            self.process.join()
-
-
-_pending: _Pending | None = None
 
 
 def wanted(cfg) -> bool:
@@ -114,73 +184,55 @@ def wanted(cfg) -> bool:
     )
 
 
-def start(cfg) -> None:
-    """Fork the child that builds `cfg`'s data (the config already checked without its targets)."""
-    global _pending
-    context = multiprocessing.get_context("fork")
-    results, results_end = context.Pipe(duplex=False)
-    done_end, done = context.Pipe(duplex=False)
-    process = context.Process(
-        target=_child, args=(cfg, results_end, done_end, (results, done)), name="saturate-data", daemon=False
-    )
-    process.start()
+def start(cfg) -> Ahead | None:
+    """Fork the child that builds `cfg`'s data (the config already checked without its
+    targets); None when the system refuses a process or a pipe (the run builds its data)."""
+    try:
+        context = multiprocessing.get_context("fork")
+        results, results_end = context.Pipe(duplex=False)
+        done_end, done = context.Pipe(duplex=False)
+        process = context.Process(
+            target=_child, args=(cfg, os.getpid(), results_end, done_end, (results, done)), name="saturate-data"
+        )
+        process.start()
+    except OSError as e:  # EAGAIN, ENOMEM, EMFILE
+        log.info("data: built here, not ahead in a forked process: %s (loader.build_ahead)", e)
+        return None
+    with contextlib.suppress(OSError):  # its own group (the child sets it too: whichever comes first)
+        os.setpgid(process.pid, process.pid)
     results_end.close()
     done_end.close()
-    _pending = _Pending(process, results, done)
+    return Ahead(process, results, done)
 
 
-def take(node) -> Built | None:
-    """What was built ahead for `node` (its `data`, a Data; `seconds`, the child's build), with
-    the global generators left where building it here would have left them; None when there is
-    none to take (then build it here)."""
-    global _pending
-    pending, _pending = _pending, None
-    if pending is None:
-        return None
-    waited = time.perf_counter()
-    try:
-        built = pending.receive()
-    finally:
-        pending.close()
-    waited = time.perf_counter() - waited
-    if isinstance(built, Built):
-        why = _mismatch(built, node)
-        built = Declined(why) if why else built
-    if isinstance(built, Declined):
-        level = logging.DEBUG if built.build_error else logging.INFO
-        log.log(level, "data: built here, not ahead in a forked process: %s (loader.build_ahead)", built.why)
-        return None
-    _set_states(built.after)
-    log.info(
-        "data: built in a forked process while the imports ran (%.2f s there; %.2f s waited here)",
-        built.seconds,
-        waited,
-    )
-    return built
-
-
-def discard() -> None:
-    """Stop a child whose data no run took (the run failed first, or went elsewhere: tune, torchrun)."""
-    global _pending
-    pending, _pending = _pending, None
-    if pending is not None:
-        pending.process.kill()
-        pending.close()
-
-
-def _mismatch(built: Built, node) -> str | None:
-    """Why data built as `built` is not what building `node` here now would give, or None."""
-    import torch
-
-    if built.node != node:
-        return "the data node differs from the one it was built from"
-    if built.threads != torch.get_num_threads():
-        return f"it was built with {built.threads} intra-op threads, the run has {torch.get_num_threads()}"
-    if built.deterministic != torch.are_deterministic_algorithms_enabled():
-        return "the deterministic switch differs"
+def _mismatch(built: Built) -> str | None:
+    """Why data built as `built` is not what building it here now would give, or None."""
+    if built.switches != _switches():
+        return "torch's threads, default dtype, deterministic switch or matmul precision differ from the child's"
     if not _same_states(built.before, _states()):
         return "the random generators stand elsewhere than where its build began"
     return None
+
+
+def _carry_back(built: Built) -> None:
+    """The generators where the child's build left them (a torch.manual_seed in it reseeds the
+    CUDA generators as well, as the same call here would)."""
+    import torch
+
+    if built.reseeded is not None:
+        torch.manual_seed(built.reseeded)
+    _set_states(built.after)
+
+
+def _switches() -> tuple:
+    import torch
+
+    return (
+        torch.get_num_threads(),
+        torch.get_default_dtype(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.get_float32_matmul_precision(),
+    )
 
 
 def _states() -> tuple:
@@ -215,15 +267,22 @@ def _set_states(states: tuple) -> None:
 # -- in the child ---------------------------------------------------------------------------------
 
 
-def _child(cfg, results, done, parents: tuple) -> None:
+def _child(cfg, parent: int, results, done, parents: tuple) -> None:
     """Build, send, and wait until the run has taken the shared memory (or gone)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to answer; it stops this child
+    for number in STOP_SIGNALS:  # Ctrl-C, preemption: the run's to answer; it stops this child
+        signal.signal(number, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)  # its own group: stopped with whatever the builder starts
+    _die_with(parent)
     for conn in parents:
         conn.close()
     try:
-        payload = _pickled(_build(cfg))
-    except BaseException as e:  # the build's own error: the run's own build raises it again
-        payload = _pickled(Declined(f"{type(e).__name__}: {e}", build_error=True))
+        try:
+            payload = _pickled(_build(cfg))
+        except UserError as e:  # the builder's mistake, answered by the run in one line
+            payload = _pickled(Failed(_node(cfg), e))
+    except BaseException as e:  # a bug: the run builds again, and its traceback is the run's own
+        payload = pickle.dumps(Declined(f"its build raised {type(e).__name__}: {e}"))
     try:
         results.send_bytes(payload)
         done.recv_bytes()  # EOF when the run has what it needs (or is gone)
@@ -231,8 +290,26 @@ def _child(cfg, results, done, parents: tuple) -> None:
         pass
 
 
+def _die_with(parent: int) -> None:
+    """SIGKILL when the run's process dies (Linux's PR_SET_PDEATHSIG), however it dies."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before that
+        os._exit(1)
+
+
+def _node(cfg):
+    from saturate.config.schema import validate
+    from saturate.data.policy import PRESETS
+
+    return validate(cfg, presets=tuple(PRESETS), targets=False).data
+
+
 def _build(cfg) -> Built | Declined:
     import torch
+    from hydra.utils import get_object
 
     from saturate.started import resume_collector
 
@@ -243,22 +320,24 @@ def _build(cfg) -> Built | Declined:
     from saturate.parts.device import keep_host_memory, seed_all, set_threads
 
     run = validate(cfg, presets=tuple(PRESETS), targets=False)
+    with contextlib.suppress(Exception):  # the run's config check imports it before seeding (an error: the build's)
+        get_object(run.data["_target_"])
     logging.getLogger("saturate").setLevel(run.trainer.log_level)
     if run.device.keep_host_memory:
         keep_host_memory()
     set_threads(run.device.threads)
-    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
     seed_all(run.trainer.seed)  # as compose.run's `seeded` does (its switches' reset imports torch._inductor: 1 s)
     if run.trainer.deterministic:
         torch.use_deterministic_algorithms(True)
-    before, started = _states(), time.perf_counter()
+    switches, before, seed, started = _switches(), _states(), torch.initial_seed(), time.perf_counter()
     data = build_datasets(run.data)
     seconds, after = time.perf_counter() - started, _states()
     if torch.cuda.is_initialized():
         return Declined("its build used CUDA")
-    if (torch.get_num_threads(), torch.get_default_dtype()) != (threads, dtype):
-        return Declined("its build changed torch's intra-op threads or default dtype")
-    return Built(run.data, data, seconds, threads, run.trainer.deterministic, before, after)
+    if _switches() != switches:
+        return Declined("its build changed torch's threads, default dtype, deterministic switch or matmul precision")
+    reseeded = torch.initial_seed() if torch.initial_seed() != seed else None
+    return Built(run.data, data, seconds, switches, before, after, reseeded)
 
 
 class _TooMuch(Exception):
@@ -266,8 +345,8 @@ class _TooMuch(Exception):
 
 
 def _pickled(obj) -> bytes:
-    """`obj` through torch.multiprocessing's pickler, its large arrays in shared memory; a
-    Declined saying why when it does not pickle or is too large."""
+    """`obj` through torch.multiprocessing's pickler (_Pickler); a Declined saying why when it
+    does not pickle or is too large."""
     import io
 
     import psutil
@@ -279,60 +358,116 @@ def _pickled(obj) -> bytes:
                 raise _TooMuch(f"more than {BY_VALUE_LIMIT >> 20} MiB to send by value")
             return super().write(b)
 
-    if isinstance(obj, Declined):
-        return pickle.dumps(obj)
     limit = int(psutil.virtual_memory().available * SHARED_SHARE)
+    with contextlib.suppress(OSError):
+        limit = min(limit, int(shutil.disk_usage("/dev/shm").free * 0.9))
     buffer = Capped()
     try:
         _Pickler(buffer, limit).dump(obj)
     except Exception as e:
-        why = str(e) if isinstance(e, _TooMuch) else f"it does not pickle ({type(e).__name__}: {e})"
+        why = str(e) if isinstance(e, _TooMuch) else f"it could not be sent ({type(e).__name__}: {e})"
         return pickle.dumps(Declined(why))
     return buffer.getvalue()
 
 
-def _small_tensor(array):
-    """A tensor under SHARED_MIN sent by value, as its NumPy array (a copy of its elements)."""
-    import torch
-
-    return torch.from_numpy(array)
-
-
-def _shared_array(tensor):
-    """A NumPy array sent as the tensor holding it: a view of the shared memory."""
-    return tensor.numpy()
-
-
 class _Pickler(ForkingPickler):
-    """ForkingPickler (with torch's reductions) that counts the shared memory it sends, sends
-    large NumPy arrays as tensors, and refuses memory-mapped arrays."""
+    """ForkingPickler (with torch's reductions: tensors in shared memory) that sends tensors under
+    SHARED_MIN by value and NumPy arrays of SHARED_MIN or more through shared memory, each with
+    its layout, and the buffers views share once; counts the shared memory; refuses what maps a
+    file."""
 
     def __init__(self, file, limit: int, pieces: int = MAX_PIECES):
         super().__init__(file, 5)  # ForkingPickler takes Pickler's arguments by position
         self.limit, self.pieces, self.shared, self.storages = limit, pieces, 0, set()
+        self.bytes_of: dict[int, Any] = {}  # a small storage's bytes, one object each: pickle's memo sends it once
 
     def reducer_override(self, obj):
         import numpy as np
         import torch
 
-        if isinstance(obj, np.memmap):
-            raise _TooMuch("it holds a memory-mapped array (mapped in the run's process instead)")
-        if type(obj) is np.ndarray and obj.nbytes >= SHARED_MIN and obj.dtype.kind in "biufc":
-            with contextlib.suppress(TypeError, ValueError), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # a read-only array: the run's copy is writable
-                return _shared_array, (torch.from_numpy(np.ascontiguousarray(obj)),)  # (a dtype torch lacks: by value)
-        if isinstance(obj, torch.Tensor) and obj.layout == torch.strided:
-            small = obj.untyped_storage().nbytes() < SHARED_MIN
-            if small and type(obj) is torch.Tensor and obj.device.type == "cpu" and not obj.requires_grad:
-                with contextlib.suppress(TypeError, RuntimeError):  # a dtype NumPy lacks (bfloat16): shared
-                    return _small_tensor, (obj.numpy(),)
-            storage = obj.untyped_storage()
-            if storage.data_ptr() not in self.storages:
-                self.storages.add(storage.data_ptr())
-                self.shared += storage.nbytes()
-                if self.shared > self.limit or len(self.storages) > self.pieces:
-                    raise _TooMuch(
-                        f"over {self.pieces} tensors of 1 MiB or more, or {self.limit >> 20} MiB of shared memory (a "
-                        "quarter of the free)"
-                    )
+        if isinstance(obj, np.ndarray):
+            return self._array(obj)
+        if isinstance(obj, torch.Tensor) and obj.layout == torch.strided and obj.device.type == "cpu":
+            return self._tensor(obj)
         return NotImplemented
+
+    def _array(self, array):
+        import mmap
+
+        import numpy as np
+        import torch
+
+        owner = array
+        while isinstance(owner.base, np.ndarray):
+            owner = owner.base
+        if isinstance(owner, np.memmap) or isinstance(owner.base, mmap.mmap):
+            raise _TooMuch("it holds a memory-mapped array (mapped in the run's process instead)")
+        if array.dtype.hasobject or type(array) is not np.ndarray:
+            return NotImplemented  # by value, as pickle does
+        if array is not owner:  # a view: its owner once, then its offset, shape and strides over it
+            if type(owner) is not np.ndarray or not (owner.flags.c_contiguous or owner.flags.f_contiguous):
+                raise _TooMuch("it holds a view of a buffer NumPy does not own (its layout would change)")
+            offset = array.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
+            return _array_view, (owner, offset, array.shape, array.strides, array.dtype.str, array.flags.writeable)
+        if not (array.flags.c_contiguous or array.flags.f_contiguous):
+            raise _TooMuch("it holds a strided array over a foreign buffer (its layout would change)")
+        if array.nbytes < SHARED_MIN:
+            return NotImplemented  # by value: NumPy's pickle keeps C or Fortran order and the read-only flag
+        fortran = not array.flags.c_contiguous
+        with contextlib.suppress(TypeError, ValueError), warnings.catch_warnings():  # a dtype torch lacks: by value
+            warnings.simplefilter("ignore")  # a read-only array (its flag is sent along)
+            tensor = torch.from_numpy(array.T if fortran else array)
+            return _shared_array, (tensor, fortran, array.flags.writeable)
+        return NotImplemented
+
+    def _tensor(self, tensor):
+        import torch
+
+        storage = tensor.untyped_storage()
+        if getattr(storage, "filename", None):
+            raise _TooMuch("it holds a tensor mapped from a file (mapped in the run's process instead)")
+        plain = type(tensor) is torch.Tensor and not tensor.requires_grad and not tensor.is_conj()
+        if plain and not tensor.is_neg() and storage.nbytes() < SHARED_MIN:  # by value, its storage once
+            key = storage.data_ptr()
+            if key not in self.bytes_of:
+                self.bytes_of[key] = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+            shape, stride = tuple(tensor.shape), tensor.stride()
+            return _small_tensor, (self.bytes_of[key], str(tensor.dtype), tensor.storage_offset(), shape, stride)
+        if storage.data_ptr() not in self.storages:  # torch's own reduction: shared memory
+            self.storages.add(storage.data_ptr())
+            self.shared += storage.nbytes()
+            if self.shared > self.limit or len(self.storages) > self.pieces:
+                raise _TooMuch(
+                    f"over {self.pieces} tensors of 1 MiB or more, or {self.limit >> 20} MiB of shared memory (a "
+                    "quarter of the free)"
+                )
+        return NotImplemented
+
+
+def _small_tensor(data, dtype: str, offset: int, shape: tuple, stride: tuple):
+    """A tensor sent by value: its storage's bytes (one array for every tensor of that storage,
+    so views stay views), its dtype, offset, shape and strides."""
+    import torch
+
+    storage = torch.from_numpy(data).untyped_storage()
+    return torch.empty(0, dtype=getattr(torch, dtype.removeprefix("torch."))).set_(storage, offset, shape, stride)
+
+
+def _shared_array(tensor, fortran: bool, writeable: bool):
+    """A NumPy array sent as the tensor holding it: a view of the shared memory, in its order."""
+    array = tensor.numpy()
+    array = array.T if fortran else array
+    if not writeable:
+        array.flags.writeable = False
+    return array
+
+
+def _array_view(owner, offset: int, shape: tuple, strides: tuple, dtype: str, writeable: bool):
+    """A view of `owner` (sent once for all its views) at `offset` bytes with its shape and strides."""
+    import numpy as np
+
+    flat = owner.ravel(order="K").view(np.uint8)  # C or Fortran contiguous: a view, not a copy
+    view = np.ndarray(shape, np.dtype(dtype), buffer=flat, offset=offset, strides=strides)
+    if not writeable:
+        view.flags.writeable = False
+    return view

@@ -22,7 +22,7 @@ import torch
 from hydra.utils import get_method
 from torch import nn
 
-from saturate.compose import ahead
+from saturate.compose.ahead import Ahead
 from saturate.config import data_info
 from saturate.config.instantiate import build
 from saturate.config.invocation import Invocation
@@ -476,12 +476,15 @@ def build_parts(
     show_images,
     *,
     startup: Startup | None = None,
+    data_ahead: Ahead | None = None,
 ) -> Parts:
     """data -> task -> precision -> model -> (batch-size search) -> loaders -> optimizer and
-    schedule; each marked on `startup`."""
+    schedule; each marked on `startup`. The data is `data_ahead`'s when it can be taken."""
     mark = startup.mark if startup is not None else _unmarked
-    taken = ahead.take(run.data) if objects.data is None else None  # train.py's, built while it imported
-    data, spec, values, nodes, task = _data_and_task(run, invocation, objects, device, taken and taken.data)
+    taken = data_ahead.take(run.data) if data_ahead is not None and objects.data is None else None
+    data, spec, values, nodes, task = _data_and_task(
+        run, invocation, objects, device, taken.data if taken is not None else None
+    )
     mark("data")
     if taken is not None and startup is not None:
         startup.data_ahead_s = taken.seconds

@@ -23,6 +23,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from saturate import names
 from saturate.callbacks import CallbackError, Observers, Plan, Run
 from saturate.callbacks.profiler import Profiler
+from saturate.compose.ahead import Ahead
 from saturate.compose.build import Parts, UserObjects, build_checkpointer, build_parts, build_target, make_step
 from saturate.compose.outcome import (
     Metrics,
@@ -59,14 +60,21 @@ from saturate.scale.launch import resume_hint
 log = logging.getLogger("saturate")
 
 
-def train(cfg: DictConfig, invocation: Invocation | None = None, objects: UserObjects | None = None) -> Metrics:
+def train(
+    cfg: DictConfig,
+    invocation: Invocation | None = None,
+    objects: UserObjects | None = None,
+    *,
+    data_ahead: Ahead | None = None,
+) -> Metrics:
     """Train with the composed config `cfg`; return the final metrics (also in metrics.json).
     `invocation`: how the run was started (default: the running Hydra app's, read here once);
-    `objects`: what a caller passes where the config names it (saturate.fit). A run that
-    fails still leaves a metrics.json saying so and why (for sweep reports)."""
+    `objects`: what a caller passes where the config names it (saturate.fit); `data_ahead`:
+    train.py's child building the data while it imported (compose.ahead). A run that fails
+    still leaves a metrics.json saying so and why (for sweep reports)."""
     invocation = invocation or from_hydra() or Invocation()
     try:
-        return _train(cfg, invocation, objects or UserObjects())
+        return _train(cfg, invocation, objects or UserObjects(), data_ahead)
     except (Preempted, TrainingDiverged, RunDirTaken, NotRequeued):
         raise  # they record their own status (NotRequeued: preempted), or the run dir is another run's
     except KeyboardInterrupt:  # a second Ctrl-C: at once, as asked; the record says so
@@ -87,7 +95,7 @@ def train(cfg: DictConfig, invocation: Invocation | None = None, objects: UserOb
         raise
 
 
-def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Metrics:
+def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects, data_ahead: Ahead | None) -> Metrics:
     start_time, started_at = time.perf_counter(), datetime.now().astimezone().isoformat(timespec="seconds")
     startup = Startup(from_process=bool(invocation.app))  # train.py's process (not saturate.fit's call)
     run = validate(cfg, presets=tuple(PRESETS), given=objects.nodes())
@@ -107,7 +115,9 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects) -> Met
     with lock as held, seeded(run.trainer, device), StopSignal() as stop:
         stop.listeners.append(observers.stop_requested)
         startup.mark("config and run dir")
-        parts = build_parts(run, invocation, objects, dist, device, tracker.images, startup=startup)
+        parts = build_parts(
+            run, invocation, objects, dist, device, tracker.images, startup=startup, data_ahead=data_ahead
+        )
         checkpointing = parts.checkpointing
         tracker.shown = (
             checkpointing.monitor if checkpointing.monitor not in (names.TRAIN_LOSS, names.VAL_LOSS) else names.VAL_LOSS
