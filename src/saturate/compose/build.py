@@ -476,12 +476,12 @@ def build_parts(
     show_images,
     *,
     startup: Startup | None = None,
-    data_ahead: Ahead | None = None,
+    ahead: Ahead | None = None,
 ) -> Parts:
     """data -> task -> precision -> model -> (batch-size search) -> loaders -> optimizer and
-    schedule; each marked on `startup`. The data is `data_ahead`'s when it can be taken."""
+    schedule; each marked on `startup`. The data is what `ahead` built when it can be taken."""
     mark = startup.mark if startup is not None else _unmarked
-    taken = data_ahead.take(run.data) if data_ahead is not None and objects.data is None else None
+    taken = ahead.take(run.data) if ahead is not None and objects.data is None else None
     data, spec, values, nodes, task = _data_and_task(
         run, invocation, objects, device, taken.data if taken is not None else None
     )

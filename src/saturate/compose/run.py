@@ -115,9 +115,7 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects, data_a
     with lock as held, seeded(run.trainer, device), StopSignal() as stop:
         stop.listeners.append(observers.stop_requested)
         startup.mark("config and run dir")
-        parts = build_parts(
-            run, invocation, objects, dist, device, tracker.images, startup=startup, data_ahead=data_ahead
-        )
+        parts = build_parts(run, invocation, objects, dist, device, tracker.images, startup=startup, ahead=data_ahead)
         checkpointing = parts.checkpointing
         tracker.shown = (
             checkpointing.monitor if checkpointing.monitor not in (names.TRAIN_LOSS, names.VAL_LOSS) else names.VAL_LOSS
