@@ -192,6 +192,10 @@ def task(cfg: DictConfig):
         return train(cfg, invocation, data_ahead=data_ahead)
     except UserError as e:
         if _answering and not invocation.multirun:
+            if data_ahead is not None:  # the message first: a data build under way may take seconds to finish
+                print(f"error: {e}", file=sys.stderr, flush=True)
+                data_ahead.discard()
+                raise SystemExit(1) from None
             raise SystemExit(f"error: {e}") from None
         raise
     finally:

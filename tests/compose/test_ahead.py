@@ -7,6 +7,7 @@ the child never outlives the run, and a build under way is not cut short by a ru
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import pickle
@@ -47,6 +48,13 @@ if os.environ.get("AHEADDATA_SLOW_IMPORT") and multiprocessing.current_process()
     time.sleep(5)  # the run's config check, not the forked build: the run is still before its training then
 
 
+class NoRawFiles(DataError):
+    """A user's own error class, whose constructor takes other arguments than its message."""
+
+    def __init__(self, root, hint):
+        super().__init__(f"drawn: no raw files under {root} ({hint})")
+
+
 class Drawn(Dataset):
     """Each sample shifted by the sum of its block of a Fortran-ordered array and of a row of a
     transposed tensor: reductions whose order, and so their rounding, follows the memory layout."""
@@ -67,6 +75,12 @@ def build(kind="plain", log="builds.txt"):
     Path(log).open("a").write(f"{os.getpid()}\\n")  # one line a build
     if kind == "broken":
         raise DataError("drawn: no files under data/raw (kind=broken)")
+    if kind == "broken-own":
+        raise NoRawFiles("data/raw", "kind=broken-own")
+    if kind == "pool":  # processes of its own, stopped with SIGTERM when the block ends
+        with multiprocessing.Pool(1) as pool:
+            pool.map(abs, range(4))
+    manager = multiprocessing.Manager() if kind == "manager" else None  # a server the data needs
     if kind == "killed" and multiprocessing.current_process().name == "saturate-data":
         os.kill(os.getpid(), signal.SIGKILL)  # the forked build dies (out of memory): the run builds its own
     if kind == "slow":  # a cache written over 1.5 s, and a process of its own
@@ -82,10 +96,9 @@ def build(kind="plain", log="builds.txt"):
     spread = np.asfortranarray((np.random.rand(640, 30, 20) * (1 + random.random())).astype(np.float32))  # 1.5 MiB
     mix = torch.randn(16, 64).t()  # small, transposed: by value, with its strides
     transform = (lambda t: t) if kind == "lambda" else None  # a lambda does not pickle
-    return {
-        "train": Drawn(x[:512], y[:512], spread[:512], mix, transform),
-        "val": Drawn(x[512:], y[512:], spread[512:], mix),
-    }
+    train = Drawn(x[:512], y[:512], spread[:512], mix, transform)
+    train.seen = manager.list() if manager else None
+    return {"train": train, "val": Drawn(x[512:], y[512:], spread[512:], mix)}
 '''
 
 ARGS = [
@@ -159,22 +172,29 @@ def test_what_cannot_come_back_is_built_in_the_run_and_a_builders_mistake_is_ans
     assert here.returncode == 0, here.stderr[-3000:]
     _builds(tmp_path)
     dead = "the process building it ended without sending it"
-    for kind, says in (("lambda", "it could not be sent"), ("killed", dead)):
+    kept = "its build left processes running"
+    for kind, says in (("lambda", "it could not be sent"), ("killed", dead), ("manager", kept)):
         result = _train(tmp_path, kind, f"data.kind={kind}")
         assert result.returncode == 0, result.stderr[-3000:]
         assert f"data: built here, not ahead in a forked process: {says}" in result.stdout
         assert _learnt(tmp_path / kind) == _learnt(tmp_path / "here")
         assert len(_builds(tmp_path)) == 2  # the child's, then the run's own
 
-    for on in (True, False):
-        result = _train(tmp_path, f"broken-{on}", "data.kind=broken", f"loader.build_ahead={on}")
+    said = {
+        "broken": "no files under data/raw (kind=broken)",
+        "broken-own": "no raw files under data/raw (kind=broken-own)",
+    }
+    for (kind, says), on in itertools.product(said.items(), (True, False)):
+        result = _train(tmp_path, f"{kind}-{on}", f"data.kind={kind}", f"loader.build_ahead={on}")
         assert result.returncode == 1
         output = result.stdout + result.stderr
         assert "Traceback" not in output and "saturate-data" not in output
-        assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
-            "error: drawn: no files under data/raw (kind=broken)"
-        ]
+        assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [f"error: drawn: {says}"]
         assert len(_builds(tmp_path)) == 1
+
+    pooled = _train(tmp_path, "pool", "data.kind=pool")  # its workers stopped as they would be in the run
+    assert pooled.returncode == 0 and FORKED in pooled.stdout, pooled.stderr[-3000:]
+    assert _learnt(tmp_path / "pool") == _learnt(tmp_path / "here")
 
 
 def _gone(pid: int, within: float) -> bool:
@@ -292,6 +312,7 @@ def test_arrays_and_tensors_come_back_with_their_layout_flags_and_shared_buffers
         "clips": [torch.randn(30, 21) for _ in range(ahead.MAX_PIECES + 1)],  # small ones: by value, however many
         "halves": torch.zeros(3, dtype=torch.bfloat16),
         "expanded": torch.zeros(1).expand(300_000),
+        "records": np.zeros(10, dtype=[("a", np.int32), ("b", np.float32)])[2:],  # a view keeps its fields
         "names": ["a", "b"],
     }
     back = _round_trip(sent)
@@ -310,6 +331,7 @@ def test_arrays_and_tensors_come_back_with_their_layout_flags_and_shared_buffers
     assert back["views"][1][0, 3] == 99.0 and back["views"][2][0, 0] == 99.0
     assert all(torch.equal(a, b) and not b.is_shared() for a, b in zip(sent["clips"], back["clips"], strict=True))
     assert back["halves"].dtype == torch.bfloat16 and back["expanded"].stride() == (0,)
+    assert back["records"].dtype == sent["records"].dtype and back["records"]["a"].shape == (8,)
     assert back["names"] == ["a", "b"]
 
 
@@ -322,6 +344,7 @@ def test_what_cannot_come_back_is_declined_with_the_reason(tmp_path):
         "memory-mapped array": {"x": np.asarray(mapped)[1:]},
         "foreign buffer": {"x": np.lib.stride_tricks.as_strided(base, (10, 10), (8, 16))},
         "by value": {"blob": b"\0" * (ahead.BY_VALUE_LIMIT + 1)},
+        "conjugated": {"x": torch.tensor([1 - 2j, 3 + 4j]).conj()},  # torch's sharing would drop the bit
     }
     for says, data in cases.items():
         declined = pickle.loads(ahead._pickled(data))

@@ -27,17 +27,18 @@ raise it, without a second build. Anything else and the run builds the data itse
 child, saying why: a dataset that does not pickle (a lambda, an open file), a memory-mapped array
 or tensor, more than 64 MiB by value, over 256 tensors of 1 MiB or more (each is a file descriptor
 passed over a socket), more shared memory than a quarter of what is free (or than /dev/shm has),
-a builder that used CUDA or raised an error of another kind (its traceback is then the run's own).
+a lazily conjugated tensor, a builder that used CUDA, left a process running, stopped on a prompt
+for input, or raised an error of another kind (its traceback is then the run's own).
 What is not carried back: what the builder changed outside what it returned (a module-level
 variable, a registry, a CUDA seed set with torch.cuda.manual_seed alone), and whatever a class's
 own pickling leaves out (a `__getstate__` that drops a cache). `loader.build_ahead=false` builds
 in the run's process; so does every run that is not train.py's single, first, one-process run on
 Linux (a multirun, tune, torchrun's ranks, saturate.fit).
 
-The child has its own process group (Ctrl-C and the stop signals are the run's to answer) and
-dies with the run. A run that ends before taking the data (a mistake found after the fork, the
-run dir refused) lets a build under way finish for up to 10 s, so that a cache it writes is not
-cut short, then stops it and what it started; after Ctrl-C, at once.
+The child has its own process group (a terminal's Ctrl-C is the run's to answer) and is killed
+when the run's process dies. A run that ends before taking the data (a mistake found after the
+fork, the run dir refused) prints its error, lets a build under way finish for up to 10 s, so
+that a cache it writes is not cut short, then stops it and what it started; after Ctrl-C, at once.
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from saturate.errors import UserError
-from saturate.scale.ranks import STOP_SIGNALS
 
 log = logging.getLogger("saturate")
 
@@ -113,7 +113,7 @@ class Ahead:
         try:
             got = self._receive()
         finally:
-            self._stop(grace=0)  # what it sent (its shared memory too) is here
+            self._stop(grace=0, settle=1.0)  # what it sent (its shared memory too) is here
         waited = time.perf_counter() - waited
         if isinstance(got, (Built, Failed)) and got.node != node:
             got = Declined("the data node differs from the one it was built from")
@@ -135,13 +135,15 @@ class Ahead:
     def discard(self, *, interrupted: bool = False) -> None:
         """Stop a child whose data no run took (the run failed first, or tune or torchrun took
         over): after its build, for up to GRACE_S; `interrupted` (Ctrl-C), at once."""
-        self._stop(grace=0 if interrupted else GRACE_S)
+        self._stop(grace=0, settle=0) if interrupted else self._stop(grace=GRACE_S, settle=1.0)
 
     def _receive(self) -> Built | Declined | Failed:
         ended = Declined("the process building it ended without sending it")
         while not self.results.poll(0.05):  # readable: what it sent, or the end of the pipe
             if not self.process.is_alive() and not self.results.poll(0):  # gone (its pipe held by what it started)
                 return ended
+            if _stopped(self.process.pid):  # a job-control stop: it would wait for ever
+                return Declined("the process building it was stopped (it asked the terminal for input)")
         try:
             return ForkingPickler.loads(self.results.recv_bytes())
         except (EOFError, OSError):  # killed (out of memory) before it had sent it all
@@ -149,21 +151,34 @@ class Ahead:
         except Exception as e:  # a class that does not unpickle here
             return Declined(f"its data did not unpickle here ({type(e).__name__}: {e})")
 
-    def _stop(self, grace: float) -> None:
+    def _stop(self, grace: float, settle: float) -> None:
         """Stop the child and whatever it started (its process group), after up to `grace` s for
-        a build under way (the child sends once the build is done), and reap it."""
+        a build under way (the child sends once the build is done) and `settle` s for it to end
+        as a process does (its temporary files removed), and reap it."""
         process, self.process = self.process, None
         if process is None:
             return
-        if grace > 0 and process.is_alive():
-            with contextlib.suppress(OSError, EOFError):
-                self.results.poll(grace)
-        with contextlib.suppress(OSError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.kill()
-        process.join()
-        for conn in (self.done, self.results):
-            conn.close()
+        try:
+            if grace > 0 and process.is_alive():
+                with contextlib.suppress(OSError, EOFError):
+                    self.results.poll(grace)
+            self.done.close()  # the child's cue to end as a process does (its temporary files removed)
+            process.join(timeout=settle)
+        finally:  # Ctrl-C while waiting too
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGKILL)  # it, and what it started
+            process.kill()
+            process.join()
+            self.results.close()
+
+
+def _stopped(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
 
 
 def wanted(cfg) -> bool:
@@ -187,15 +202,18 @@ def wanted(cfg) -> bool:
 def start(cfg) -> Ahead | None:
     """Fork the child that builds `cfg`'s data (the config already checked without its
     targets); None when the system refuses a process or a pipe (the run builds its data)."""
+    context, pipes = multiprocessing.get_context("fork"), []
     try:
-        context = multiprocessing.get_context("fork")
-        results, results_end = context.Pipe(duplex=False)
-        done_end, done = context.Pipe(duplex=False)
+        pipes += context.Pipe(duplex=False)  # (the reading end, the writing end): the run reads what the child sends
+        pipes += context.Pipe(duplex=False)  # the child reads, the run closes its end when it has taken the data
+        results, results_end, done_end, done = pipes
         process = context.Process(
             target=_child, args=(cfg, os.getpid(), results_end, done_end, (results, done)), name="saturate-data"
         )
         process.start()
     except OSError as e:  # EAGAIN, ENOMEM, EMFILE
+        for conn in pipes:
+            conn.close()
         log.info("data: built here, not ahead in a forked process: %s (loader.build_ahead)", e)
         return None
     with contextlib.suppress(OSError):  # its own group (the child sets it too: whichever comes first)
@@ -269,10 +287,10 @@ def _set_states(states: tuple) -> None:
 
 def _child(cfg, parent: int, results, done, parents: tuple) -> None:
     """Build, send, and wait until the run has taken the shared memory (or gone)."""
-    for number in STOP_SIGNALS:  # Ctrl-C, preemption: the run's to answer; it stops this child
-        signal.signal(number, signal.SIG_IGN)
     with contextlib.suppress(OSError):
-        os.setpgid(0, 0)  # its own group: stopped with whatever the builder starts
+        os.setpgid(0, 0)  # its own group: the terminal's Ctrl-C is the run's to answer; stopped with what it starts
+    for number in (signal.SIGTTIN, signal.SIGTTOU):  # a prompt for input fails (then the run builds and asks)
+        signal.signal(number, signal.SIG_IGN)  # instead of stopping a process in the background
     _die_with(parent)
     for conn in parents:
         conn.close()
@@ -280,7 +298,7 @@ def _child(cfg, parent: int, results, done, parents: tuple) -> None:
         try:
             payload = _pickled(_build(cfg))
         except UserError as e:  # the builder's mistake, answered by the run in one line
-            payload = _pickled(Failed(_node(cfg), e))
+            payload = _pickled(Failed(_node(cfg), _portable(e)))
     except BaseException as e:  # a bug: the run builds again, and its traceback is the run's own
         payload = pickle.dumps(Declined(f"its build raised {type(e).__name__}: {e}"))
     try:
@@ -288,6 +306,25 @@ def _child(cfg, parent: int, results, done, parents: tuple) -> None:
         done.recv_bytes()  # EOF when the run has what it needs (or is gone)
     except (EOFError, OSError):
         pass
+
+
+def _left_running() -> bool:
+    """Whether the build left a process of its own running (the resource sharer is a thread)."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        return any(p.status() != psutil.STATUS_ZOMBIE for p in psutil.Process().children(recursive=True))
+    return False
+
+
+def _portable(error: UserError) -> UserError:
+    """`error`, or a UserError with its message when its class does not unpickle (a constructor
+    that takes other arguments than its message)."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return UserError(str(error))
+    return error
 
 
 def _die_with(parent: int) -> None:
@@ -309,7 +346,6 @@ def _node(cfg):
 
 def _build(cfg) -> Built | Declined:
     import torch
-    from hydra.utils import get_object
 
     from saturate.started import resume_collector
 
@@ -320,12 +356,14 @@ def _build(cfg) -> Built | Declined:
     from saturate.parts.device import keep_host_memory, seed_all, set_threads
 
     run = validate(cfg, presets=tuple(PRESETS), targets=False)
-    with contextlib.suppress(Exception):  # the run's config check imports it before seeding (an error: the build's)
-        get_object(run.data["_target_"])
+    for target in _targets(run.data):  # the run's config check imports them before it seeds
+        _import_quietly(target)
     logging.getLogger("saturate").setLevel(run.trainer.log_level)
     if run.device.keep_host_memory:
         keep_host_memory()
     set_threads(run.device.threads)
+    if run.device.type != "cpu" and torch.cuda.is_available():  # as setup_device on a CUDA run (no CUDA context)
+        torch.backends.cuda.matmul.allow_tf32 = run.device.tf32  # float32 matmul precision "high"
     seed_all(run.trainer.seed)  # as compose.run's `seeded` does (its switches' reset imports torch._inductor: 1 s)
     if run.trainer.deterministic:
         torch.use_deterministic_algorithms(True)
@@ -334,10 +372,35 @@ def _build(cfg) -> Built | Declined:
     seconds, after = time.perf_counter() - started, _states()
     if torch.cuda.is_initialized():
         return Declined("its build used CUDA")
+    if _left_running():
+        return Declined("its build left processes running (its data may need them: a Manager's server)")
     if _switches() != switches:
         return Declined("its build changed torch's threads, default dtype, deterministic switch or matmul precision")
     reseeded = torch.initial_seed() if torch.initial_seed() != seed else None
     return Built(run.data, data, seconds, switches, before, after, reseeded)
+
+
+def _targets(node) -> list[str]:
+    """Every `_target_` in a node, its own first, then those of its arguments, as the config check finds them."""
+    if isinstance(node, dict):
+        own = [node["_target_"]] if isinstance(node.get("_target_"), str) else []
+        return own + [t for key, value in node.items() if key != "_target_" for t in _targets(value)]
+    return [t for value in node for t in _targets(value)] if isinstance(node, list) else []
+
+
+def _import_quietly(target: str) -> None:
+    """Import the module `target` names (its longest importable prefix); a mistake is the build's to report."""
+    import importlib
+
+    parts = target.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        try:
+            importlib.import_module(".".join(parts[:end]))
+            return
+        except ImportError:
+            continue
+        except Exception:
+            return
 
 
 class _TooMuch(Exception):
@@ -408,7 +471,7 @@ class _Pickler(ForkingPickler):
             if type(owner) is not np.ndarray or not (owner.flags.c_contiguous or owner.flags.f_contiguous):
                 raise _TooMuch("it holds a view of a buffer NumPy does not own (its layout would change)")
             offset = array.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
-            return _array_view, (owner, offset, array.shape, array.strides, array.dtype.str, array.flags.writeable)
+            return _array_view, (owner, offset, array.shape, array.strides, array.dtype, array.flags.writeable)
         if not (array.flags.c_contiguous or array.flags.f_contiguous):
             raise _TooMuch("it holds a strided array over a foreign buffer (its layout would change)")
         if array.nbytes < SHARED_MIN:
@@ -426,9 +489,11 @@ class _Pickler(ForkingPickler):
         storage = tensor.untyped_storage()
         if getattr(storage, "filename", None):
             raise _TooMuch("it holds a tensor mapped from a file (mapped in the run's process instead)")
-        plain = type(tensor) is torch.Tensor and not tensor.requires_grad and not tensor.is_conj()
-        if plain and not tensor.is_neg() and storage.nbytes() < SHARED_MIN:  # by value, its storage once
-            key = storage.data_ptr()
+        if tensor.is_conj() or tensor.is_neg():  # torch's sharing drops the bit
+            raise _TooMuch("it holds a lazily conjugated or negated tensor (resolve_conj() or resolve_neg() it)")
+        plain = type(tensor) is torch.Tensor and not tensor.requires_grad
+        if plain and storage.nbytes() < SHARED_MIN:  # by value, its storage once
+            key = storage.data_ptr(), storage.nbytes()
             if key not in self.bytes_of:
                 self.bytes_of[key] = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
             shape, stride = tuple(tensor.shape), tensor.stride()
@@ -462,12 +527,12 @@ def _shared_array(tensor, fortran: bool, writeable: bool):
     return array
 
 
-def _array_view(owner, offset: int, shape: tuple, strides: tuple, dtype: str, writeable: bool):
+def _array_view(owner, offset: int, shape: tuple, strides: tuple, dtype, writeable: bool):
     """A view of `owner` (sent once for all its views) at `offset` bytes with its shape and strides."""
     import numpy as np
 
     flat = owner.ravel(order="K").view(np.uint8)  # C or Fortran contiguous: a view, not a copy
-    view = np.ndarray(shape, np.dtype(dtype), buffer=flat, offset=offset, strides=strides)
+    view = np.ndarray(shape, dtype, buffer=flat, offset=offset, strides=strides)
     if not writeable:
         view.flags.writeable = False
     return view
