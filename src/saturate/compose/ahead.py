@@ -159,7 +159,13 @@ class Ahead:
         if process is None:
             return
         try:
-            if grace > 0 and process.is_alive():
+            if grace > 0 and process.is_alive() and not self.results.poll(0):
+                print(
+                    f"waiting up to {grace:.0f} s for the data's build in the forked process to finish (a file it "
+                    "writes stays whole); Ctrl-C stops it at once",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 with contextlib.suppress(OSError, EOFError):
                     self.results.poll(grace)
             self.done.close()  # the child's cue to end as a process does (its temporary files removed)
