@@ -4,10 +4,10 @@ A run's start-up imports torch, torch._dynamo and torchmetrics (1.5-2.5 s of one
 then builds its data (the data node's `_target_`: reading, decoding, splitting; mixup's digits
 0.7-1.3 s, scikit-learn's import among it). On a machine with two cores or more, train.py forks
 a child before those imports (`start`); the child builds the data as the run would (the same
-config, intra-op threads, seeds and deterministic switch, the data's module imported before the
-seeding, as the run's config check imports it), and the run takes it when it reaches the data
-(`Ahead.take`, handed down to compose.build) instead of building it again: the build's time
-overlaps the imports.
+config, intra-op threads, seeds and deterministic switch, every module the data node names
+imported before the seeding, as the run's config check imports them), and the run takes it
+when it reaches the data (`Ahead.take`, handed down to compose.build) instead of building it
+again: the build's time overlaps the imports.
 
 What the run gets is what building it in the run's own process gives, the random streams
 included:
