@@ -119,8 +119,8 @@ class Ahead:
             got = Declined("the data node differs from the one it was built from")
         if isinstance(got, Failed):
             raise got.error
-        if isinstance(got, Built) and _mismatch(got):
-            got = Declined(_mismatch(got))
+        why = _mismatch(got) if isinstance(got, Built) else None
+        got = Declined(why) if why else got
         if isinstance(got, Declined):
             log.info("data: built here, not ahead in a forked process: %s (loader.build_ahead)", got.why)
             return None
@@ -301,10 +301,14 @@ def _child(cfg, parent: int, results, done, parents: tuple) -> None:
     for conn in parents:
         conn.close()
     try:
+        from saturate.config.schema import validate  # no torch
+        from saturate.data.policy import PRESETS
+
+        run = validate(cfg, presets=tuple(PRESETS), targets=False)  # as the run had it checked before the fork
         try:
-            payload = _pickled(_build(cfg))
+            payload = _pickled(_build(run))
         except UserError as e:  # the builder's mistake, answered by the run in one line
-            payload = _pickled(Failed(_node(cfg), _portable(e)))
+            payload = _pickled(Failed(run.data, _portable(e)))
     except BaseException as e:  # a bug: the run builds again, and its traceback is the run's own
         payload = pickle.dumps(Declined(f"its build raised {type(e).__name__}: {e}"))
     try:
@@ -343,25 +347,15 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def _node(cfg):
-    from saturate.config.schema import validate
-    from saturate.data.policy import PRESETS
-
-    return validate(cfg, presets=tuple(PRESETS), targets=False).data
-
-
-def _build(cfg) -> Built | Declined:
+def _build(run) -> Built | Declined:
     import torch
 
     from saturate.started import resume_collector
 
     resume_collector(freeze=True)  # paused over the imports, as in the run (saturate.started)
-    from saturate.config.schema import validate
-    from saturate.data.policy import PRESETS
     from saturate.data.source import build_datasets
     from saturate.parts.device import keep_host_memory, seed_all, set_threads
 
-    run = validate(cfg, presets=tuple(PRESETS), targets=False)
     for target in _targets(run.data):  # the run's config check imports them before it seeds
         _import_quietly(target)
     logging.getLogger("saturate").setLevel(run.trainer.log_level)
