@@ -10,6 +10,7 @@ its whole traceback. Set HYDRA_FULL_ERROR=1 yourself to get Hydra's own handling
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import difflib
 import errno
@@ -24,6 +25,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from saturate.compose import ahead
+from saturate.config.composed_once import composed_once
 from saturate.config.invocation import SCRIPT, Invocation, from_hydra
 from saturate.config.registration import register
 from saturate.errors import Problem, UserError, shown
@@ -46,14 +48,16 @@ def run(main: Callable[[], object]) -> None:
     atexit.register(_freeze_at_exit)  # after the handlers registered during this (the last) run
     os.environ[SCRIPT] = os.path.abspath(sys.argv[0])  # SLURM jobs inherit it: their resume command names it
     sys.argv[1:] = [shorthand(arg) for arg in sys.argv[1:]]
-    if not {"-m", "--multirun"} & set(sys.argv[1:]):  # a multirun's parent may wait on a launcher for hours
+    single = not {"-m", "--multirun"} & set(sys.argv[1:])
+    if single:  # a multirun's parent may wait on a launcher for hours
         pause_collector()  # no collector passes over the start-up's imports (saturate.started): about 1 s
     reach("main")  # from here to task(): Hydra's work, the start-up's "hydra" span
     try:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            main()
-        else:
-            _answered(main)
+        with composed_once() if single else contextlib.nullcontext():  # Hydra composes the config once, not twice
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                main()
+            else:
+                _answered(main)
     finally:
         resume_collector()  # when no run reached the end of its imports (--cfg, a mistake in the config)
 
