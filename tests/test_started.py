@@ -1,6 +1,7 @@
 """The start-up's imports (saturate.started): torchmetrics without the scipy.signal that only its
-SRMRpy shim imports, and a stand-in that gives way to the real module when anything else asks.
-That train.py's run imports torchmetrics without it: tests/test_cli.py (the collector's test)."""
+SRMRpy shim imports and the matplotlib that only its plots use, and stand-ins that give way to
+the real modules when anything else asks. That train.py's run imports torchmetrics without them:
+tests/test_cli.py (the collector's test)."""
 
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ def test_an_import_that_uses_scipy_signal_gets_the_real_one_through_the_stand_in
     seen = in_fresh_python(
         """
         import json, sys
-        from saturate.started import scipy_signal_stood_in
+        from saturate.started import torchmetrics_stood_in
         import inspect
-        with scipy_signal_stood_in():
+        with torchmetrics_stood_in():
             stood_in = sys.modules["scipy.signal"]
             inspect.getframeinfo(sys._getframe())  # asks every module for its __file__ (torch.library does this)
             asked = sys.modules["scipy.signal"] is stood_in
@@ -55,8 +56,64 @@ def test_an_import_that_uses_scipy_signal_gets_the_real_one_through_the_stand_in
 def test_nothing_stands_in_for_a_scipy_signal_already_imported():
     import scipy.signal
 
-    from saturate.started import scipy_signal_stood_in
+    from saturate.started import torchmetrics_stood_in
 
-    with scipy_signal_stood_in():
+    with torchmetrics_stood_in():
         assert sys.modules["scipy.signal"] is scipy.signal
     assert sys.modules["scipy.signal"] is scipy.signal
+
+
+def test_torchmetrics_imported_without_matplotlib_still_plots_with_it(tmp_path):
+    seen = in_fresh_python(
+        """
+        import json, os, sys
+        os.environ["MPLBACKEND"] = "Agg"
+        from saturate.started import import_timed
+        import_timed("torch", "torchmetrics")
+        left = sorted(n for n in sys.modules if n.partition(".")[0] == "matplotlib")
+        import torch, torchmetrics
+        from torchmetrics.utilities import plot
+        mse = torchmetrics.MeanSquaredError()
+        mse.update(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 3.0]))
+        fig, ax = mse.plot()  # pyplot imported now, its style context entered around the plot
+        import matplotlib.axes, matplotlib.pyplot as plt
+        _, axes = plt.subplots(1, 3)
+        print(json.dumps({
+            "left": left,
+            "figure": isinstance(fig, plt.Figure), "axes": isinstance(ax, plot._AX_TYPE),
+            "real": isinstance(ax, matplotlib.axes.Axes),
+            "not_axes": isinstance(object(), plot._AX_TYPE), "subclass": issubclass(type(ax), plot._AX_TYPE),
+            "one_kept": plot.trim_axs(ax, 1) is ax, "two_of_three": len(plot.trim_axs(axes, 2)),
+            "real_pyplot": sys.modules["matplotlib.pyplot"] is plt and type(plt).__name__ == "module",
+            "forwards": plot.plt.subplots is plt.subplots,
+        }))
+        """,
+        tmp_path,
+    )
+    assert seen.pop("left") == []  # neither the real matplotlib nor a stand-in is in sys.modules after the import
+    assert seen == {
+        "figure": True,
+        "axes": True,
+        "real": True,
+        "not_axes": False,
+        "subclass": True,
+        "one_kept": True,
+        "two_of_three": 2,
+        "real_pyplot": True,
+        "forwards": True,
+    }
+
+
+def test_nothing_stands_in_for_a_matplotlib_already_imported(tmp_path):
+    seen = in_fresh_python(
+        """
+        import json, sys
+        import matplotlib
+        from saturate.started import torchmetrics_stood_in
+        with torchmetrics_stood_in():
+            same = sys.modules["matplotlib"] is matplotlib and "matplotlib.pyplot" not in sys.modules
+        print(json.dumps({"same": same, "after": sys.modules["matplotlib"] is matplotlib}))
+        """,
+        tmp_path,
+    )
+    assert seen == {"same": True, "after": True}

@@ -1,5 +1,6 @@
 """This process's start: when it first imported saturate, what its heaviest imports took (and
-torchmetrics' import without the scipy.signal it loads for nothing: `scipy_signal_stood_in`),
+torchmetrics' import without the scipy.signal and matplotlib it loads for nothing:
+`torchmetrics_stood_in`),
 and Python's garbage collector over a run's start-up.
 
 `IMPORTED_AT` (time.perf_counter()): where a run's start-up is counted from when the process's
@@ -44,68 +45,137 @@ _paused = False  # pause_collector turned the collector off; the start-up is not
 def import_timed(*modules: str) -> None:
     """Import each module in turn, timing those not imported yet (IMPORTS): the start-up's
     report names the dependencies that took the longest. torchmetrics is imported without
-    scipy.signal (scipy_signal_stood_in)."""
+    the scipy.signal and matplotlib it loads for nothing (torchmetrics_stood_in)."""
     for name in modules:
         if name in sys.modules:
             continue
         start = time.perf_counter()
-        with scipy_signal_stood_in() if name == "torchmetrics" else contextlib.nullcontext():
+        with torchmetrics_stood_in() if name == "torchmetrics" else contextlib.nullcontext():
             importlib.import_module(name)
         IMPORTS[name] = time.perf_counter() - start
 
 
-class _SignalStandIn(types.ModuleType):
-    """What `scipy.signal` is while torchmetrics imports: `hamming` is there (the one thing its
-    shim asks, with hasattr), and so is the real module's `__file__` (what `inspect.getmodule`
-    asks of every module: torch.library's registrations call it); any other attribute imports
-    the real module and is read from it. A name bound to the stand-in itself (`import
-    scipy.signal as s` while it stands) keeps forwarding to the real one. A submodule of
-    scipy.signal imported while it stands would be loaded twice (Python reads `__path__`, which
-    loads the real package and the submodule with it, then loads the submodule again): nothing
-    torchmetrics 1.9 imports does that."""
+class _StandIn(types.ModuleType):
+    """What a module is while a block imports (`_stood_in`): the names it was given are
+    answered here while the block runs; a dunder is not there (inspect asks every module for
+    `__file__`: torch.library's registrations do); anything else, or any name after the block,
+    gives up its package's stand-ins, imports the real module and is read from it. A name bound
+    to a stand-in (`import matplotlib.pyplot as plt` while it stands) keeps forwarding to the
+    real one."""
 
-    def __init__(self, spec):
-        super().__init__(spec.name)
-        self.__file__ = spec.origin
+    def __init__(self, name: str, names: dict, family: dict, standing: list):
+        super().__init__(name)
+        self._names, self._family, self._standing = names, family, standing
 
     def __getattr__(self, name: str):
-        if name == "hamming":
-            return lambda *args, **kwargs: self.__getattr__("windows").hamming(*args, **kwargs)
-        if sys.modules.get(self.__name__) is self:
-            sys.modules.pop(self.__name__, None)
-        return getattr(importlib.import_module(self.__name__), name)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if self._standing:
+            if name in self._names:
+                return self._names[name]
+            if f"{self.__name__}.{name}" in self._family:  # `matplotlib.axes` after `import matplotlib.axes`
+                return self._family[f"{self.__name__}.{name}"]
+        return getattr(_real(self.__name__), name)
+
+
+def _real(module: str) -> types.ModuleType:
+    """The real `module`, its package's stand-ins given up first."""
+    package = module.partition(".")[0]
+    for name, held in list(sys.modules.items()):
+        if isinstance(held, _StandIn) and name.partition(".")[0] == package:
+            del sys.modules[name]
+    return importlib.import_module(module)
 
 
 @contextlib.contextmanager
-def scipy_signal_stood_in() -> Iterator[None]:
-    """A stand-in for `scipy.signal` while the block imports, when scipy is there and
-    scipy.signal not imported yet; afterwards the stand-in is gone and a later import gets the
-    real module.
-
-    torchmetrics (up to 1.9.0 at least) imports scipy.signal in three `__init__`s for one line
-    that patches `scipy.signal.hamming` back in for SRMRpy, a package it never imports
-    (Lightning-AI/torchmetrics#3457, #3459): about 1.1 s of a 2-core CPU's start-up, scipy.stats
-    and scipy.interpolate with it, two thirds of what train.py imported that a plain loop does
-    not (forecast, `python -X importtime`). Neither saturate nor torchmetrics' metrics use it.
-    What changes: scipy.signal.hamming is not put back for SRMRpy's callers (scipy removed it in
-    1.13)."""
-    spec = None
-    if "scipy.signal" not in sys.modules:
-        with contextlib.suppress(ImportError):  # scipy not installed
-            spec = importlib.util.find_spec("scipy.signal")  # imports scipy (light), not scipy.signal
-    if spec is None:
+def _stood_in(package: str, modules: dict[str, dict]) -> Iterator[None]:
+    """`modules` (name -> the names each answers) stand in for the real ones while the block
+    runs, when `package` is installed (finding its spec imports nothing) and none of them is
+    imported yet; afterwards they are gone from sys.modules (and from their parents) and a later
+    import gets the real modules."""
+    if any(name in sys.modules for name in modules) or importlib.util.find_spec(package) is None:
         yield
         return
-    stand_in = _SignalStandIn(spec)
-    sys.modules["scipy.signal"] = stand_in
+    family: dict[str, _StandIn] = {}
+    standing = [True]
+    for name, names in modules.items():
+        family[name] = _StandIn(name, names, family, standing)
+    sys.modules.update(family)
     try:
         yield
     finally:
-        if sys.modules.get("scipy.signal") is stand_in:
-            sys.modules.pop("scipy.signal", None)
-        scipy = sys.modules.get("scipy")
-        if scipy is not None and vars(scipy).get("signal") is stand_in:
-            del scipy.signal
+        standing.clear()
+        for name, stand_in in family.items():
+            if sys.modules.get(name) is stand_in:
+                del sys.modules[name]
+            parent, _, child = name.rpartition(".")
+            if parent and vars(sys.modules.get(parent, types.ModuleType(parent))).get(child) is stand_in:
+                delattr(sys.modules[parent], child)
+
+
+@contextlib.contextmanager
+def torchmetrics_stood_in() -> Iterator[None]:
+    """torchmetrics' import without scipy.signal and matplotlib (each when installed and not
+    imported yet), both loaded for nothing on every `import torchmetrics` (up to 1.9.0 at least;
+    Lightning-AI/torchmetrics#3457, open):
+
+    - scipy.signal, for one line in three `__init__`s that patches `scipy.signal.hamming` back in
+      for SRMRpy, a package torchmetrics never imports (#3459): its stand-in answers `hamming`
+      (what the shim asks, with hasattr). What changes: hamming is not put back for SRMRpy's
+      callers (scipy removed it in 1.13).
+    - matplotlib, which `torchmetrics.utilities.plot` imports to build three annotation aliases
+      and to call `pyplot.style.context` as a decorator of its plot functions: 0.2-0.4 s of a 2-core
+      CPU, most of torchmetrics' import (#3463 made the same change upstream, closed unmerged).
+      The stand-ins answer those names: classes whose isinstance and issubclass ask the real
+      ones, and a style context that imports pyplot when a plot function is first called.
+
+    Neither saturate nor torchmetrics' metrics use either; `metric.plot()` works as before."""
+    with _stood_in("scipy", {"scipy.signal": {"hamming": _hamming}}), _stood_in("matplotlib", _MATPLOTLIB):
+        yield
+
+
+def _hamming(*args, **kwargs):
+    return _real("scipy.signal").windows.hamming(*args, **kwargs)
+
+
+class _Deferred(type):
+    """A class of a module not imported yet: isinstance and issubclass ask the real class
+    (importing its module)."""
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, getattr(_real(cls.__module__), cls.__name__))
+
+    def __subclasscheck__(cls, sub) -> bool:
+        return issubclass(sub, getattr(_real(cls.__module__), cls.__name__))
+
+
+class _DeferredStyle(contextlib.ContextDecorator):
+    """`matplotlib.pyplot.style.context(*args, **kwargs)`, pyplot imported when it is entered."""
+
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs, self.entered = args, kwargs, []
+
+    def _recreate_cm(self):  # each call of a decorated function enters its own
+        return _DeferredStyle(*self.args, **self.kwargs)
+
+    def __enter__(self):
+        self.entered.append(_real("matplotlib.pyplot").style.context(*self.args, **self.kwargs))
+        return self.entered[-1].__enter__()
+
+    def __exit__(self, *exc):
+        return self.entered.pop().__exit__(*exc)
+
+
+# What torchmetrics.utilities.plot reads of matplotlib as it loads (1.9.0)
+_MATPLOTLIB = {
+    "matplotlib": {},
+    "matplotlib.axes": {"Axes": _Deferred("Axes", (), {"__module__": "matplotlib.axes"})},
+    "matplotlib.colors": {"Colormap": _Deferred("Colormap", (), {"__module__": "matplotlib.colors"})},
+    "matplotlib.pyplot": {
+        "Figure": _Deferred("Figure", (), {"__module__": "matplotlib.pyplot"}),
+        "style": types.SimpleNamespace(context=_DeferredStyle),
+    },
+}
 
 
 def process_age() -> float:
