@@ -64,6 +64,18 @@ def test_a_single_run_is_composed_once_into_hydras_own_config(overrides, composi
     assert OmegaConf.is_struct(once) and not OmegaConf.is_readonly(once.hydra)
 
 
+def test_a_mode_that_cannot_be_read_goes_hydras_own_way(compositions):
+    """Hydra's get_mode says None for a mode it cannot read; the run's composition then adds
+    hydra.mode=RUN after it, and the run goes ahead."""
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        mode, hydras = _run_config(["hydra.mode=???"])
+        with composed_once():
+            again, once = _run_config(["hydra.mode=???"])
+    assert mode is None and again is None and compositions[0] == 2 + 3
+    assert once.hydra.mode == hydras.hydra.mode == RunMode.RUN
+    assert OmegaConf.to_container(once, resolve=False) == OmegaConf.to_container(hydras, resolve=False)
+
+
 def test_a_config_that_sets_its_mode_and_a_mistake_go_hydras_own_way(tmp_path, compositions):
     (tmp_path / "experiment").mkdir()
     (tmp_path / "experiment" / "swept.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n")

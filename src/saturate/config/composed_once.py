@@ -2,7 +2,7 @@
 
 Before a single run, Hydra composes the whole config to read `hydra.mode` and throws it away
 (`Hydra.get_mode`), then `Hydra.run` composes it again with `hydra.mode=RUN` added when the
-config left the mode unset (facebookresearch/hydra#3440, open): 0.075 s of train.py's
+config left the mode unset (hydra-ecosystem/hydra#3440, open): 0.075 s of train.py's
 start-up on a 2-core CPU, a third of Hydra's share (docs/benchmarks.md).
 
 `composed_once()`, around a single run's `@hydra.main` call (saturate.cli.run): `get_mode`
@@ -13,9 +13,10 @@ the override recorded last among Hydra's own (`ConfigLoaderImpl._load_configurat
 applies the overrides and records them after merging the files, and nothing it computes
 reads either). Everything else goes Hydra's own way, composed again: a config that sets
 `hydra.mode` itself (lightning-hydra-template's `hparams_search` sets MULTIRUN), an error
-while composing (the second composition raises it, as before), another composition between
-the two. Only for Hydra 1.3, whose `get_mode` and `load_configuration` it knows; with another
-it does nothing.
+while composing or reading the mode (the first composition is Hydra's get_mode again, the
+run's raises the error as before: three compositions before a mistake's message instead of
+two), another composition between the two. Only for Hydra 1.3, whose `get_mode` and
+`load_configuration` it knows; with another it does nothing.
 """
 
 from __future__ import annotations
@@ -55,12 +56,13 @@ def composed_once() -> Iterator[None]:
 
     def get_mode_once(self, config_name, overrides):
         kept.clear()
-        try:
+        try:  # reading the mode can fail too (`hydra.mode=???`, an interpolation): Hydra's get_mode says None
             cfg = load(self.config_loader, config_name, list(overrides), RunMode.RUN)
+            mode = cfg.hydra.mode
         except Exception:  # noqa: BLE001 (Hydra's own way: get_mode swallows it, the run's composition raises it)
             return get_mode(self, config_name, overrides)
-        if cfg.hydra.mode is not None:
-            return cfg.hydra.mode
+        if mode is not None:
+            return mode
         kept["key"], kept["cfg"] = (self.config_loader, config_name, [*overrides, RUN_OVERRIDE]), cfg
         return None
 
