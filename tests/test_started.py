@@ -76,7 +76,7 @@ def test_torchmetrics_imported_without_matplotlib_still_plots_with_it(tmp_path):
         mse = torchmetrics.MeanSquaredError()
         mse.update(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 3.0]))
         fig, ax = mse.plot()  # pyplot imported now, its style context entered around the plot
-        import matplotlib.axes, matplotlib.pyplot as plt
+        import matplotlib, matplotlib.axes, matplotlib.pyplot as plt
         _, axes = plt.subplots(1, 3)
         print(json.dumps({
             "left": left,
@@ -86,6 +86,7 @@ def test_torchmetrics_imported_without_matplotlib_still_plots_with_it(tmp_path):
             "one_kept": plot.trim_axs(ax, 1) is ax, "two_of_three": len(plot.trim_axs(axes, 2)),
             "real_pyplot": sys.modules["matplotlib.pyplot"] is plt and type(plt).__name__ == "module",
             "forwards": plot.plt.subplots is plt.subplots,
+            "version": plot.matplotlib.__version__ == matplotlib.__version__,
         }))
         """,
         tmp_path,
@@ -101,7 +102,58 @@ def test_torchmetrics_imported_without_matplotlib_still_plots_with_it(tmp_path):
         "two_of_three": 2,
         "real_pyplot": True,
         "forwards": True,
+        "version": True,
     }
+
+
+def test_what_a_block_takes_from_the_stand_ins_works_as_the_real_modules(tmp_path):
+    """A name taken while they stand, a submodule imported then, the style of pyplot."""
+    seen = in_fresh_python(
+        """
+        import json, os, sys
+        os.environ["MPLBACKEND"] = "Agg"
+        from saturate.started import torchmetrics_stood_in
+        with torchmetrics_stood_in():
+            from matplotlib.pyplot import Figure
+            import matplotlib.pyplot as plt
+            import scipy.signal.windows, matplotlib.cm  # a submodule's import asks for the package's __path__
+        import matplotlib.figure
+        print(json.dumps({
+            "figure": type(Figure(figsize=(2, 2))) is matplotlib.figure.Figure,
+            "style": plt.style.available == sys.modules["matplotlib.style"].available,
+            "window": scipy.signal.windows.hamming(3).tolist(),
+            "cm": matplotlib.cm is sys.modules["matplotlib.cm"],
+        }))
+        """,
+        tmp_path,
+    )
+    assert seen.pop("window") == pytest.approx([0.08, 1.0, 0.08])
+    assert seen == {"figure": True, "style": True, "cm": True}
+
+
+def test_with_scienceplots_installed_torchmetrics_gets_the_real_matplotlib(tmp_path):
+    """torchmetrics' plot module imports scienceplots when it is installed, which styles
+    matplotlib as it loads: no stand-in for matplotlib then."""
+    (tmp_path / "scienceplots").mkdir()
+    (tmp_path / "scienceplots" / "__init__.py").write_text(
+        "import matplotlib.pyplot as plt\nSTYLES = plt.style.available\n"
+    )
+    (tmp_path / "scienceplots-2.1.1.dist-info").mkdir()
+    (tmp_path / "scienceplots-2.1.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: scienceplots\nVersion: 2.1.1\n"
+    )
+    seen = in_fresh_python(
+        """
+        import json, os, sys
+        os.environ["MPLBACKEND"] = "Agg"
+        from saturate.started import import_timed
+        import_timed("torch", "torchmetrics")
+        import matplotlib.pyplot as plt
+        print(json.dumps({"scienceplots": "scienceplots" in sys.modules, "real": type(plt).__name__ == "module"}))
+        """,
+        tmp_path,
+    )
+    assert seen == {"scienceplots": True, "real": True}
 
 
 def test_nothing_stands_in_for_a_matplotlib_already_imported(tmp_path):

@@ -24,6 +24,7 @@ from Python leave it alone.
 """
 
 import contextlib
+import dataclasses
 import gc
 import importlib
 import importlib.util
@@ -56,26 +57,34 @@ def import_timed(*modules: str) -> None:
 
 
 class _StandIn(types.ModuleType):
-    """What a module is while a block imports (`_stood_in`): the names it was given are
-    answered here while the block runs; a dunder is not there (inspect asks every module for
-    `__file__`: torch.library's registrations do); anything else, or any name after the block,
-    gives up its package's stand-ins, imports the real module and is read from it. A name bound
-    to a stand-in (`import matplotlib.pyplot as plt` while it stands) keeps forwarding to the
-    real one."""
+    """What a module is while a block imports (`_stood_in`). While the block runs, the names it
+    was given are answered here, and a dunder but `__path__` is not there (inspect asks every
+    module for `__file__`: torch.library's registrations do); anything else (a submodule's
+    import asks `__path__`), or any name after the block, gives up its package's stand-ins,
+    imports the real module and is read from it. A name bound to a stand-in (`import
+    matplotlib.pyplot as plt` while it stands) keeps forwarding to the real one."""
 
     def __init__(self, name: str, names: dict, family: dict, standing: list):
         super().__init__(name)
         self._names, self._family, self._standing = names, family, standing
 
     def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
         if self._standing:
             if name in self._names:
-                return self._names[name]
+                value = self._names[name]
+                return self._family[value.name] if isinstance(value, _Sibling) else value
             if f"{self.__name__}.{name}" in self._family:  # `matplotlib.axes` after `import matplotlib.axes`
                 return self._family[f"{self.__name__}.{name}"]
+            if name.startswith("__") and name != "__path__":
+                raise AttributeError(name)
         return getattr(_real(self.__name__), name)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sibling:
+    """A name that is another stand-in of the same block (pyplot's `style` is matplotlib.style)."""
+
+    name: str
 
 
 def _real(module: str) -> types.ModuleType:
@@ -129,8 +138,14 @@ def torchmetrics_stood_in() -> Iterator[None]:
       The stand-ins answer those names: classes whose isinstance and issubclass ask the real
       ones, and a style context that imports pyplot when a plot function is first called.
 
-    Neither saturate nor torchmetrics' metrics use either; `metric.plot()` works as before."""
-    with _stood_in("scipy", {"scipy.signal": {"hamming": _hamming}}), _stood_in("matplotlib", _MATPLOTLIB):
+    Neither saturate nor torchmetrics' metrics use either; `metric.plot()` works as before. What
+    differs: torchmetrics.utilities.plot's three aliases are those classes, not matplotlib's own
+    (isinstance agrees; `is` and pickling by reference do not), and a name taken from a stand-in
+    by another thread during the import is one too. When scienceplots is installed (torchmetrics
+    imports it, and it styles matplotlib as it loads) nothing stands in for matplotlib."""
+    # scienceplots, when installed, is imported by torchmetrics' plot module and styles matplotlib as it loads
+    matplotlib = contextlib.nullcontext() if importlib.util.find_spec("scienceplots") else _stood_in(*_MATPLOTLIB)
+    with _stood_in("scipy", {"scipy.signal": {"hamming": _hamming}}), matplotlib:
         yield
 
 
@@ -139,8 +154,11 @@ def _hamming(*args, **kwargs):
 
 
 class _Deferred(type):
-    """A class of a module not imported yet: isinstance and issubclass ask the real class
-    (importing its module)."""
+    """A class of a module not imported yet: isinstance, issubclass and a call ask the real
+    class (importing its module)."""
+
+    def __call__(cls, *args, **kwargs):
+        return getattr(_real(cls.__module__), cls.__name__)(*args, **kwargs)
 
     def __instancecheck__(cls, obj) -> bool:
         return isinstance(obj, getattr(_real(cls.__module__), cls.__name__))
@@ -166,16 +184,20 @@ class _DeferredStyle(contextlib.ContextDecorator):
         return self.entered.pop().__exit__(*exc)
 
 
-# What torchmetrics.utilities.plot reads of matplotlib as it loads (1.9.0)
-_MATPLOTLIB = {
-    "matplotlib": {},
-    "matplotlib.axes": {"Axes": _Deferred("Axes", (), {"__module__": "matplotlib.axes"})},
-    "matplotlib.colors": {"Colormap": _Deferred("Colormap", (), {"__module__": "matplotlib.colors"})},
-    "matplotlib.pyplot": {
-        "Figure": _Deferred("Figure", (), {"__module__": "matplotlib.pyplot"}),
-        "style": types.SimpleNamespace(context=_DeferredStyle),
+# What torchmetrics.utilities.plot reads of matplotlib as it loads (1.9.0); pyplot's `style` is matplotlib.style
+_MATPLOTLIB = (
+    "matplotlib",
+    {
+        "matplotlib": {},
+        "matplotlib.axes": {"Axes": _Deferred("Axes", (), {"__module__": "matplotlib.axes"})},
+        "matplotlib.colors": {"Colormap": _Deferred("Colormap", (), {"__module__": "matplotlib.colors"})},
+        "matplotlib.style": {"context": _DeferredStyle},
+        "matplotlib.pyplot": {
+            "Figure": _Deferred("Figure", (), {"__module__": "matplotlib.pyplot"}),
+            "style": _Sibling("matplotlib.style"),
+        },
     },
-}
+)
 
 
 def process_age() -> float:
