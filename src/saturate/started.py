@@ -7,8 +7,8 @@ and Python's garbage collector over a run's start-up.
 own start says nothing (a shell that ran `pip install ... && python train.py` and exec'd python
 keeps its own start time, minutes earlier).
 
-The collector: importing torch, torch._dynamo, torchmetrics (with matplotlib when installed),
-Hydra and the rest allocates some 700k objects (measured with scipy.signal among them) that live
+The collector: importing torch, torch._dynamo, torchmetrics, Hydra and the rest allocates some
+700k objects (measured with scipy.signal and matplotlib among them, before their stand-ins) that live
 as long as the process, and the collector walks the growing heap again and again while they load
 (about a second of a 2-core CPU's start-up; docs/benchmarks.md). In train.py's process (a single
 run: cli.run) the collector is off from the command to the end of those imports
