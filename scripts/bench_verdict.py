@@ -407,6 +407,7 @@ def main() -> int:
                 "given": given,
                 "traceml": traced,
                 "facts": facts_line(last),
+                "other_cpu": last.get("facts", {}).get("other_cpu"),  # % of the host other processes used (last round)
                 "suggestions": last.get("suggestions", []),
             }
             ok = "yes" if all(g == case.expected for g in given) else "NO"

@@ -16,7 +16,7 @@ import torch
 from saturate.observe import timing
 from saturate.observe.costs import StepCost, peak_tflops, step_cost
 from saturate.observe.monitor import Gpm, ResourceMonitor
-from saturate.observe.report import diagnose, render
+from saturate.observe.report import OTHER_BUSY, diagnose, render
 from saturate.observe.timing import StepTimer
 from saturate.parts.precision import Precision
 from tests.data.test_pipeline import facts, perf
@@ -381,10 +381,14 @@ def test_every_constructed_cpu_case_gets_its_verdict(tmp_path):
         timeout=900,
     )
     results = json.loads(out.read_text())
-    assert {name: r["given"] for name, r in results.items()} == {
-        name: [r["expected"]] for name, r in results.items()
-    }, done.stdout
-    assert done.returncode == 0 and len(results) == 9
+    expected = {name: [r["expected"]] for name, r in results.items()}
+    # other processes (the suite's other workers) using OTHER_BUSY % of the host stretch the step's timings against the
+    # start-up's probe: the report does not judge launch-boundness then, and the step is compute-bound
+    busy = (results["launch-bound"]["other_cpu"] or 0) >= OTHER_BUSY
+    if busy:
+        expected["launch-bound"] = ["compute-bound"]
+    assert {name: r["given"] for name, r in results.items()} == expected, done.stdout
+    assert done.returncode == (1 if busy else 0) and len(results) == 9
     assert not any("num_workers" in o for o in results["cpu-contention"]["suggestions"])
 
 
