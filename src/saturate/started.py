@@ -118,7 +118,7 @@ def _stood_in(package: str, modules: dict[str, dict]) -> Iterator[None]:
             if sys.modules.get(name) is stand_in:
                 del sys.modules[name]
             parent, _, child = name.rpartition(".")
-            if parent and vars(sys.modules.get(parent, types.ModuleType(parent))).get(child) is stand_in:
+            if getattr(sys.modules.get(parent), "__dict__", {}).get(child) is stand_in:
                 delattr(sys.modules[parent], child)
 
 

@@ -349,6 +349,7 @@ def _die_with(parent: int) -> None:
 
 def _build(run) -> Built | Declined:
     import torch
+    from hydra._internal.utils import _locate
 
     from saturate.started import resume_collector
 
@@ -356,8 +357,9 @@ def _build(run) -> Built | Declined:
     from saturate.data.source import build_datasets
     from saturate.parts.device import keep_host_memory, seed_all, set_threads
 
-    for target in _targets(run.data):  # the run's config check imports them before it seeds
-        _import_quietly(target)
+    for target in _targets(run.data):  # the run's config check imports them (hydra's get_method) before it seeds
+        with contextlib.suppress(Exception):  # a mistake is the build's to report (get_method would log it too)
+            _locate(target)
     logging.getLogger("saturate").setLevel(run.trainer.log_level)
     if run.device.keep_host_memory:
         keep_host_memory()
@@ -386,21 +388,6 @@ def _targets(node) -> list[str]:
         own = [node["_target_"]] if isinstance(node.get("_target_"), str) else []
         return own + [t for key, value in node.items() if key != "_target_" for t in _targets(value)]
     return [t for value in node for t in _targets(value)] if isinstance(node, list) else []
-
-
-def _import_quietly(target: str) -> None:
-    """Import the module `target` names (its longest importable prefix); a mistake is the build's to report."""
-    import importlib
-
-    parts = target.split(".")
-    for end in range(len(parts) - 1, 0, -1):
-        try:
-            importlib.import_module(".".join(parts[:end]))
-            return
-        except ImportError:
-            continue
-        except Exception:
-            return
 
 
 class _TooMuch(Exception):
