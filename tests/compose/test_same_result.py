@@ -84,7 +84,7 @@ def _fit(tmp_path, name, *, task, dict_samples=False, extra=()):
 
 @pytest.mark.parametrize(
     "case",
-    ["digits-cli", "task-draws-random-numbers", "dict-batch", "augmented-images"],
+    ["digits-cli", "task-draws-random-numbers", "dict-batch", "augmented-images", "global-order"],
 )
 def test_a_measurement_or_loader_setting_leaves_the_result_bit_identical(tmp_path, make_cfg, case):
     """Each setting against the run without it: the same final metrics, bit for bit."""
@@ -97,6 +97,8 @@ def test_a_measurement_or_loader_setting_leaves_the_result_bit_identical(tmp_pat
             return saturate.train(make_cfg(*BASE, *augmented, *extra, tiny=False))
         if case == "task-draws-random-numbers":
             return _fit(tmp_path, name, task="mixup", extra=extra)
+        if case == "global-order":  # each epoch's order drawn from torch's generator, between the task's draws
+            return _fit(tmp_path, name, task="mixup", extra=["loader.order=global", *extra])
         return _fit(tmp_path, name, task="classification", dict_samples=True, extra=extra)
 
     reference = _metrics(run("reference", []))
@@ -105,7 +107,10 @@ def test_a_measurement_or_loader_setting_leaves_the_result_bit_identical(tmp_pat
         assert _metrics(run(name, extra)) == reference, name
 
 
-def test_a_loader_worker_leaves_the_result_bit_identical(tmp_path):
-    """num_workers draws nothing from the training's generators (the loader seeds its own)."""
-    reference = _metrics(_fit(tmp_path, "reference", task="mixup"))
-    assert _metrics(_fit(tmp_path, "worker", task="mixup", extra=["loader.num_workers=1"])) == reference
+@pytest.mark.parametrize("order", ["seeded", "global"])
+def test_a_loader_worker_leaves_the_result_bit_identical(tmp_path, order):
+    """num_workers draws nothing more from the training's generators (seeded: the loader seeds
+    its own; global: the iterator's one draw, with or without workers, as a plain DataLoader's)."""
+    reference = _metrics(_fit(tmp_path, "reference", task="mixup", extra=[f"loader.order={order}"]))
+    worker = _fit(tmp_path, "worker", task="mixup", extra=[f"loader.order={order}", "loader.num_workers=1"])
+    assert _metrics(worker) == reference

@@ -129,7 +129,7 @@ def test_per_sample_results_do_not_depend_on_the_worker():
     data = SampleAugment(ImageTensors(images, torch.arange(64)), Schedule([(0, PRESETS["strong"])]), seed=3)
 
     def batches(workers: int) -> list[torch.Tensor]:
-        sampler = ResumableSampler(data, batch_size=16, shuffle=True, seed=0, rank=0, world_size=1, keyed=True)
+        sampler = ResumableSampler(data, batch_size=16, seed=0, rank=0, world_size=1, keyed=True)
         sampler.set_epoch(2)
         return [x for x, _ in DataLoader(data, batch_size=16, sampler=sampler, num_workers=workers)]
 

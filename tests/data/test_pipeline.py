@@ -143,7 +143,7 @@ def test_resident_order_is_the_distributed_samplers(n, world):
     for rank in range(world):
         pipeline = DevicePipeline(torch.device("cpu"), [0.5], [0.25], non_blocking=True, channels_last=False)
         loader = ResidentLoader(data, cfg, pipeline, train=True, shard=Shard(5, rank, world))
-        sampler = ResumableSampler(data, batch_size=2, shuffle=True, seed=5, rank=rank, world_size=world, keyed=False)
+        sampler = ResumableSampler(data, batch_size=2, seed=5, rank=rank, world_size=world, keyed=False)
         sampler.set_epoch(3)
         assert loader.order(3).tolist() == list(sampler)
         shards += ResidentLoader(data, cfg, pipeline, train=False, shard=Shard(5, rank, world)).order(0).tolist()

@@ -340,7 +340,7 @@ def test_shards_are_shuffled_a_few_at_a_time_the_same_way_on_every_rank():
             return sum(self.sample_groups)
 
     def share(rank, epoch=0):
-        sampler = ResumableSampler(Sharded(), batch_size=10, shuffle=True, seed=5, rank=rank, world_size=2, keyed=False)
+        sampler = ResumableSampler(Sharded(), batch_size=10, seed=5, rank=rank, world_size=2, keyed=False)
         sampler.set_epoch(epoch)
         return list(sampler)
 

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 import saturate
 from saturate.data import augment
 from saturate.data.augment import Preview
-from saturate.data.loader import ResumableSampler
+from saturate.data.loader import ResidentLoader, ResumableSampler
 from saturate.loop.engine import Engine
 from saturate.loop.evaluate import Evaluator
 from saturate.parts.checkpoint import Checkpointer
@@ -64,6 +64,7 @@ def host_reads(monkeypatch):
         (Preview, "__call__"),
         (DataLoader, "__iter__"),
         (ResumableSampler, "__iter__"),
+        (ResidentLoader, "order"),  # the same for the resident loader (loader.order=global: the seed it draws)
         (augment, "kornia_pipeline"),  # built once per policy
         # CTC's frame counts against its target lengths: both live on the host (Sequence.host_keys,
         # the model's output lengths where it computes them there): no synchronisation on a GPU
@@ -100,7 +101,8 @@ SETTINGS = {
     "resident-gpu-augmentation": ["loader=resident", "augmentation=gpu"],
     "ema": ["callbacks=[ema]"],
     "early-stopping-plateau": ["callbacks=[early_stopping,plateau]"],
-    "regression-pm25": example("pm25"),
+    # fused: the example's own Adam (not fused, as its author's) reads its step count each step, in torch
+    "regression-pm25": [*example("pm25"), "optim.optimizer.fused=true"],
     "sequence-ctc-dict-batches": example("sign"),
     "classification-user-metrics-har": example("har"),
     "kornia-float-images": [*example("gray128"), "loader.batch_size=8"],

@@ -87,6 +87,9 @@ SCENARIOS = {
     "mid-epoch-gpu-augmentation": (["augmentation=gpu"], 16),
     "mid-epoch-cpu-augmentation-2-workers": (["augmentation=cpu", "loader.num_workers=2"], 16),
     "mid-epoch-resident": (["loader=resident", "augmentation=gpu"], 16),
+    # the epoch's order drawn from torch's generator: the checkpoint keeps the seed drawn when the epoch began
+    "mid-epoch-global-order-resident": (["loader.order=global", "loader=resident"], 16),
+    "mid-epoch-global-order-2-workers": (["loader.order=global", "loader.num_workers=2"], 16),
     # evaluations every 4 steps (12 and 16 around the stop), the LR stepped per step
     "between-evaluations-one-cycle-per-step": (
         [

@@ -549,6 +549,7 @@ def build_checkpointer(
             "scheduler": parts.scheduler,
             "scaler": parts.precision.scaler,
             "observers": observers,
+            "order": parts.loaders.train.sampler,  # the epoch's drawn seed (loader.order=global)
         },
         config=config,
         fingerprint=env,

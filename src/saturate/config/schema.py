@@ -90,6 +90,9 @@ class PrecisionConfig:
             yield "init_scale", self.init_scale, "a finite number >= 1"
 
 
+ORDERS = ("seeded", "global")  # loader.order (saturate.data.loader.ResumableSampler)
+
+
 @dataclass
 class LoaderConfig:
     batch_size: Any = 128  # per device: an integer, or "auto" (see batch_search)
@@ -107,9 +110,14 @@ class LoaderConfig:
     # train.py: build the data in a forked process while torch and the rest import (Linux, 2+ cores; the same data
     # and random streams: saturate.compose.ahead); false: in the run's process, after the imports
     build_ahead: bool = True
+    # each epoch's sample order. seeded: a function of trainer.seed and the epoch, whatever else draws random numbers
+    # (resumable inside an epoch). global: drawn from torch's global generator as the epoch starts, as a plain
+    # DataLoader(shuffle=True) draws it: with the same seed, model and optimizer, a port of a plain loop reproduces it
+    order: str = "seeded"
 
     def problems(self) -> Issues:
         yield from _int_or_auto("batch_size", self.batch_size, 1)
+        yield from _choice("order", self.order, ORDERS)
         yield from _int_or_auto("num_workers", self.num_workers, 0)
         if self.pin_memory not in (True, False, "auto"):
             yield "pin_memory", self.pin_memory, "true, false or 'auto'"

@@ -191,37 +191,77 @@ def grouped_permutation(sizes: list[int], generator: torch.Generator, span: int 
     return indices
 
 
+def drawn_seed() -> int:
+    """One int64 from torch's global generator, drawn as torch.utils.data draws a DataLoader
+    iterator's base seed and RandomSampler (no generator given) its epoch's seed."""
+    return int(torch.empty((), dtype=torch.int64).random_().item())
+
+
 class ResumableSampler(DistributedSampler):
-    """DistributedSampler (seeded by seed + epoch, sharded by rank) that can start an epoch
-    part-way through, at the first sample of batch `start`. With `keyed`, it yields
-    (epoch, index) so that a per-sample augmentation in a worker knows the epoch. A data set
-    with `sample_groups` (its shards' sizes) is shuffled group-wise (grouped_permutation)."""
+    """DistributedSampler (sharded by rank) that can start an epoch part-way through, at the
+    first sample of batch `start`. Its epoch's order is torch.randperm under a seed: seed +
+    epoch (`order="seeded"`, DistributedSampler's), or one drawn from torch's global generator
+    (`order="global"`, RandomSampler's draw: a plain loop's order for the same seed; the
+    draw made before a resume inside the epoch is kept, see state_dict). With `keyed`, it
+    yields (epoch, index) so that a per-sample augmentation in a worker knows the epoch. A
+    data set with `sample_groups` (its shards' sizes) is shuffled group-wise
+    (grouped_permutation)."""
 
     def __init__(
-        self, dataset: Dataset, *, batch_size: int, shuffle: bool, seed: int, rank: int, world_size: int, keyed: bool
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+        keyed: bool,
+        order: str = "seeded",
     ):
-        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
-        self.batch_size, self.start, self.keyed = batch_size, 0, keyed
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        self.batch_size, self.start, self.keyed, self.order = batch_size, 0, keyed, order
         self.groups = getattr(dataset, "sample_groups", None)
+        self.drawn: tuple[int, int] | None = None  # order=global: (epoch, the seed drawn for it)
 
-    def _order(self) -> Iterator[int]:
-        if not (self.shuffle and self.groups):
-            return super().__iter__()
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
-        indices = grouped_permutation(self.groups, generator)
-        if self.drop_last:  # as DistributedSampler: equal shares for every rank
-            indices = indices[: self.total_size]
-        else:
-            indices += (indices * math.ceil(self.total_size / len(indices)))[: self.total_size - len(indices)]
-        return iter(indices[self.rank : self.total_size : self.num_replicas])
+    def epoch_seed(self) -> int:
+        """The seed of this epoch's order (a global one is drawn here, unless the epoch resumes
+        part-way through with the seed drawn when it began)."""
+        if self.order == "seeded":
+            return self.seed + self.epoch
+        if not (self.start > 0 and self.drawn is not None and self.drawn[0] == self.epoch):
+            self.drawn = (self.epoch, drawn_seed())
+        return self.drawn[1]
+
+    def permutation(self) -> torch.Tensor:
+        """All samples in this epoch's order, before sharding."""
+        generator = torch.Generator().manual_seed(self.epoch_seed())
+        if self.groups:
+            return torch.tensor(grouped_permutation(self.groups, generator), dtype=torch.int64)
+        return torch.randperm(len(self.dataset), generator=generator)
+
+    def shard(self, order: torch.Tensor) -> torch.Tensor:
+        """This rank's share, as DistributedSampler takes it: equal shares (the order repeated
+        from its start to fill the last), every world_size-th sample from `rank`."""
+        if self.drop_last:
+            order = order[: self.total_size]
+        elif (padding := self.total_size - len(order)) > 0:
+            order = torch.cat([order, order.repeat(-(-padding // len(order)))[:padding]])
+        return order[self.rank : self.total_size : self.num_replicas]
 
     def __iter__(self) -> Iterator:
-        indices = itertools.islice(self._order(), self.start * self.batch_size, None)
-        return ((self.epoch, i) for i in indices) if self.keyed else indices
+        indices = self.shard(self.permutation())[self.start * self.batch_size :].tolist()
+        return ((self.epoch, i) for i in indices) if self.keyed else iter(indices)
 
     def __len__(self) -> int:
         return self.num_samples - self.start * self.batch_size
+
+    def state_dict(self) -> dict:
+        """What a resume inside an epoch needs of the order: the seed drawn for it (global)."""
+        return {"order": self.order, "drawn": list(self.drawn) if self.drawn else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        drawn = state.get("drawn") if state.get("order") == self.order else None
+        self.drawn = tuple(drawn) if drawn else None
 
 
 class EvalShard(torch.utils.data.Sampler):
@@ -243,17 +283,17 @@ class EvalShard(torch.utils.data.Sampler):
 
 
 def epoch_sampler(dataset: Dataset, cfg: LoaderConfig, *, train: bool, shard: Shard, keyed: bool = False):
-    """Training: shuffled by (seed, epoch), sharded by rank, resumable. Evaluation: this
+    """Training: shuffled (loader.order), sharded by rank, resumable. Evaluation: this
     rank's share in order, unpadded."""
     if train:
         return ResumableSampler(
             dataset,
             batch_size=cfg.batch_size,
-            shuffle=True,
             seed=shard.seed,
             rank=shard.rank,
             world_size=shard.world_size,
             keyed=keyed,
+            order=cfg.order,
         )
     return EvalShard(len(dataset), shard.rank, shard.world_size)
 
@@ -284,7 +324,7 @@ class StreamLoader:
         self.sampler = epoch_sampler(dataset, cfg, train=train, shard=shard, keyed=keyed)
         self.drop_last = cfg.drop_last and train
         self.generator = torch.Generator()  # seeds the workers; reseeded every epoch
-        self.seed = shard.seed
+        self.seed, self.draws_globally = shard.seed, cfg.order == "global"
         self.loader = DataLoader(
             dataset,
             batch_size=cfg.batch_size,
@@ -323,6 +363,9 @@ class StreamLoader:
         self.sampler.start = start
         self.to_device.begin_epoch(epoch, start)
         self.generator.manual_seed(self.seed * 1_000_003 + epoch)
+        # loader.order=global: the iterator draws its base seed (the workers') from torch's global generator, as a
+        # plain DataLoader's does; not when the epoch resumes part-way through (that draw came before the checkpoint)
+        self.loader.generator = None if self.draws_globally and start == 0 else self.generator
         if self.num_workers == 0:
             batches = itertools.islice(self.loader, max(0, self.batches_per_epoch - start))
         else:
@@ -509,7 +552,7 @@ class ResidentLoader:
         self.tensors, self.dataset = tree_map(lambda t: t.to(home), data.tree), data
         self.home, self.to_device = home, to_device
         self.stage = home != device  # host-resident for a CUDA device: pin each gathered batch
-        self.train = train
+        self.train, self.draws_globally = train, cfg.order == "global"
         self.sampler = epoch_sampler(data, cfg, train=train, shard=shard)
         self.batch_size, self.num_workers = cfg.batch_size, 0
         self.batches_per_epoch = batches_per_epoch(
@@ -519,22 +562,24 @@ class ResidentLoader:
     def __len__(self) -> int:
         return self.batches_per_epoch
 
-    def order(self, epoch: int) -> torch.Tensor:
-        """This rank's sample order for `epoch`: DistributedSampler's, computed as a tensor
+    def order(self, epoch: int, start: int = 0) -> torch.Tensor:
+        """This rank's sample order for `epoch`: the training sampler's, computed as a tensor
         (its list form costs milliseconds per epoch at CIFAR size); for evaluation, the
-        unpadded shard."""
+        unpadded shard. With loader.order=global it draws what a plain DataLoader's iterator
+        draws from torch's global generator when it starts: its base seed (no workers here
+        to use it), then, for training, the order's seed."""
         s = self.sampler
+        if self.draws_globally and start == 0:
+            drawn_seed()
         if not self.train:
             return torch.tensor(s.indices, dtype=torch.int64)
-        order = torch.randperm(len(s.dataset), generator=torch.Generator().manual_seed(s.seed + epoch))
-        padding = s.total_size - len(order)
-        if padding > 0:  # as DistributedSampler pads: repeat from the start
-            order = torch.cat([order, order.repeat(-(-padding // len(order)))[:padding]])
-        return order[s.rank : s.total_size : s.num_replicas]
+        s.set_epoch(epoch)
+        s.start = start
+        return s.shard(s.permutation())
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[HostBatch]:
         self.to_device.begin_epoch(epoch, start)
-        order = self.order(epoch)
+        order = self.order(epoch, start)
         # pinned and queued behind the last step: the host does not wait for the GPU to drain
         if self.home.type == "cuda":
             order = order.pin_memory().to(self.home, non_blocking=True)
@@ -759,10 +804,16 @@ def build_loaders(
 
 
 def _check_loadable(cfg: LoaderConfig, spec: DataSpec, samples: int, world_size: int) -> None:
-    """A training batch that fits in the training set; resident data of one shape."""
+    """A training batch that fits in the training set; a global order in one process only;
+    resident data of one shape."""
     if cfg.batch_size * world_size > samples:
         ranks = f" across {world_size} ranks" if world_size > 1 else ""
         raise UserError(f"loader.batch_size={cfg.batch_size}: larger than the training set ({samples} samples{ranks})")
+    if cfg.order == "global" and world_size > 1:
+        raise UserError(
+            f"loader.order=global: one process only ({world_size} ranks would each draw an order from their own "
+            "generator, and their shares could overlap); use loader.order=seeded"
+        )
     if cfg.resident and not spec.fixed:
         raise UserError(
             "loader.resident=true: the samples differ in shape (variable length, batched by the data's collate); a "
