@@ -9,7 +9,9 @@ file is that script with the example's data). What it did, and where it lives he
 - PM25CNN2D(window_size, num_features, ...)              -> `PM25CNN2D`, unchanged but for
   `squeeze(-1)` (theirs, `squeeze()`, made a last batch of one a 0-d tensor)
 - MSE, Adam lr 1e-3, early stopping with patience 20     -> experiment=pm25 (task regression,
-  optim adamw with no weight decay, callbacks=[early_stopping])
+  optim adam, not fused, callbacks=[early_stopping])
+- DataLoader(shuffle=True), torch.manual_seed(seed)      -> loader.order=global: with
+  trainer.seed=N the run learns what `reference.py --seed N` learns, bit for bit
 - R², RMSE, MAE and MAPE of the test set in µg/m³, after
   `scaler_y.inverse_transform`                           -> the task's metrics with the data's
   `target_inverse`: test/rmse_raw, test/mape_raw, ...

@@ -83,6 +83,30 @@ def test_pm25_reports_the_test_days_in_micrograms(tmp_path):
     assert 0 < metrics["test/mape_raw"] < 10 and metrics["test/mape_raw"] != metrics["test/mape"]
 
 
+@pytest.mark.slow  # the author's script and train.py, three epochs each
+def test_pm25_learns_what_its_authors_script_learns(tmp_path):
+    """experiment=pm25 with trainer.seed=N against reference.py --seed N (the author's script
+    with the example's data): the same validation loss after every epoch, to the five decimals
+    the script prints (loader.order=global and Adam not fused; with the defaults they part at
+    the first epoch)."""
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    ref = python(ROOT / "examples/pm25/reference.py", "--seed", "3", "--epochs", "3", cwd=tmp_path, env=env)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    expected = [float(v) for v in re.findall(r"BENCH eval .* val_loss=([\d.]+)", ref.stdout)]
+    assert len(expected) == 3
+
+    def val_losses(name: str, *overrides: str) -> list[float]:
+        conf = ROOT / "examples" / "pm25" / "conf"
+        run_dir = tmp_path / name
+        args = [f"hydra.searchpath=[file://{conf}]", "experiment=pm25", "trainer.seed=3", "trainer.max_epochs=3"]
+        result = run_cli(*args, *overrides, f"hydra.run.dir={run_dir}", cwd=ROOT, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return [round(e.value, 5) for e in events(run_dir).Scalars("val/loss")][:3]
+
+    assert val_losses("port") == expected
+    assert val_losses("defaults", "loader.order=seeded", "optim.optimizer.fused=true")[0] != expected[0]
+
+
 def test_pm25_split_is_in_time_order_without_overlap():
     """Every day is the target of exactly one window, train's days before val's before
     test's; the scaler is fitted on the training days only."""
