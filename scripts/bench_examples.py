@@ -30,7 +30,9 @@ evaluation over the epochs trained, on each side: where early stopping ends a ru
 whole-process time compares the two sides' stopping epochs, and this compares the loops.
 "Epochs to target" is where each side's training met the target (its step there over the
 steps in an epoch): the same seed does not give the two sides the same draws (their own
-initialisation, order and augmentation), so each learns along its own path. Time to target
+initialisation, order and augmentation), so each learns along its own path, except where the
+example draws as its author's script does (pm25: `loader.order=global` and the author's
+unfused Adam give the script's validation loss after every epoch, so both stop at one epoch). Time to target
 compares the two as a user sees them; with epochs to target beside it, the part the speed
 explains (first step, per epoch) can be told from the part the path does.
 

@@ -19,6 +19,7 @@ from saturate.config.schema import LoaderConfig
 from saturate.data.base import materialize
 from saturate.data.loader import PlainPipeline, ResidentLoader, Shard, StreamLoader, _check_loadable
 from saturate.errors import ConfigError, UserError
+from tests.conftest import TINY, run_cli
 
 CPU = PlainPipeline(torch.device("cpu"), non_blocking=False)
 
@@ -100,6 +101,12 @@ def test_a_global_order_is_refused_for_more_than_one_process():
     with pytest.raises(UserError, match=r"loader.order=global: one process only \(2 ranks.*use loader.order=seeded"):
         _check_loadable(LoaderConfig(batch_size=8, resident=False, order="global"), None, 40, world_size=2)
     _check_loadable(LoaderConfig(batch_size=8, resident=False, order="global"), None, 40, world_size=1)
+
+
+def test_a_global_order_with_two_devices_is_refused_before_any_process_starts(tmp_path):
+    result = run_cli("loader.order=global", "trainer.devices=2", *TINY, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "loader.order='global': expected seeded with trainer.devices > 1" in result.stderr
 
 
 def test_a_bad_order_names_the_key_and_the_choices(make_cfg):
