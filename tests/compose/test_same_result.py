@@ -109,8 +109,17 @@ def test_a_measurement_or_loader_setting_leaves_the_result_bit_identical(tmp_pat
 
 @pytest.mark.parametrize("order", ["seeded", "global"])
 def test_a_loader_worker_leaves_the_result_bit_identical(tmp_path, order):
-    """num_workers draws nothing more from the training's generators (seeded: the loader seeds
-    its own; global: the iterator's one draw, with or without workers, as a plain DataLoader's)."""
-    reference = _metrics(_fit(tmp_path, "reference", task="mixup", extra=[f"loader.order={order}"]))
-    worker = _fit(tmp_path, "worker", task="mixup", extra=[f"loader.order={order}", "loader.num_workers=1"])
-    assert _metrics(worker) == reference
+    """num_workers and persistent_workers draw nothing more from the training's generators
+    (seeded: the loader seeds its own; global: the iterator's one draw per pass, with or
+    without workers, kept or not, as a plain DataLoader without persistent workers makes)."""
+    reference = _metrics(
+        _fit(tmp_path, "reference", task="mixup", extra=["trainer.max_epochs=3", f"loader.order={order}"])
+    )
+    for name, extra in {"worker": [], "persistent": ["loader.persistent_workers=true"]}.items():
+        run = _fit(
+            tmp_path,
+            name,
+            task="mixup",
+            extra=["trainer.max_epochs=3", f"loader.order={order}", "loader.num_workers=1", *extra],
+        )
+        assert _metrics(run) == reference, name

@@ -55,13 +55,18 @@ def _saturate_epochs(make, epochs: int) -> tuple[list, torch.Tensor]:
     return seen, torch.get_rng_state()
 
 
-@pytest.mark.parametrize("kind", ["stream", "stream-1-worker", "resident"])
+@pytest.mark.parametrize("kind", ["stream", "stream-1-worker", "stream-1-persistent-worker", "resident"])
 def test_a_global_order_is_a_plain_dataloaders_order_and_draws(kind):
     """The same batches in the same order, epoch after epoch, and torch's generator where the
-    plain loop left it (so dropout and the user's own draws see the same numbers)."""
+    plain loop left it (so dropout and the user's own draws see the same numbers). Persistent
+    workers draw as a plain loop without them does: they change nothing, and a resumed run's
+    fresh iterators draw what the uninterrupted run's did."""
     train, val = _data(53), _data(17)
-    workers = 1 if kind == "stream-1-worker" else 0
-    cfg = LoaderConfig(batch_size=8, num_workers=workers, pin_memory=False, order="global")
+    workers = 0 if kind in ("stream", "resident") else 1
+    persistent = kind == "stream-1-persistent-worker"
+    cfg = LoaderConfig(
+        batch_size=8, num_workers=workers, pin_memory=False, persistent_workers=persistent, order="global"
+    )
 
     def make(*, train: bool):
         dataset = _data(53) if train else _data(17)
@@ -164,6 +169,7 @@ def test_a_port_with_a_global_order_learns_what_its_plain_loop_learned(tmp_path,
             "trainer.seed=11",
             "trainer.max_epochs=2",
             "trainer.progress=false",
+            "device=cpu",
             "precision=fp32",
             "loader.batch_size=32",
             "loader.num_workers=0",

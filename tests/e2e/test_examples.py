@@ -98,7 +98,8 @@ def test_pm25_learns_what_its_authors_script_learns(tmp_path):
     def val_losses(name: str, *overrides: str) -> list[float]:
         conf = ROOT / "examples" / "pm25" / "conf"
         run_dir = tmp_path / name
-        args = [f"hydra.searchpath=[file://{conf}]", "experiment=pm25", "trainer.seed=3", "trainer.max_epochs=3"]
+        args = [f"hydra.searchpath=[file://{conf}]", "experiment=pm25", "device=cpu", "trainer.seed=3"]
+        args.append("trainer.max_epochs=3")  # the author's script runs on the CPU (DEVICE = torch.device('cpu'))
         result = run_cli(*args, *overrides, f"hydra.run.dir={run_dir}", cwd=ROOT, env=env)
         assert result.returncode == 0, result.stderr[-3000:]
         return [round(e.value, 5) for e in events(run_dir).Scalars("val/loss")][:3]

@@ -90,6 +90,11 @@ SCENARIOS = {
     # the epoch's order drawn from torch's generator: the checkpoint keeps the seed drawn when the epoch began
     "mid-epoch-global-order-resident": (["loader.order=global", "loader=resident"], 16),
     "mid-epoch-global-order-2-workers": (["loader.order=global", "loader.num_workers=2"], 16),
+    # persistent iterators, reused, draw nothing; the resumed run's are fresh (its validation's too)
+    "mid-epoch-global-order-persistent-worker": (
+        ["loader.order=global", "loader.num_workers=1", "loader.persistent_workers=true"],
+        16,
+    ),
     # evaluations every 4 steps (12 and 16 around the stop), the LR stepped per step
     "between-evaluations-one-cycle-per-step": (
         [
@@ -282,3 +287,20 @@ def test_a_preempted_run_leaves_no_worker_processes_behind(make_cfg, monkeypatch
         saturate.train(make_cfg(*EXACT, "loader.num_workers=2", *signal_at(16)))
     assert stopped.value.__traceback__ is not None
     assert [p for p in psutil.Process().children() if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def test_a_checkpoint_from_before_loader_order_resumes_as_before(make_cfg):
+    """Checkpoints written before loader.order have no "order" entry (the epoch's drawn seed):
+    they resume, in the seeded order they were written with, as the uninterrupted run."""
+    full = make_cfg(*EXACT)
+    saturate.train(full)
+    first = make_cfg(*EXACT, *signal_at(16))
+    with pytest.raises(Preempted):
+        saturate.train(first)
+    path = Path(first.run_dir) / "checkpoints" / "last.pt"
+    older = torch.load(path, weights_only=False)
+    del older["order"]
+    torch.save(older, path)
+    second = make_cfg(*EXACT, f"trainer.resume={path}")
+    saturate.train(second)
+    assert step_losses(first.run_dir, second.run_dir) == step_losses(full.run_dir)

@@ -364,8 +364,13 @@ class StreamLoader:
         self.to_device.begin_epoch(epoch, start)
         self.generator.manual_seed(self.seed * 1_000_003 + epoch)
         # loader.order=global: the iterator draws its base seed (the workers') from torch's global generator, as a
-        # plain DataLoader's does; not when the epoch resumes part-way through (that draw came before the checkpoint)
-        self.loader.generator = None if self.draws_globally and start == 0 else self.generator
+        # plain DataLoader's does; not when the epoch resumes part-way through (that draw came before the checkpoint).
+        # A persistent iterator, reused, would draw nothing: the draw is made for it, so that persistent workers change
+        # nothing and a resumed run (a fresh iterator) draws what the uninterrupted one did
+        draws = self.draws_globally and start == 0
+        if draws and self.loader._iterator is not None:
+            drawn_seed()
+        self.loader.generator = None if draws else self.generator
         if self.num_workers == 0:
             batches = itertools.islice(self.loader, max(0, self.batches_per_epoch - start))
         else:
