@@ -19,6 +19,7 @@ from saturate.config.schema import LoaderConfig
 from saturate.data.base import materialize
 from saturate.data.loader import PlainPipeline, ResidentLoader, Shard, StreamLoader, _check_loadable
 from saturate.errors import ConfigError, UserError
+from tests.compose.test_same_result import Noisy
 from tests.conftest import TINY, run_cli
 
 CPU = PlainPipeline(torch.device("cpu"), non_blocking=False)
@@ -117,17 +118,6 @@ def test_a_global_order_with_two_devices_is_refused_before_any_process_starts(tm
 def test_a_bad_order_names_the_key_and_the_choices(make_cfg):
     with pytest.raises(ConfigError, match=r"loader.order.*'random'.*one of seeded, global"):
         saturate.train(make_cfg("loader.order=random"))
-
-
-class Noisy(nn.Module):
-    """A small classifier with dropout: its training forward passes draw from torch's generator."""
-
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 10))
-
-    def forward(self, x):
-        return self.net(x)
 
 
 def _digits():
