@@ -39,7 +39,7 @@ def warmup_batches(workers: int) -> int:
 
 def per_sample_ms(data: SampleAugment, batch: int, workers: int, batches: int) -> list[float]:
     """ms per batch over `batches` batches, after the warm-up batches (warmup_batches)."""
-    sampler = ResumableSampler(data, batch_size=batch, shuffle=True, seed=0, rank=0, world_size=1, keyed=True)
+    sampler = ResumableSampler(data, batch_size=batch, seed=0, rank=0, world_size=1, keyed=True)
     loader = DataLoader(
         data, batch_size=batch, sampler=sampler, num_workers=workers, prefetch_factor=PREFETCH if workers else None
     )

@@ -96,7 +96,7 @@ def loaders(root: Path, size: int, workers: int, batch: int, scratch: Path) -> d
     common = {"batch_size": batch, "num_workers": workers, "drop_last": True, "persistent_workers": workers > 0}
 
     def sampled(dataset):  # saturate's own sampler (shards: a few shards shuffled together at a time)
-        return ResumableSampler(dataset, batch_size=batch, shuffle=True, seed=0, rank=0, world_size=1, keyed=False)
+        return ResumableSampler(dataset, batch_size=batch, seed=0, rank=0, world_size=1, keyed=False)
 
     found = {"saturate": DataLoader(train, collate_fn=already_collated, sampler=sampled(train), **common)}
     try:
