@@ -6,6 +6,7 @@ author's loop). The default, seeded, is tested throughout the suite (resume, sam
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 import pytest
@@ -84,7 +85,7 @@ def test_a_global_order_is_a_plain_dataloaders_order_and_draws(kind):
     assert first_epoch != expected[:6]  # the default order is another one: the check above can fail
 
 
-def test_a_global_order_resumed_inside_an_epoch_keeps_the_epochs_order():
+def test_a_global_order_resumed_inside_an_epoch_keeps_the_epochs_order(caplog):
     """A resume part-way through an epoch: the seed drawn when the epoch began (from the
     checkpoint), no new draw from the restored generator."""
     cfg = LoaderConfig(batch_size=8, num_workers=0, pin_memory=False, order="global")
@@ -98,8 +99,10 @@ def test_a_global_order_resumed_inside_an_epoch_keeps_the_epochs_order():
     torch.set_rng_state(after)
     assert [y.tolist() for _, y in resumed.epoch(0, start=2)] == batches[2:]
     assert torch.equal(torch.get_rng_state(), after)
-    resumed.sampler.load_state_dict({"order": "seeded", "drawn": None})  # a seeded run's checkpoint: nothing to keep
+    with caplog.at_level(logging.WARNING, logger="saturate"):
+        resumed.sampler.load_state_dict({"order": "seeded", "drawn": None})  # a seeded run's checkpoint
     assert resumed.sampler.drawn is None
+    assert "loader.order=global, the checkpoint's run had seeded: an epoch resumed part-way" in caplog.text
 
 
 def test_a_global_order_is_refused_for_more_than_one_process():

@@ -260,7 +260,16 @@ class ResumableSampler(DistributedSampler):
         return {"order": self.order, "drawn": list(self.drawn) if self.drawn else None}
 
     def load_state_dict(self, state: dict) -> None:
-        drawn = state.get("drawn") if state.get("order") == self.order else None
+        saved = state.get("order", "seeded")
+        if saved != self.order:
+            log.warning(
+                "loader.order=%s, the checkpoint's run had %s: an epoch resumed part-way through mixes the two orders "
+                "(samples seen twice or not at all); resume at an epoch's end, or with loader.order=%s",
+                self.order,
+                saved,
+                saved,
+            )
+        drawn = state.get("drawn") if saved == self.order else None
         self.drawn = tuple(drawn) if drawn else None
 
 
