@@ -323,11 +323,12 @@ class Resumed:
 
 class Checkpointer:
     """Saves and restores a run. `model`: the trained module; `stateful`: the optimizer,
-    schedule, scaler, observers and the training order, each with state_dict()/load_state_dict(). Each save is
-    given where the loop is (`position`: epoch, step, batch_in_epoch) and the run's state
-    (`run`: its `eval_model`, the module evaluated and saved as the run's weights, and its
-    `lr_scale`): when a callback keeps an average as eval_model, the checkpoint holds both,
-    `model` the weights that scored and `train_model` the ones training continues from."""
+    schedule, scaler, observers and the training order, each with state_dict() and
+    load_state_dict(). Each save is given where the loop is (`position`: epoch, step,
+    batch_in_epoch) and the run's state (`run`: its `eval_model`, the module evaluated and
+    saved as the run's weights, and its `lr_scale`): when a callback keeps an average as
+    eval_model, the checkpoint holds both, `model` the weights that scored and `train_model`
+    the ones training continues from."""
 
     def __init__(
         self,
@@ -502,8 +503,8 @@ class Checkpointer:
             )
         lr_scale = _lr_scale(ckpt.get("lr_scale", 1.0), path)
         restore = {"model": (self.model, ckpt.get("train_model", ckpt["model"]))}
-        saved = {"order": {}, **ckpt}  # a checkpoint from before loader.order: no order drawn
-        restore.update({name: (part, saved[name]) for name, part in self.stateful.items() if name != "observers"})
+        entries = {"order": {}, **ckpt}  # a checkpoint from before loader.order: no order drawn
+        restore.update({name: (part, entries[name]) for name, part in self.stateful.items() if name != "observers"})
         for name, (part, saved) in restore.items():
             try:
                 part.load_state_dict(saved)
