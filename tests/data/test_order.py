@@ -11,7 +11,6 @@ import logging
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -20,7 +19,7 @@ from saturate.config.schema import LoaderConfig
 from saturate.data.base import materialize
 from saturate.data.loader import PlainPipeline, ResidentLoader, Shard, StreamLoader, _check_loadable
 from saturate.errors import ConfigError, UserError
-from tests.compose.test_same_result import Noisy
+from tests.compose.test_same_result import Noisy, _digits
 from tests.conftest import TINY, run_cli
 
 CPU = PlainPipeline(torch.device("cpu"), non_blocking=False)
@@ -123,13 +122,6 @@ def test_a_bad_order_names_the_key_and_the_choices(make_cfg):
         saturate.train(make_cfg("loader.order=random"))
 
 
-def _digits():
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16
-    y = torch.tensor(digits.target)
-    return TensorDataset(x[:1400], y[:1400]), TensorDataset(x[1400:], y[1400:])
-
-
 def _plain_loop(train, val, seed: int, epochs: int) -> nn.Module:
     """The loop a user ports: seed, model, Adam, DataLoader(shuffle=True), validate every epoch."""
     np.random.seed(seed)
@@ -176,7 +168,7 @@ def test_a_port_with_a_global_order_learns_what_its_plain_loop_learned(tmp_path,
             "logger=[]",
         ]
         run_dir = tmp_path / order
-        saturate.fit(Noisy, list(train), list(val), task="classification", overrides=overrides, run_dir=run_dir)
+        saturate.fit(Noisy, train, val, task="classification", overrides=overrides, run_dir=run_dir)
         return torch.load(run_dir / "checkpoints/last.pt", weights_only=False)["model"]
 
     plain = _plain_loop(train, val, seed=11, epochs=2).state_dict()
