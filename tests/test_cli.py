@@ -291,3 +291,20 @@ def test_the_collector_is_left_alone_by_python_calls_a_users_off_switch_and_a_mu
     on = []
     run(lambda: on.append(gc.isenabled()))
     assert on == [True] and gc.isenabled() and gc.get_freeze_count() == 0
+
+
+@pytest.mark.slow
+def test_an_experiment_that_sets_multirun_still_sweeps_without_dash_m(tmp_path):
+    """lightning-hydra-template's hparams_search configs set hydra.mode: MULTIRUN themselves:
+    train.py, without -m, runs the sweep they name."""
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "swept.yaml").write_text(
+        "# @package _global_\nhydra:\n  mode: MULTIRUN\n  sweeper:\n    params:\n      trainer.seed: 1,2\n"
+    )
+    command = [sys.executable, str(ROOT / "train.py"), f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]
+    command += ["experiment=swept", "data=synthetic", "trainer.max_epochs=1", "trainer.limit_train_batches=2"]
+    command += ["trainer.limit_val_batches=1", "trainer.progress=false", "hydra.sweep.dir=sweep"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0_seed-1", "1_seed-2"]
+    assert all((tmp_path / "sweep" / job / "metrics.json").exists() for job in ("0_seed-1", "1_seed-2"))

@@ -10,7 +10,6 @@ its whole traceback. Set HYDRA_FULL_ERROR=1 yourself to get Hydra's own handling
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import difflib
 import errno
@@ -25,7 +24,6 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from saturate.compose import ahead
-from saturate.config.composed_once import composed_once
 from saturate.config.invocation import SCRIPT, Invocation, from_hydra
 from saturate.config.registration import register
 from saturate.errors import Problem, UserError, shown
@@ -53,11 +51,10 @@ def run(main: Callable[[], object]) -> None:
         pause_collector()  # no collector passes over the start-up's imports (saturate.started): about 1 s
     reach("main")  # from here to task(): Hydra's work, the start-up's "hydra" span
     try:
-        with composed_once() if single else contextlib.nullcontext():  # Hydra composes the config once, not twice
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                main()
-            else:
-                _answered(main)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            main()
+        else:
+            _answered(main)
     finally:
         resume_collector()  # when no run reached the end of its imports (--cfg, a mistake in the config)
 
