@@ -14,6 +14,12 @@ PLAIN_LOOP (the same digits, model, optimizer and batch in a hand-written loop),
 from its process's start to the end of its first optimizer step (the run's
 `time/first_step_s`; the loop prints its own), medians, the ratio and the run's start-up
 spans (`startup/*`: where the difference goes).
+
+With `--sides LABEL=CHECKOUT[,override ...] ...`, the default run (the whole of `python
+train.py`, each side from its own checkout with its own `src/` first on the path and its
+overrides) alternately, each side's whole process and first step (`time/first_step_s`),
+medians and the ratios to the first side, with `val/acc` (it must not move): a change against
+its parent commit (a `git worktree` of it), or a setting on and off in one checkout.
 """
 
 from __future__ import annotations
@@ -87,11 +93,53 @@ def first_steps(rounds: int) -> None:
     )
 
 
+def sides(specs: list[str], rounds: int) -> None:
+    """The default run from each side, alternately: whole process, first step, val/acc."""
+    import json
+    import os
+    import tempfile
+
+    parsed = []
+    for spec in specs:
+        label, _, rest = spec.partition("=")
+        checkout, *overrides = rest.split(",")
+        parsed.append((label, Path(checkout).resolve(), [o for o in overrides if o]))
+    seen: dict[str, dict[str, list[float]]] = {label: {"whole": [], "first": [], "acc": []} for label, _, _ in parsed}
+    for _ in range(rounds):
+        for label, checkout, overrides in parsed:
+            env = {**os.environ, "PYTHONPATH": str(checkout / "src")}
+            with tempfile.TemporaryDirectory() as out:
+                args = ["trainer.progress=false", f"hydra.run.dir={out}", *overrides]
+                start = time.perf_counter()
+                done = subprocess.run(
+                    [sys.executable, str(checkout / "train.py"), *args], capture_output=True, cwd=checkout, env=env
+                )
+                whole = time.perf_counter() - start
+                if done.returncode != 0:
+                    raise SystemExit(f"{label}: exit {done.returncode}\n{done.stderr.decode()[-2000:]}")
+                metrics = json.loads((Path(out) / "metrics.json").read_text())
+            seen[label]["whole"].append(whole)
+            seen[label]["first"].append(metrics[names.FIRST_STEP_S])
+            seen[label]["acc"].append(metrics["val/acc"])
+    base = parsed[0][0]
+    print(f"\n| side ({rounds} alternating rounds) | whole process, median s | ratio | first step, median s | ratio | val/acc |")
+    print("|---|---:|---:|---:|---:|---|")
+    for label, _, _ in parsed:
+        whole, first = statistics.median(seen[label]["whole"]), statistics.median(seen[label]["first"])
+        w0, f0 = statistics.median(seen[base]["whole"]), statistics.median(seen[base]["first"])
+        accs = ", ".join(sorted({f"{a:.4f}" for a in seen[label]["acc"]}))
+        print(f"| {label} | {whole:.2f} | {whole / w0:.3f} | {first:.2f} | {first / f0:.3f} | {accs} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--first-step", action="store_true", help="also the default run's first step vs a plain loop")
+    parser.add_argument("--sides", nargs="+", metavar="LABEL=CHECKOUT[,override]", help="only the default run, per side")
     args = parser.parse_args()
+    if args.sides:
+        sides(args.sides, args.rounds)
+        return
     times: dict[str, list[float]] = {name: [] for name in COMMANDS}
     for _ in range(args.rounds):
         for name, cmd in COMMANDS.items():  # alternately: the machine's noise hits all alike
