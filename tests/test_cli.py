@@ -221,7 +221,6 @@ class CollectorProbe:
     def __init__(self):
         self.seen: dict[str, list] = {"on_run_start": [], "on_train_batch_end": []}
         self.model_frozen = None
-        self.scipy_signal = self.matplotlib = None
 
     def note(self, hook: str) -> None:
         state = [gc.isenabled(), gc.get_freeze_count() > 0]
@@ -230,9 +229,6 @@ class CollectorProbe:
 
     def on_run_start(self, run) -> None:
         self.note("on_run_start")
-        scipy = sys.modules.get("scipy")  # torchmetrics imported it; scipy.signal is left out (saturate.started)
-        self.scipy_signal = "scipy.signal" in sys.modules or (scipy is not None and "signal" in vars(scipy))
-        self.matplotlib = any(name.partition(".")[0] == "matplotlib" for name in sys.modules)  # nor matplotlib
 
     def on_train_batch_end(self, run, loss) -> None:
         self.note("on_train_batch_end")
@@ -240,8 +236,7 @@ class CollectorProbe:
             self.model_frozen = not any(o is run.model for o in gc.get_objects())
 
     def on_run_end(self, run, metrics) -> None:
-        seen = {**self.seen, "model_frozen": self.model_frozen, "scipy_signal": self.scipy_signal}
-        seen["matplotlib"] = self.matplotlib
+        seen = {**self.seen, "model_frozen": self.model_frozen}
         (run.run_dir / "collector.json").write_text(json.dumps(seen))
 
 
@@ -250,7 +245,7 @@ def test_train_pys_start_up_imports_without_the_collector_and_freezes_what_they_
     while torch, dynamo, torchmetrics and the rest import (saturate.started). train.py's
     run turns it off until task() has imported them; then everything alive is frozen (the
     collector's later passes skip it) and the collector is on for the whole run. What the
-    run builds, its model first, is not frozen. torchmetrics came without scipy.signal and matplotlib."""
+    run builds, its model first, is not frozen."""
     probe = "+callbacks.collector._target_=tests.test_cli.CollectorProbe"
     result = run_cli(*TINY, probe, "hydra.run.dir=run", cwd=tmp_path, env={"PYTHONPATH": str(ROOT)}, fresh=True)
     assert result.returncode == 0, result.stderr
@@ -259,8 +254,6 @@ def test_train_pys_start_up_imports_without_the_collector_and_freezes_what_they_
         "on_run_start": [[True, True]],
         "on_train_batch_end": [[True, True]],
         "model_frozen": False,
-        "scipy_signal": False,  # torchmetrics' import left scipy.signal out, and no stand-in behind
-        "matplotlib": False,  # and matplotlib
     }
 
 

@@ -17,9 +17,8 @@ tensor operation (no thread pool exists to fork).
 
 Each child draws its own random streams (torch's, NumPy's and Python's are reseeded after the
 fork; the hash seed, fixed at the zygote's start, is shared). What it cannot be is a process
-whose imports are its own: the start-up's import figures, the collector over the imports,
-torchmetrics imported without scipy.signal and matplotlib (the zygote imports it plainly), and the environment
-variables that the interpreter and those imports read once (READ_AT_START) are the zygote's.
+whose imports are its own: the start-up's import figures, the collector over the imports, and the
+environment variables that the interpreter and those imports read once (READ_AT_START) are the zygote's.
 Tests of those start a fresh interpreter (conftest's `fresh=True`), and so does a request that
 sets such a variable otherwise, or whose path puts first a folder holding a module the zygote
 has imported (a fake pynvml: `Zygote.needs_fresh`), and so do the slow tests (`enabled`), whose
