@@ -342,7 +342,7 @@ def test_under_compile_the_search_graphs_are_dropped_before_the_run(make_cfg, mo
     torch.compile itself is stood in for (minutes on this CPU; the slow tests compile)."""
     resets = []
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
-    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+    monkeypatch.setattr(torch.compiler, "reset", lambda: resets.append(1))
     saturate.train(
         make_cfg(
             "trainer.compile=true",

@@ -204,7 +204,7 @@ def choose(cfg, *, key: dict, samples: int, trial: TrialSetup, model: torch.nn.M
         )
     chosen = dist.minimum(chosen)
     if compiled:  # each trial's size was a new shape: from the second on, a graph with a dynamic batch dimension
-        torch._dynamo.reset()  # dropped, so the run compiles once for the size it trains with (in its warm-up window)
+        torch.compiler.reset()  # dropped, so the run compiles once for the size it trains with (in its warm-up window)
     if dist.is_main:
         cache.put(key, {"batch_size": chosen, "trials": [dataclasses.asdict(t) for t in trials]})
     log.info(
