@@ -28,7 +28,6 @@ from torch.utils.data import DataLoader, TensorDataset
 import saturate
 from saturate.config.schema import validate
 from saturate.data import build_datasets, describe
-from saturate.data.augment import PRESETS as PRESETS_AUG
 from saturate.data.loader import build_loaders
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -84,7 +83,7 @@ def main() -> None:
                         f"run_dir={tmp}",
                     ],
                 )
-            run = validate(cfg, presets=tuple(PRESETS_AUG))
+            run = validate(cfg)
             data = build_datasets(run.data)
             train_set = data.train
             spec = describe(data.train, data.val, name="synthetic", classes=True)

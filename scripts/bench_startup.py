@@ -122,7 +122,8 @@ def sides(specs: list[str], rounds: int) -> None:
             seen[label]["first"].append(metrics[names.FIRST_STEP_S])
             seen[label]["acc"].append(metrics["val/acc"])
     base = parsed[0][0]
-    print(f"\n| side ({rounds} alternating rounds) | whole process, median s | ratio | first step, median s | ratio | val/acc |")
+    header = "whole process, median s | ratio | first step, median s | ratio | val/acc"
+    print(f"\n| side ({rounds} rounds, alternating) | {header} |")
     print("|---|---:|---:|---:|---:|---|")
     for label, _, _ in parsed:
         whole, first = statistics.median(seen[label]["whole"]), statistics.median(seen[label]["first"])
@@ -135,7 +136,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--first-step", action="store_true", help="also the default run's first step vs a plain loop")
-    parser.add_argument("--sides", nargs="+", metavar="LABEL=CHECKOUT[,override]", help="only the default run, per side")
+    parser.add_argument("--sides", nargs="+", metavar="LABEL=CHECKOUT[,override]", help="the default run, per side")
     args = parser.parse_args()
     if args.sides:
         sides(args.sides, args.rounds)

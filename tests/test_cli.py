@@ -93,6 +93,12 @@ def test_a_bad_value_is_answered_before_torch_is_imported(tmp_path):
     assert_clean_failure(right, "model._target_='nowhere.Model': expected an importable class or function")
 
 
+def test_a_removed_key_added_with_plus_or_from_a_users_config_is_named_as_removed(tmp_path):
+    """`+loader.build_ahead=...` gets past Hydra; the config check names it as the composition does."""
+    removed = "loader.build_ahead=False: expected no such key: it was removed (the data is built in the run's process)"
+    assert_clean_failure(run_cli("+loader.build_ahead=false", cwd=tmp_path), removed)
+
+
 def test_unknown_option_lists_the_available_ones(tmp_path):
     assert_clean_failure(
         run_cli("model=vgg", cwd=tmp_path), "error: model='vgg': expected one of airbench, resnet18, small_cnn"
@@ -127,6 +133,10 @@ COMPOSE_ERRORS = [
         "model.widht=3: no such key (did you mean model.width?); the keys of model are _target_, width, norm",
     ),
     (["lr=0.1"], "lr=0.1: no such key; the top-level keys are device, precision, loader,"),
+    (  # a key that existed once says what became of it
+        ["loader.build_ahead=false"],
+        "loader.build_ahead='false': expected no such key: it was removed (the data is built in the run's process)",
+    ),
     (["loader.batch_size=[1"], "loader.batch_size=[1: no viable alternative at input '[1'"),
     (  # red team round 4, c67
         ["task.metrics=[{_target_: torchmetrics.classification.MulticlassF1Score, num_classes: 10}]"],

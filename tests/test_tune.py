@@ -18,7 +18,6 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from saturate.config.schema import validate
-from saturate.data.augment import PRESETS
 from saturate.errors import ConfigError
 from saturate.tune import COMPUTE, candidates, merged, preset_text, side_order
 from tests.conftest import CONF, ROOT, compose_config, run_cli
@@ -153,7 +152,7 @@ def test_merged_keeps_one_value_per_key_in_place():
 def test_bad_tune_settings_are_named():
     cfg = compose_config(["tune.budget_s=0", "tune.allow=[batch_size,lr]", "tune.extra=[oops]", "tune.trial_s=-1"])
     with pytest.raises(ConfigError) as e:
-        validate(cfg, presets=tuple(PRESETS))
+        validate(cfg)
     text = str(e.value)
     for expected in (
         "tune.budget_s=0.0: expected a number >= 1.0",
@@ -171,7 +170,7 @@ def test_a_tune_extra_a_trial_would_not_take_is_named():
     )
     cfg = compose_config([extra])
     with pytest.raises(ConfigError) as e:
-        validate(cfg, presets=tuple(PRESETS))
+        validate(cfg)
     text = str(e.value)
     assert "tune.extra[0]='bogus.key=1': expected overrides of keys the config has (bogus.key is not one" in text
     assert "tune.extra[1]='hydra.run.dir=/tmp/x trainer.restart=true': expected overrides of what a trial" in text

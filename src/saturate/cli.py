@@ -23,9 +23,9 @@ from hydra.errors import CompactHydraException, MissingConfigException, Override
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from saturate.compose import ahead
 from saturate.config.invocation import SCRIPT, Invocation, from_hydra
 from saturate.config.registration import register
+from saturate.config.schema import REMOVED, validate
 from saturate.errors import Problem, UserError, shown
 from saturate.started import import_timed, pause_collector, reach, resume_collector
 
@@ -157,25 +157,16 @@ def task(cfg: DictConfig):
     recorded as failed and the sweep goes on."""
     reach("task")
     invocation = from_hydra()  # how this run was started, read once; passed down from here
-    data_ahead = None
     try:
         try:
             _check_launcher(invocation)
-            _check(cfg, targets=False)  # every mistaken value or combination, answered before the heavy imports
-            if ahead.wanted(cfg) and not invocation.multirun:
-                data_ahead = ahead.start(cfg)  # the data, built in a forked process while this one imports
-            # the heavy dependencies, each timed for the report's start-up line: the config's check imports
-            # them anyway with its targets (the data's imports torch, a built-in task's torchmetrics)
-            import_timed("torch", "torchmetrics")
-            _check(cfg)  # every mistake in the config now, the `_target_` nodes too, before the run builds anything
+            run = validate(cfg)  # every mistake in the config, before the run builds anything; the typed config
         except UserError as e:
             from saturate.parts.rundir import record_failure
 
             record_failure(cfg.run_dir, e)  # for sweep reports: this job failed, and why
             raise
-        # the rest, before any thread of the run starts: torch.optim's Optimizer imports torch._dynamo with its
-        # first parameter group
-        import_timed("torch._dynamo")
+        import_timed("torch", "torchmetrics")  # the check imported them for its targets, timed: a no-op here
 
         from saturate.compose.run import train
         from saturate.scale.launch import processes
@@ -183,25 +174,16 @@ def task(cfg: DictConfig):
 
         resume_collector(freeze=True)  # the imports are done: what they built is frozen (saturate.started)
 
-        if cfg.tune.enabled:
+        if run.tune.enabled:
             return tune(cfg, invocation)
-        count = processes(cfg.trainer.devices, cfg.device.type) if _valid_devices(cfg.trainer.devices) else 1
+        count = processes(run.trainer.devices, run.device.type)
         if count > 1:
-            if data_ahead is not None:  # devices=auto on several GPUs: each rank builds its own
-                data_ahead.discard()
             return _launched(cfg, count, invocation)
-        return train(cfg, invocation, data_ahead=data_ahead)
+        return train(run, invocation)
     except UserError as e:
         if _answering and not invocation.multirun:
-            if data_ahead is not None:  # the message first: a data build under way may take seconds to finish
-                print(f"error: {e}", file=sys.stderr, flush=True)
-                data_ahead.discard()
-                raise SystemExit(1) from None
             raise SystemExit(f"error: {e}") from None
         raise
-    finally:
-        if data_ahead is not None:  # a child whose data the run did not take (it failed first): after Ctrl-C, at once
-            data_ahead.discard(interrupted=isinstance(sys.exc_info()[1], KeyboardInterrupt))
 
 
 def _launched(cfg: DictConfig, count: int, invocation: Invocation):
@@ -229,16 +211,6 @@ def _launched(cfg: DictConfig, count: int, invocation: Invocation):
     return metrics
 
 
-def _check(cfg: DictConfig, *, targets: bool = True) -> None:
-    """The config's every mistake, before the run builds anything (its `_target_` checks import
-    the targets' modules: torch with the data's; `targets=False`, the values and combinations
-    alone, import nothing). train() checks again (for saturate.fit and the compose API)."""
-    from saturate.config.schema import validate
-    from saturate.data.policy import PRESETS
-
-    validate(cfg, presets=tuple(PRESETS), targets=targets)
-
-
 def _check_launcher(invocation: Invocation) -> None:
     """A launcher named in a single run: Hydra uses launchers in a multirun only, so without -m
     the run would train here (on a login node, for hydra/launcher=slurm)."""
@@ -248,11 +220,6 @@ def _check_launcher(invocation: Invocation) -> None:
             f"hydra/launcher={chosen}: Hydra starts a launcher's jobs in a multirun only; add -m (python train.py -m "
             f"hydra/launcher={chosen} ...: one job, or one per swept value)"
         )
-
-
-def _valid_devices(devices) -> bool:
-    """Whether trainer.devices can be acted on; a bad value is reported by train()'s checks."""
-    return devices == "auto" or (isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1)
 
 
 def describe(error: CompactHydraException, argv: list[str]) -> str:
@@ -265,6 +232,8 @@ def describe(error: CompactHydraException, argv: list[str]) -> str:
     cause = error.__cause__
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
         key, value = cause.full_key, _given(cause.full_key, argv)
+        if key in REMOVED:
+            return str(Problem(key, value, REMOVED[key]))
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
             return _unknown_key(key, value, _keys(cause))
         said = str(cause.msg).splitlines()[0]  # msg's other lines repeat the key

@@ -44,7 +44,6 @@ TO_TARGET_STEP = "progress/target_step"  # the step of that evaluation
 INTERPRETER_SPAN, HYDRA_SPAN, IMPORTS_SPAN = "interpreter", "hydra", "imports"
 PROCESS_SPAN = "interpreter and imports"  # startup/interpreter_and_imports_s
 IMPORTS_PREFIX = "imports/"  # imports/<module>_s: what train.py timed of IMPORTS_SPAN (or PROCESS_SPAN)
-DATA_AHEAD_S = "ahead/data_s"  # the data's build in train.py's forked child, beside the imports (compose.ahead)
 PEAK_MB = "memory/peak_mb"  # device (CUDA) or process (CPU) peak memory
 
 # -- resources, sampled in the background (the window's mean at log steps; *_mean over the run)

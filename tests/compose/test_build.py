@@ -11,7 +11,6 @@ from saturate.compose.build import UserObjects, build_parts
 from saturate.config import data_info, registration
 from saturate.config.invocation import Invocation
 from saturate.config.schema import validate
-from saturate.data.policy import PRESETS
 from saturate.scale.distributed import Dist
 from tests.conftest import compose_config
 
@@ -47,7 +46,7 @@ def built(tmp_path, *overrides: str):
             *overrides,
         ]
     )
-    run = validate(cfg, presets=tuple(PRESETS))
+    run = validate(cfg)
     torch.manual_seed(0)
     return run, build_parts(run, Invocation(), UserObjects(), Dist(None), CPU, show_images=None)
 

@@ -10,16 +10,9 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 import saturate
-from saturate.config.schema import RunConfig
-from saturate.config.schema import validate as validate_with
-from saturate.data.augment import PRESETS
+from saturate.config.schema import RunConfig, validate
 from saturate.errors import ConfigError
 from tests.conftest import CONF, TINY, compose_config
-
-
-def validate(cfg):
-    return validate_with(cfg, presets=tuple(PRESETS))
-
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "sweep")
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
@@ -181,3 +174,53 @@ def test_a_config_error_survives_pickling_with_its_problems(tmp_path):
     back = pickle.loads(pickle.dumps(err.value))
     assert type(back) is ConfigError
     assert back.problems == err.value.problems and str(back) == str(err.value)
+
+
+COUNTED = """
+import atexit, runpy, sys
+import saturate.config.schema as schema
+
+checks, validate = [], schema.validate
+
+
+def counted(cfg, **kwargs):  # installed before anything imports validate by name
+    checks.append(1)
+    return validate(cfg, **kwargs)
+
+
+schema.validate = counted
+atexit.register(lambda: print(f"config checks: {len(checks)}", file=sys.stderr))
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "composed"),
+    [
+        (["train.py", "hydra.run.dir=run"], 1),  # a single run: composed once, checked once
+        (["train.py", "-m", "trainer.seed=1,2", "hydra.sweep.dir=sweep"], 2),  # one process, two composed configs
+        (["train.py", "loader.num_workers=-1", "hydra.run.dir=bad"], 1),  # a mistake: answered by the one check
+        (["fit"], 1),
+    ],
+    ids=["single-run", "multirun-two-jobs", "mistake", "fit"],
+)
+def test_each_composed_config_is_checked_once(how, composed, tmp_path):
+    """train.py's task checks the config and passes the typed result down (train() takes it as
+    it is); saturate.fit's call checks its own in train()."""
+    from tests.conftest import ROOT, python
+
+    if how == ["fit"]:
+        tiny = ", ".join(repr(o) for o in TINY)
+        then = (
+            "import saturate, torch\n"
+            "x, y = torch.randn(96, 8), torch.randint(0, 3, (96,))\n"
+            "data = torch.utils.data.TensorDataset(x, y)\n"
+            "saturate.fit(lambda in_features, num_classes: torch.nn.Linear(in_features, num_classes), data, data,\n"
+            f"             overrides=[{tiny}], run_dir='fitted')\n"
+        )
+    else:
+        flags = [a for a in how[1:] if a.startswith("-")]
+        argv = [str(ROOT / how[0]), *flags, *TINY, *(a for a in how[1:] if a not in flags)]
+        then = f"sys.argv = {argv!r}\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
+    done = python("-c", COUNTED + then, cwd=tmp_path, timeout=240)
+    assert f"config checks: {composed}\n" in done.stderr, done.stderr[-3000:]
+    assert done.returncode == (1 if "loader.num_workers=-1" in how else 0), done.stderr[-3000:]

@@ -9,7 +9,6 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from saturate.config.schema import validate
-from saturate.data.policy import PRESETS
 from saturate.observe.tracking import _select, plain
 from tests.conftest import ROOT, TINY, compose_config
 
@@ -30,7 +29,7 @@ CONFIGS = {
 
 @pytest.mark.parametrize("overrides", list(CONFIGS.values()), ids=list(CONFIGS))
 def test_plain_settings_are_what_omegaconf_resolves(overrides, tmp_path):
-    run = validate(compose_config([*TINY, f"run_dir={tmp_path}", *overrides]), presets=tuple(PRESETS))
+    run = validate(compose_config([*TINY, f"run_dir={tmp_path}", *overrides]))
     through_omegaconf = OmegaConf.structured(run)
     settings = plain(run)
     assert settings == OmegaConf.to_container(through_omegaconf, resolve=True)
@@ -55,5 +54,5 @@ def test_an_escaped_interpolation_is_recorded_as_the_run_used_it(tmp_path):
     resolved it a second time (to the home folder), and failed the run on one that does not resolve."""
     for text in ("${oc.env:HOME}", "${nope}"):
         escaped = text.replace("${", "\\${")
-        run = validate(compose_config([*TINY, f"run_dir={tmp_path}", f"name={escaped}"]), presets=tuple(PRESETS))
+        run = validate(compose_config([*TINY, f"run_dir={tmp_path}", f"name={escaped}"]))
         assert run.name == plain(run)["name"] == text

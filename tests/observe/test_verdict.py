@@ -422,6 +422,3 @@ def test_the_start_up_line_names_what_each_heavy_import_took_of_the_imports_span
         "- start-up: 3.7 s to the end of the first step: interpreter 0.31 s, hydra 0.62 s, imports 1.81 s (torch "
         "1.21 s, torch._dynamo 0.74 s, torchmetrics 0.98 s), data 0.27 s" in text
     )
-    ahead = {**split, "startup/data_s": 0.04, "ahead/data_s": 1.13}  # built in train.py's forked child
-    text = render({**perf(0.01), **ahead}, diagnose(perf(0.01), facts()), steps=100)
-    assert "torchmetrics 0.98 s); the data built beside the imports, in a forked process (1.13 s)\n" in text

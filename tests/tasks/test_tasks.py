@@ -396,11 +396,10 @@ def test_ctc_lengths_stay_on_the_host_so_the_loss_copies_nothing_back(make_cfg):
     from saturate.config.invocation import Invocation
     from saturate.config.schema import validate
     from saturate.data.loader import build_pipeline
-    from saturate.data.policy import PRESETS
     from saturate.scale.distributed import Dist
     from tests.loop.test_hygiene import example
 
-    run = validate(make_cfg(*example("sign"), "monitor.costs=false"), presets=tuple(PRESETS))
+    run = validate(make_cfg(*example("sign"), "monitor.costs=false"))
     parts = build_parts(run, Invocation(), UserObjects(), Dist(None), torch.device("cpu"), show_images=None)
     host = next(iter(parts.loaders.train.epoch(0)))
     meta = torch.device("meta")

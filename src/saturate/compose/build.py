@@ -22,7 +22,6 @@ import torch
 from hydra.utils import get_method
 from torch import nn
 
-from saturate.compose.ahead import Ahead
 from saturate.config import data_info
 from saturate.config.instantiate import build
 from saturate.config.invocation import Invocation
@@ -408,12 +407,10 @@ def _model(made: Ingredients, node: dict | None, values: dict, given):
     )
 
 
-def _data_and_task(
-    run: RunConfig, invocation: Invocation, objects: UserObjects, device: torch.device, built: Data | None = None
-):
-    """The data (the caller's, or `built` ahead, or built now), what one look at it said, its
-    values for the model and task nodes, the nodes as bound, and the task."""
-    data = objects.data if objects.data is not None else built if built is not None else build_datasets(run.data)
+def _data_and_task(run: RunConfig, invocation: Invocation, objects: UserObjects, device: torch.device):
+    """The data (the caller's, or built now), what one look at it said, its values for the
+    model and task nodes, the nodes as bound, and the task."""
+    data = objects.data if objects.data is not None else build_datasets(run.data)
     spec = _describe(run, invocation, data, objects)
     check_fits_data(run, spec)
     autotune_convolutions(run.device, fixed_shapes=spec.fixed, device=device)
@@ -476,18 +473,12 @@ def build_parts(
     show_images,
     *,
     startup: Startup | None = None,
-    ahead: Ahead | None = None,
 ) -> Parts:
     """data -> task -> precision -> model -> (batch-size search) -> loaders -> optimizer and
-    schedule; each marked on `startup`. The data is what `ahead` built when it can be taken."""
+    schedule; each marked on `startup`."""
     mark = startup.mark if startup is not None else _unmarked
-    taken = ahead.take(run.data) if ahead is not None and objects.data is None else None
-    data, spec, values, nodes, task = _data_and_task(
-        run, invocation, objects, device, taken.data if taken is not None else None
-    )
+    data, spec, values, nodes, task = _data_and_task(run, invocation, objects, device)
     mark("data")
-    if taken is not None and startup is not None:
-        startup.data_ahead_s = taken.seconds
     checkpointing = run.checkpoint.resolved(task, spec.has_val)  # the monitored metric, its direction
     _check_predict(run, spec)
     precision = setup_precision(run.precision, device)

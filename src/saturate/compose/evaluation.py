@@ -26,7 +26,6 @@ from saturate.compose.build import Evaluation, build_evaluation
 from saturate.compose.outcome import class_names
 from saturate.config.invocation import Invocation
 from saturate.config.schema import RunConfig, validate
-from saturate.data.policy import PRESETS
 from saturate.errors import UserError
 from saturate.loop.evaluate import Evaluator
 from saturate.parts.checkpoint import load
@@ -47,7 +46,7 @@ MOVED = {
     "saturate.config": "saturate.config.schema",
     "saturate.augment": "saturate.data.augment",
     "saturate.loader": "saturate.data.loader",
-    "saturate.policy": "saturate.data.policy",
+    "saturate.policy": "saturate.config.policy",
     "saturate.engine": "saturate.loop.engine",
     "saturate.evaluate": "saturate.loop.evaluate",
     "saturate.faults": "saturate.loop.faults",
@@ -146,7 +145,7 @@ class Opened:
 def open_checkpoint(cfg: DictConfig, path: Path, command: str) -> Opened:
     """Check `cfg`, read the checkpoint at `path` as data, and build the data, task and model
     around its weights (a checkpoint of another model: one line)."""
-    run = validate(cfg, presets=tuple(PRESETS))
+    run = validate(cfg)
     checkpoint = load(path, what=command)
     saved = checkpoint.get("config") or {}
     target = saved.get("model", {}).get("_target_") if isinstance(saved.get("model"), dict) else None

@@ -23,7 +23,6 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from saturate import names
 from saturate.callbacks import CallbackError, Observers, Plan, Run
 from saturate.callbacks.profiler import Profiler
-from saturate.compose.ahead import Ahead
 from saturate.compose.build import Parts, UserObjects, build_checkpointer, build_parts, build_target, make_step
 from saturate.compose.outcome import (
     Metrics,
@@ -43,7 +42,6 @@ from saturate.config.invocation import Invocation, from_hydra
 from saturate.config.naming import identity
 from saturate.config.schema import CheckpointConfig, RunConfig, validate
 from saturate.data.loader import loader_failure
-from saturate.data.policy import PRESETS
 from saturate.errors import UserError
 from saturate.loop.engine import Control, Engine, Training, TrainState, Watch
 from saturate.loop.evaluate import EvaluationError, Evaluator
@@ -61,20 +59,16 @@ log = logging.getLogger("saturate")
 
 
 def train(
-    cfg: DictConfig,
-    invocation: Invocation | None = None,
-    objects: UserObjects | None = None,
-    *,
-    data_ahead: Ahead | None = None,
+    cfg: DictConfig | RunConfig, invocation: Invocation | None = None, objects: UserObjects | None = None
 ) -> Metrics:
-    """Train with the composed config `cfg`; return the final metrics (also in metrics.json).
+    """Train with the composed config `cfg` (checked here, or already checked: the RunConfig
+    saturate.config.schema.validate returned); return the final metrics (also in metrics.json).
     `invocation`: how the run was started (default: the running Hydra app's, read here once);
-    `objects`: what a caller passes where the config names it (saturate.fit); `data_ahead`:
-    train.py's child building the data while it imported (compose.ahead). A run that fails
+    `objects`: what a caller passes where the config names it (saturate.fit). A run that fails
     still leaves a metrics.json saying so and why (for sweep reports)."""
     invocation = invocation or from_hydra() or Invocation()
     try:
-        return _train(cfg, invocation, objects or UserObjects(), data_ahead)
+        return _train(cfg, invocation, objects or UserObjects())
     except (Preempted, TrainingDiverged, RunDirTaken, NotRequeued):
         raise  # they record their own status (NotRequeued: preempted), or the run dir is another run's
     except KeyboardInterrupt:  # a second Ctrl-C: at once, as asked; the record says so
@@ -95,10 +89,10 @@ def train(
         raise
 
 
-def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects, data_ahead: Ahead | None) -> Metrics:
+def _train(cfg: DictConfig | RunConfig, invocation: Invocation, objects: UserObjects) -> Metrics:
     start_time, started_at = time.perf_counter(), datetime.now().astimezone().isoformat(timespec="seconds")
     startup = Startup(from_process=bool(invocation.app))  # train.py's process (not saturate.fit's call)
-    run = validate(cfg, presets=tuple(PRESETS), given=objects.nodes())
+    run = cfg if isinstance(cfg, RunConfig) else validate(cfg, given=objects.nodes())
     if run.tune.enabled:  # train.py hands tune=true to saturate.tune before any training
         raise UserError(
             "tune.enabled=true: tune through train.py (python train.py tune=true ...); saturate.fit and train() train"
@@ -115,7 +109,7 @@ def _train(cfg: DictConfig, invocation: Invocation, objects: UserObjects, data_a
     with lock as held, seeded(run.trainer, device), StopSignal() as stop:
         stop.listeners.append(observers.stop_requested)
         startup.mark("config and run dir")
-        parts = build_parts(run, invocation, objects, dist, device, tracker.images, startup=startup, ahead=data_ahead)
+        parts = build_parts(run, invocation, objects, dist, device, tracker.images, startup=startup)
         checkpointing = parts.checkpointing
         tracker.shown = (
             checkpointing.monitor if checkpointing.monitor not in (names.TRAIN_LOSS, names.VAL_LOSS) else names.VAL_LOSS

@@ -31,7 +31,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from saturate import names
 from saturate.config.data_info import DATA_ARGUMENTS, PLACEHOLDER
+from saturate.config.policy import PRESETS
 from saturate.errors import ConfigError, Problem, UserError
+from saturate.started import import_timed
 
 # A schema's problems(): (field, bad value, what is allowed), keyed relative to its node.
 Issues = Iterator[tuple[str, Any, str]]
@@ -107,9 +109,6 @@ class LoaderConfig:
     # that is read, not computed (saturate.data.loader.resident_for)
     resident: Any = "auto"
     resident_memory_fraction: float = 0.5  # most of the device's free memory the data may take
-    # train.py: build the data in a forked process while torch and the rest import (Linux, 2+ cores; the same data
-    # and random streams: saturate.compose.ahead); false: in the run's process, after the imports
-    build_ahead: bool = True
     # each epoch's sample order. seeded: a function of trainer.seed and the epoch, whatever else draws random numbers
     # (resumable inside an epoch). global: drawn from torch's global generator as the epoch starts, as a plain
     # DataLoader(shuffle=True) draws it: with the same seed, model and optimizer, a port of a plain loop reproduces it
@@ -150,7 +149,8 @@ class AugmentationConfig:
     erasing: float | None = None  # probability
     preview_images: int = 32  # augmented training images shown in TensorBoard per policy
 
-    def problems(self, presets: tuple[str, ...]) -> Issues:
+    def problems(self) -> Issues:
+        presets = tuple(PRESETS)
         yield from _choice("placement", self.placement, ("none", "cpu", "gpu"))
         yield from _choice("preset", self.preset, presets)
         for key in ("hflip", "erasing"):
@@ -522,6 +522,10 @@ GROUPS = (
     "monitor",
     "tune",
 )
+# keys that existed once: a config that sets one is told what became of it, not that the key is unknown
+REMOVED = {
+    "loader.build_ahead": "no such key: it was removed (the data is built in the run's process); drop it",
+}
 
 
 def _check_target(node: Any, prefix: str, given: tuple[str, ...]) -> Iterator[Problem]:
@@ -640,14 +644,12 @@ def given_text(cfg: DictConfig, key: str) -> Any:
         return "?"
 
 
-def validate(
-    cfg: DictConfig, *, presets: tuple[str, ...], given: tuple[str, ...] = (), targets: bool = True
-) -> RunConfig:
-    """Check the whole composed config; raise one ConfigError that lists every problem.
-    `presets`: the augmentation presets that exist; `given`: nodes whose objects the caller
-    passes in (saturate.fit: "model", "data"), not checked here; `targets=False`: the values
-    and combinations only, not the `_target_` nodes, whose check imports their modules (torch
-    with the data's): what train.py answers before the heavy imports."""
+def validate(cfg: DictConfig, *, given: tuple[str, ...] = ()) -> RunConfig:
+    """Check the whole composed config, once; return it typed, or raise one ConfigError that
+    lists every problem. `given`: nodes whose objects the caller passes in (saturate.fit:
+    "model", "data"), not checked here. The values and their combinations come first and
+    import nothing, so that a mistaken number is answered at once; the `_target_` nodes, whose
+    check imports their modules (torch with the data's), only once the values are right."""
     try:
         run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except OmegaConfBaseException as e:  # an interpolation that does not resolve, a node removed with ~
@@ -655,14 +657,18 @@ def validate(
         raise ConfigError(
             [Problem(key, given_text(cfg, key), f"a value that resolves ({str(e).splitlines()[0]})")]
         ) from None
-    nodes = _node_problems(run, given) if targets else ()
-    problems = [*_group_problems(cfg, run, presets), *nodes, *_combination_problems(run)]
+    problems = [*_group_problems(cfg, run), *_combination_problems(run)]
+    if problems:
+        raise ConfigError(problems)
+    # the heavy dependencies that the targets' modules import, each timed for the run's start-up line
+    import_timed("torch", "torchmetrics")
+    problems = list(_node_problems(run, given))
     if problems:
         raise ConfigError(problems)
     return run
 
 
-def _group_problems(cfg: DictConfig, run: RunConfig, presets: tuple[str, ...]) -> Iterator[Problem]:
+def _group_problems(cfg: DictConfig, run: RunConfig) -> Iterator[Problem]:
     """Unknown top-level keys, non-finite numbers, and each group's keys and values."""
     known = [f.name for f in dataclasses.fields(RunConfig)]
     yield from (
@@ -676,10 +682,11 @@ def _group_problems(cfg: DictConfig, run: RunConfig, presets: tuple[str, ...]) -
             yield Problem(group, "(removed)", f"the {group} node: it cannot be removed; override its keys instead")
             continue
         for key in cfg[group]:  # `+group.key=...` gets past Hydra; a typo should not
-            if key not in fields:
+            if f"{group}.{key}" in REMOVED:
+                yield Problem(f"{group}.{key}", cfg[group][key], REMOVED[f"{group}.{key}"])
+            elif key not in fields:
                 yield Problem(f"{group}.{key}", cfg[group][key], "one of the keys " + ", ".join(fields))
-        args = {"augmentation": (presets,)}.get(group, ())
-        for key, value, allowed in getattr(run, group).problems(*args):
+        for key, value, allowed in getattr(run, group).problems():
             yield Problem(f"{group}.{key}", value, allowed)
     yield from _extra_problems(cfg, run)
 

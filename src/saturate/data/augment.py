@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from saturate.data.policy import POLICY_FIELDS, PRESETS, Policy
+from saturate.config.policy import POLICY_FIELDS, PRESETS, Policy
 
 __all__ = ["POLICY_FIELDS", "PRESETS", "BatchAugment", "Policy", "Preview", "SampleAugment", "Schedule", "Transforms"]
 

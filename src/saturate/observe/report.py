@@ -457,9 +457,7 @@ def _startup_line(perf: dict) -> str | None:
         for name, v in spans
         if v >= 0.05
     )
-    ahead = perf.get(names.DATA_AHEAD_S)
-    beside = f"; the data built beside the imports, in a forked process ({ahead:.2f} s)" if ahead is not None else ""
-    return f"- start-up: {total:.1f} s to the end of the first step" + (f": {said}" if said else "") + beside
+    return f"- start-up: {total:.1f} s to the end of the first step" + (f": {said}" if said else "")
 
 
 def _loop_line(perf: dict) -> str | None:

@@ -263,7 +263,6 @@ class Startup:
         self.last = self.origin
         self.spans: dict[str, float] = {}
         self.imports: dict[str, float] = {}  # within the imports' span: the heavy dependencies train.py timed
-        self.data_ahead_s: float | None = None  # the data built beside the imports, in a forked process (its time)
         if from_process:
             self._process_spans()
             self.imports = dict(IMPORTS)
@@ -289,13 +288,12 @@ class Startup:
         """`startup/<span>_s` for each span, the first step (loader workers, the first batch, the
         step) as the last, `time/first_step_s`: all of it (none when no step ran), and
         `imports/<module>_s`: what each heavy dependency took of the imports' span (or of the
-        one process span), and `ahead/data_s` when the data was built beside them."""
+        one process span)."""
         if first_step_at is None:
             return {}
         spans = {**self.spans, "first step": first_step_at - self.last}
         return {
             **{f"startup/{name.replace(' ', '_')}_s": s for name, s in spans.items()},
             **{f"{names.IMPORTS_PREFIX}{module}_s": s for module, s in self.imports.items()},
-            **({names.DATA_AHEAD_S: self.data_ahead_s} if self.data_ahead_s is not None else {}),
             names.FIRST_STEP_S: first_step_at - self.origin,
         }
