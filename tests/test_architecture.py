@@ -2,7 +2,8 @@
 arrow the drawing allows and none is one it forbids; a handful of top-level modules; no
 folder with more than a third of the source; Hydra's runtime config read in one module;
 metric names written in one; a composition root one can read, short functions; hooks
-reached through the public protocol, never by patching a saturate module."""
+reached through the public protocol, never by patching a saturate module; no dependency's
+private modules imported and sys.modules left alone."""
 
 from __future__ import annotations
 
@@ -127,3 +128,48 @@ def test_no_test_or_script_patches_a_saturate_module_to_reach_a_hook():
         if patched.search(line)
     ]
     assert found == []
+
+
+PRIVATE = ("torch", "torchmetrics", "hydra", "omegaconf")  # dependencies whose underscore modules are theirs alone
+# torch's underscore modules still imported, for want of a public counterpart in torch 2.13 (pytree: torch has no
+# public module; TorchDispatchMode: the one torch's own docs of __torch_dispatch__ name; the DataLoader's worker pids
+# and export's RNN decompositions): to go, each, when torch makes it public or saturate stops needing it
+STILL_IMPORTED = {
+    "torch.utils._pytree",
+    "torch.utils._python_dispatch",
+    "torch.utils.data._utils.signal_handling",
+    "torch.export._patches",
+}
+
+
+def test_no_dependencys_private_module_is_imported_or_patched_and_sys_modules_is_left_alone():
+    """What breaks silently when a dependency changes: an import of one of its underscore
+    modules (hydra._internal, torch._dynamo), Hydra's `_locate`, or an entry put into or
+    taken out of sys.modules. The one exception is the standard importlib recipe that loads
+    a module from a file (spec_from_file_location, then sys.modules[spec.name] = module)."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text()
+        rel = path.relative_to(ROOT)
+        for node in ast.walk(ast.parse(text)):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            for name in names:
+                top, *rest = name.split(".")
+                if any(name == known or name.startswith(f"{known}.") for known in STILL_IMPORTED):
+                    continue
+                if (top in PRIVATE and any(part.startswith("_") for part in rest)) or name.endswith("._locate"):
+                    found.append(f"{rel}:{node.lineno}: imports {name}")
+            if isinstance(node, (ast.Assign, ast.Delete)):
+                targets = node.targets
+                for target in targets:
+                    if isinstance(target, ast.Subscript) and ast.unparse(target.value) == "sys.modules":
+                        if "spec_from_file_location" not in text:
+                            found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.Call) and ast.unparse(node.func).startswith("sys.modules."):
+                if ast.unparse(node.func).rsplit(".", 1)[1] in ("update", "pop", "setdefault", "clear", "popitem"):
+                    found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)
