@@ -18,7 +18,8 @@ spans (`startup/*`: where the difference goes).
 With `--sides LABEL=CHECKOUT[,override ...] ...`, the default run (the whole of `python
 train.py`, each side from its own checkout with its own `src/` first on the path and its
 overrides) alternately, each side's whole process and first step (`time/first_step_s`),
-medians and the ratios to the first side, with `val/acc` (it must not move): a change against
+medians and, paired by round, the whole process's ratio and the first step's difference to
+the first side, with `val/acc` (it must not move): a change against
 its parent commit (a `git worktree` of it), or a setting on and off in one checkout.
 """
 
@@ -121,15 +122,18 @@ def sides(specs: list[str], rounds: int) -> None:
             seen[label]["whole"].append(whole)
             seen[label]["first"].append(metrics[names.FIRST_STEP_S])
             seen[label]["acc"].append(metrics["val/acc"])
-    base = parsed[0][0]
-    header = "whole process, median s | ratio | first step, median s | ratio | val/acc"
+    base = seen[parsed[0][0]]
+    header = "whole process, median s | paired ratio | first step, median s | paired difference s | val/acc"
     print(f"\n| side ({rounds} rounds, alternating) | {header} |")
     print("|---|---:|---:|---:|---:|---|")
     for label, _, _ in parsed:
-        whole, first = statistics.median(seen[label]["whole"]), statistics.median(seen[label]["first"])
-        w0, f0 = statistics.median(seen[base]["whole"]), statistics.median(seen[base]["first"])
-        accs = ", ".join(sorted({f"{a:.4f}" for a in seen[label]["acc"]}))
-        print(f"| {label} | {whole:.2f} | {whole / w0:.3f} | {first:.2f} | {first / f0:.3f} | {accs} |")
+        side = seen[label]
+        # paired by round: a shared machine's drift moves both sides of a round alike
+        ratio = statistics.median(w / w0 for w, w0 in zip(side["whole"], base["whole"], strict=True))
+        later = statistics.median(f - f0 for f, f0 in zip(side["first"], base["first"], strict=True))
+        accs = ", ".join(sorted({f"{a:.4f}" for a in side["acc"]}))
+        whole, first = statistics.median(side["whole"]), statistics.median(side["first"])
+        print(f"| {label} | {whole:.2f} | {ratio:.3f} | {first:.2f} | {later:+.2f} | {accs} |")
 
 
 def main() -> None:
