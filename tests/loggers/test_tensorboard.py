@@ -72,6 +72,29 @@ def test_a_resumed_run_drops_what_the_earlier_attempt_wrote_after_its_checkpoint
     assert drawn == [(1, 1.0), (2, 2.0), (3, 6.0), (4, 8.0)]  # step 3 once: the resumed attempt's
 
 
+def test_a_run_resumed_within_the_second_its_earlier_file_was_made_is_read_after_it(tmp_path):
+    """TensorBoard reads event files in name order: second, host, process, a per-process counter
+    (not zero-padded: writer 10 sorts before writer 9). An earlier attempt's file named to sort
+    after any made in the same second: the resumed attempt's file still comes after it."""
+    import time
+
+    run = SimpleNamespace(run_dir=tmp_path / "run", start_step=0, step=0, metrics={})
+    run.run_dir.mkdir()
+    logger = TensorBoardLogger()
+    logger.on_run_start(run)
+    for step in (1, 2, 3):
+        logger.on_log(run, {"train/loss": float(step)}, step)
+    logger.on_run_end(run, {})
+    (earlier,) = run.run_dir.glob("events.out.tfevents.*")
+    earlier.rename(run.run_dir / f"events.out.tfevents.{int(time.time()):010d}.zzzz.99999.9")
+    run.start_step = 2
+    logger = TensorBoardLogger()
+    logger.on_run_start(run)
+    logger.on_log(run, {"train/loss": 30.0}, 3)
+    logger.on_run_end(run, {})
+    assert curve(read_back(tmp_path), "run", "train/loss") == [(1, 1.0), (2, 2.0), (3, 30.0)]
+
+
 def test_a_run_written_before_events_moved_into_the_run_dir_goes_on_in_its_tb_folder(tmp_path):
     """One run in TensorBoard's list whichever layout wrote it first: a resumed run of the old
     layout (`<run dir>/tb`) adds its events there."""

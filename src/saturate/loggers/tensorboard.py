@@ -17,9 +17,26 @@ last step), which sorts before `cpu/` and `memory/`, so the table opens on them.
 from __future__ import annotations
 
 import re
+import time
+from pathlib import Path
 from typing import Any
 
 from saturate import names
+
+
+def after_earlier_files(logdir: Path) -> None:
+    """Return once a new event file in `logdir` is named after every earlier one. TensorBoard
+    reads a folder's event files in name order; a name starts with the second it was made in,
+    then the host, the process and a per-process counter that is not zero-padded (writer 10
+    sorts before writer 9). A resumed attempt whose file was made in the same second as the
+    earlier attempt's could be read first, and the earlier steps it drops (purge_step) read
+    after it: the resumed curve would end at the earlier attempt's last step. So a resume
+    within the same second waits for the next one (at most a second; a clock that went
+    back is not waited for)."""
+    stamps = [p.name.split(".")[3] for p in logdir.glob("events.out.tfevents.*")]
+    latest = max((int(s) for s in stamps if s.isdigit()), default=None)
+    if latest is not None and 0 <= latest + 1 - time.time() <= 1:
+        time.sleep(latest + 1 - time.time())
 
 
 class TensorBoardLogger:
@@ -44,6 +61,7 @@ class TensorBoardLogger:
         logdir = earlier if any(earlier.glob("events.out.tfevents.*")) else run.run_dir
         # every attempt starts a session (SessionLog.START): TensorBoard takes the first one it reads as the
         # run's start and each later one as a restart, dropping what came at or after its step
+        after_earlier_files(logdir)
         self.writer = SummaryWriter(str(logdir), purge_step=run.start_step + 1 if run.start_step else 0)
 
     def on_log(self, run, metrics: dict[str, float], step: int) -> None:
