@@ -1,15 +1,10 @@
-"""python train.py [group=option ...] [key=value ...]   (-m for a multirun sweep)"""
+"""python train.py [group=option ...] [key=value ...]   (-m for a multirun sweep)
 
-import hydra
-from omegaconf import DictConfig
+The checkout's way to `saturate train`: the same command, the same config."""
 
-from saturate.cli import run, task
+import os
 
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> dict:
-    return task(cfg)
-
+from saturate.cli import train_command
 
 if __name__ == "__main__":
-    run(main)
+    train_command(os.path.abspath(__file__))

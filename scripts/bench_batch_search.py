@@ -20,9 +20,9 @@ from hydra import compose, initialize_config_dir
 
 import saturate
 from saturate import names
+from saturate.config.dirs import CONF
 from saturate.parts.batch_size import Trial, table
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 saturate.register()  # the schema and resolvers, before composing conf/
 
 

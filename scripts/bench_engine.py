@@ -48,10 +48,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import saturate
+from saturate.config.dirs import CONF
 from saturate.data.base import channel_stats
 from saturate.data.synthetic import make_synthetic
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 saturate.register()  # the schema and resolvers, before composing conf/
 
 

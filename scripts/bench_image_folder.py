@@ -83,7 +83,7 @@ def start_up(code: str, *args: str) -> dict:
 
 def loaders(root: Path, size: int, workers: int, batch: int, scratch: Path) -> dict:
     """name -> a DataLoader of uint8 (N, 3, size, size) batches. `saturate shards`: the same
-    folder converted by scripts/make_shards.py, when wids is installed."""
+    folder converted by saturate make-shards, when wids is installed."""
     from torch.utils.data import DataLoader
 
     from saturate.data.image_folder import load_image_folder
@@ -103,9 +103,10 @@ def loaders(root: Path, size: int, workers: int, batch: int, scratch: Path) -> d
         from saturate.data.shards import load_shards
 
         out = scratch / "shards"
-        script = Path(__file__).with_name("make_shards.py")
         subprocess.run(
-            [sys.executable, str(script), str(root), str(out), "--val-fraction", "0.1"], capture_output=True, check=True
+            [sys.executable, "-m", "saturate", "make-shards", str(root), str(out), "--val-fraction", "0.1"],
+            capture_output=True,
+            check=True,
         )
         shards, _ = load_shards(train=str(out / "train.json"), val=None, image_size=size, channels=3)
         found["saturate shards"] = DataLoader(shards, collate_fn=already_collated, sampler=sampled(shards), **common)

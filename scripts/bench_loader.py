@@ -19,18 +19,17 @@ import platform
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
 from torch.utils.data import DataLoader, TensorDataset
 
 import saturate
+from saturate.config.dirs import CONF
 from saturate.config.schema import validate
 from saturate.data import build_datasets, describe
 from saturate.data.loader import build_loaders
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 saturate.register()  # the schema and resolvers, before composing conf/
 PRESETS = ["default", "fast", "debug", "resident"]
 

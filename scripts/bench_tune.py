@@ -32,7 +32,7 @@ from saturate import names
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from scripts.make_image_folder import write_digits  # noqa: E402
+from saturate.commands.make_image_folder import write_digits  # noqa: E402
 
 START = ["data=image_folder", "data.image_size=32", "model.width=8", "augmentation=cpu", "loader.num_workers=0"]
 CIFAR = ["data=synthetic", "data.num_train=50000", "model=resnet18", "augmentation=cpu"]

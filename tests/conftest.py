@@ -19,7 +19,7 @@ import saturate
 from tests.zygote import Zygote, kill_family
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
+CONF = ROOT / "src" / "saturate" / "conf"  # saturate's own config groups, shipped in the package
 # the browser that the real-browser tests (TensorBoard, the MLflow UI) drive
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 saturate.register()  # the schema and resolvers, before anything composes conf/

@@ -169,7 +169,7 @@ def test_help_names_saturate_its_groups_and_commands_and_cfg_job_resolves(tmp_pa
     helped = run_cli("--help", cwd=tmp_path)
     assert helped.returncode == 0
     assert helped.stdout.startswith("saturate: ") and "task: classification, regression" in helped.stdout
-    assert "python train.py precision=amp loader=fast" in helped.stdout and "trainer.resume=auto" in helped.stdout
+    assert "saturate train precision=amp loader=fast" in helped.stdout and "trainer.resume=auto" in helped.stdout
     shown = run_cli("--cfg", "job", "--resolve", cwd=tmp_path)
     assert shown.returncode == 0 and "Traceback" not in shown.stderr
     assert (

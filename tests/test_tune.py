@@ -308,7 +308,7 @@ def test_with_a_target_the_start_and_the_winner_are_trained_to_it(tmp_path):
 
 @pytest.fixture
 def jpeg_folder(tmp_path):
-    from scripts.make_image_folder import write_digits
+    from saturate.commands.make_image_folder import write_digits
 
     write_digits(tmp_path / "images", size=64, fmt="jpg")
     return tmp_path / "images"
@@ -395,7 +395,7 @@ def test_an_interrupted_tune_keeps_the_best_so_far(tmp_path, jpeg_folder):
     assert (tmp_path / "t.yaml").is_file()
 
 
-def test_the_preset_goes_to_the_users_config_dir_else_saturates(tmp_path):
+def test_the_preset_goes_to_the_users_config_dir_else_to_conf_in_the_working_dir(tmp_path, monkeypatch):
     from saturate.config.invocation import Invocation, config_dirs
     from saturate.tune import preset_path
 
@@ -409,7 +409,9 @@ def test_the_preset_goes_to_the_users_config_dir_else_saturates(tmp_path):
     invocation = Invocation(choices=choices, config_dirs=config_dirs([*sources, user]))
     assert preset_path(cfg, invocation) == tmp_path / "conf" / "experiment" / "tuned_image_folder_small_cnn.yaml"
     hydra_cfg = Invocation(choices=choices, config_dirs=config_dirs(sources))
-    assert preset_path(cfg, hydra_cfg) == CONF / "experiment" / "tuned_image_folder_small_cnn.yaml"
+    monkeypatch.chdir(tmp_path / "conf" if (tmp_path / "conf").is_dir() else tmp_path)
+    here = Path.cwd() / "conf" / "experiment" / "tuned_image_folder_small_cnn.yaml"  # never the package's own
+    assert preset_path(cfg, hydra_cfg) == here
     named = compose_config(["tune.enabled=true", "name=my run/v2"])
     assert preset_path(named, hydra_cfg).name == "tuned_my_run_v2.yaml"
     chosen = compose_config([f"tune.preset={tmp_path / 'p'}"])

@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from saturate.config.dirs import CONF, project_search_path
 from saturate.config.invocation import Invocation, outside_hydra_app
 from saturate.config.naming import run_name
 from saturate.config.registration import register
@@ -20,13 +21,8 @@ from saturate.tasks import BUILT_IN
 
 
 def config_dir() -> Path:
-    """saturate's conf/ (beside src/ in the checkout saturate is installed from)."""
-    found = Path(__file__).resolve().parents[2] / "conf"
-    if not (found / "config.yaml").is_file():
-        raise UserError(
-            f"saturate.fit: no conf/config.yaml at {found}; install saturate from its checkout (pip install -e .)"
-        )
-    return found
+    """saturate's own config groups, in the package (saturate.config.dirs.CONF)."""
+    return CONF
 
 
 def fit(
@@ -144,5 +140,6 @@ def _fit_arguments(overrides, loss, task) -> tuple[list[str], Callable | None]:
 def _compose(overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+    # a project config dir (./conf) before saturate's groups (saturate.config.dirs)
+    with project_search_path(), initialize_config_dir(str(config_dir()), version_base="1.3"):
         return compose("config", overrides=overrides)

@@ -18,12 +18,14 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from saturate.config.invocation import SCRIPT, Invocation, from_hydra
+from saturate.config.dirs import CONF, PROJECT_ENV, use_project_conf
+from saturate.config.invocation import SCRIPT, TRAIN_COMMAND, Invocation, from_hydra
 from saturate.config.registration import register
 from saturate.config.schema import REMOVED, validate
 from saturate.errors import Problem, UserError, shown
@@ -33,18 +35,39 @@ log = logging.getLogger("saturate")
 _answering = False  # run() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
 
 
-def run(main: Callable[[], object]) -> None:
-    """Call a `@hydra.main` function; exit 1 with one message for a user's mistake. For a
-    single run the garbage collector is off until task() has done its imports (saturate.started):
-    a `main` that does long work of its own before calling task(), or instead of it, does it
-    without the collector."""
+def train_command(app: str) -> None:
+    """The training command, `saturate train` (`app`: TRAIN_COMMAND) or `python train.py`
+    (its path): saturate's config groups from the package, a project's own config dir
+    (saturate.config.dirs) first on the search path with its folder first on sys.path, so that
+    its package imports as `python train.py` beside it would."""
+    import hydra
+
+    _project_first()
+    main = hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")(task)
+    run(main, app=app)
+
+
+def _project_first() -> None:
+    """A project config dir in the working dir (saturate.config.dirs) first on Hydra's search
+    path, and the working dir first on sys.path, so that the project's package imports; with
+    no project config dir, nothing is imported from the working dir."""
+    if use_project_conf() is not None and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+
+
+def run(main: Callable[[], object], app: str | None = None) -> None:
+    """Call a `@hydra.main` function; exit 1 with one message for a user's mistake. `app`: the
+    command as resume hints and ranks name it (default: this script). For a single run the
+    garbage collector is off until task() has done its imports (saturate.started): a `main`
+    that does long work of its own before calling task(), or instead of it, does it without
+    the collector."""
     if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
         print(help_text(sys.argv[1:]))
         return
     register()
     atexit.unregister(_freeze_at_exit)  # once, however many runs a process starts (a test, a notebook):
     atexit.register(_freeze_at_exit)  # after the handlers registered during this (the last) run
-    os.environ[SCRIPT] = os.path.abspath(sys.argv[0])  # SLURM jobs inherit it: their resume command names it
+    os.environ[SCRIPT] = app or os.path.abspath(sys.argv[0])  # SLURM jobs inherit it: their resume command names it
     sys.argv[1:] = [shorthand(arg) for arg in sys.argv[1:]]
     single = not {"-m", "--multirun"} & set(sys.argv[1:])
     if single:  # a multirun's parent may wait on a launcher for hours
@@ -128,8 +151,9 @@ def help_text(argv: list[str]) -> str:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    conf = Path(__file__).resolve().parents[2] / "conf"
-    dirs = [conf]
+    conf = CONF
+    project = use_project_conf()
+    dirs = [conf, *([project] if project is not None else [])]
     for override in OverridesParser.create().parse_overrides([a for a in argv if a.startswith("hydra.searchpath=")]):
         dirs += [
             Path(str(d).removeprefix("file://")) for d in (override.value() or []) if not str(d).startswith("pkg://")
@@ -139,7 +163,7 @@ def help_text(argv: list[str]) -> str:
         for group in (g for g in folder.glob("*") if g.is_dir() and g.name != "hydra"):
             groups.setdefault(group.name, set()).update(f.stem for f in group.glob("*.yaml"))
     listed = "\n".join(f"{name}: {', '.join(sorted(options))}" for name, options in sorted(groups.items()))
-    help_cfg = OmegaConf.create({"hydra": {"help": OmegaConf.load(conf / "config.yaml").hydra.help}})
+    help_cfg = OmegaConf.create({"hydra": {"help": OmegaConf.load(conf / "saturate.yaml").hydra.help}})
     template = OmegaConf.to_container(help_cfg, resolve=True)["hydra"]["help"]["template"]
     return string.Template(template).safe_substitute(APP_CONFIG_GROUPS=listed)
 
@@ -157,6 +181,8 @@ def task(cfg: DictConfig):
     recorded as failed and the sweep goes on."""
     reach("task")
     invocation = from_hydra()  # how this run was started, read once; passed down from here
+    project = os.environ.get(PROJECT_ENV)
+    log.info("config: %s", f"the project config dir {project}, then saturate's" if project else "saturate's")
     try:
         try:
             _check_launcher(invocation)
@@ -272,22 +298,57 @@ def _given(key: str, argv: list[str]) -> str:
 
 
 COMMANDS = {
-    "selftest": "every CUDA path checked on this machine, the fast path measured",
+    "train": "train: python train.py's command, from any folder (saturate train --help)",
     "eval": "a checkpoint evaluated on the val or test split",
     "export": "a checkpoint to ONNX, a torch.export program and safetensors, each checked",
+    "selftest": "every CUDA path checked on this machine, the fast path measured",
+    "init": "a project of your own to start from: a package, a config dir, a README",
+    "sweep-report": "a multirun's jobs compared: the fastest setting and why the others were not",
+    "compare-runs": "train.py configurations run side by side, their figures compared",
+    "make-shards": "an image folder written as WebDataset shards (data=shards)",
+    "make-image-folder": "a small image folder of scikit-learn's digits, to try data=image_folder on",
+    "monitor-gpu": "every visible GPU's utilisation and memory sampled, with a verdict",
+    "check-env": "this machine's device, libraries and settings checked, with advice",
 }
+TOOLS = {"sweep-report", "compare-runs", "make-shards", "make-image-folder", "monitor-gpu", "check-env"}
+
+
+def usage() -> str:
+    from saturate import __version__
+
+    listed = "\n".join(f"  saturate {n:<18} {what}" for n, what in COMMANDS.items())
+    return f"saturate {__version__}\nusage: saturate <command> [--help]\n\ncommands:\n{listed}"
 
 
 def command() -> None:
-    """The `saturate` console command: `saturate selftest|eval|export [...]`."""
+    """The `saturate` console command: `saturate <command> [...]` (COMMANDS)."""
     name, argv = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else (None, [])
+    if name in ("--help", "-h"):
+        print(usage())
+        return
+    if name == "--version":
+        from saturate import __version__
+
+        print(f"saturate {__version__}")
+        return
     if name not in COMMANDS:
-        listed = "\n".join(f"  saturate {n:<9} {what}" for n, what in COMMANDS.items())
-        sys.exit(f"usage: saturate <command> [--help]\n{listed}\n(training: python train.py; see the README)")
+        sys.exit(usage() if name is None else f"saturate: no command {name!r}\n{usage()}")
+    if name == "train":
+        sys.argv = [f"{sys.argv[0]} train", *argv]
+        train_command(TRAIN_COMMAND)
+        return
     if name == "selftest":
         from saturate.selftest import main
 
         sys.exit(main(argv))
+    if name == "init":
+        from saturate.commands.init import main
+
+        sys.exit(main(argv))
+    if name in TOOLS:
+        import importlib
+
+        sys.exit(importlib.import_module(f"saturate.commands.{name.replace('-', '_')}").main(argv))
     sys.exit(checkpoint_command(name, argv))
 
 
@@ -332,8 +393,7 @@ def checkpoint_command(name: str, argv: list[str]) -> int:
     from pathlib import Path
 
     args = checkpoint_parser(name).parse_intermixed_args(argv)  # overrides before and after flags
-    if os.getcwd() not in sys.path:  # a _target_ in the working dir imports, as it does for python train.py there
-        sys.path.insert(0, os.getcwd())
+    _project_first()  # a project's config dir and package, as for saturate train in the same folder
     out = Path(args.out or Path("outputs") / name / datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")).absolute()
     try:
         from saturate.compose.evaluation import find_checkpoint

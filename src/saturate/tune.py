@@ -54,7 +54,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from saturate import names
 from saturate.compose.build import UserObjects
 from saturate.compose.run import Metrics, train
-from saturate.config.invocation import Invocation, is_setting, key_of
+from saturate.config.dirs import CONF
+from saturate.config.invocation import SCRIPT, TRAIN_COMMAND, Invocation, is_setting, key_of
 from saturate.config.naming import slug
 from saturate.data.loader import cpus_per_process
 from saturate.errors import UserError
@@ -775,12 +776,15 @@ def preset_name(cfg: DictConfig, choices: dict) -> str:
 
 
 def preset_path(cfg: DictConfig, invocation: Invocation) -> Path:
-    """Where the preset goes: tune.preset, or experiment/ in the first config dir the user
-    added (hydra.searchpath), else in the primary config dir (saturate's conf/)."""
+    """Where the preset goes: tune.preset, or experiment/ in the user's first config dir (the
+    project's ./conf, or one added with hydra.searchpath), else in ./conf/experiment/ (made:
+    the project config dir of the next command run here). Never into the installed package."""
     if cfg.tune.preset != "auto":
         path = Path(cfg.tune.preset)
         return path if path.suffix == ".yaml" else path.with_suffix(".yaml")
-    return Path(invocation.config_dirs[0]) / "experiment" / f"{preset_name(cfg, invocation.choices)}.yaml"
+    users = [Path(d) for d in invocation.config_dirs if Path(d).resolve() != CONF]
+    folder = users[0] if users else Path.cwd() / "conf"
+    return folder / "experiment" / f"{preset_name(cfg, invocation.choices)}.yaml"
 
 
 def preset_text(start: list[str], changes: list[str], groups: set[str], header: str) -> str:
@@ -896,19 +900,21 @@ def _to_target_lines(tuner: Tuner) -> list[str]:
 
 
 def reproduce(preset: Path, searchpath: list[str]) -> str:
-    """The command that trains with the preset: with the config dirs the tune was given
-    (`searchpath`: its hydra.searchpath override) and the one the preset is in."""
+    """The command that trains with the preset, from the folder the tune ran in: with the
+    config dirs the tune was given (`searchpath`: its hydra.searchpath override) and the one
+    the preset is in, unless that is found there by convention (./conf)."""
+    command = "saturate train" if os.environ.get(SCRIPT) == TRAIN_COMMAND else "python train.py"
     if preset.parent.name != "experiment":
-        return f"copy it to <a config dir>/experiment/, then python train.py experiment={preset.stem}"
+        return f"copy it to <a config dir>/experiment/, then {command} experiment={preset.stem}"
     dirs = [str(d) for o in OverridesParser.create().parse_overrides(searchpath) for d in (o.value() or [])]
     root = preset.parent.parent.resolve()
-    main = Path(__file__).resolve().parents[2] / "conf"  # train.py's config_path, beside src/ in the checkout
-    if root != main and not any(
+    found = (CONF, (Path.cwd() / "conf").resolve())  # saturate's own groups, the project's by convention
+    if root not in found and not any(
         d.removeprefix("file://") and Path(d.removeprefix("file://")).resolve() == root for d in dirs
     ):
         dirs.append(f"file://{root}")
     where = [f"hydra.searchpath=[{','.join(dirs)}]"] if dirs else []
-    return " ".join(["python train.py", *where, f"experiment={preset.stem}"])
+    return " ".join([command, *where, f"experiment={preset.stem}"])
 
 
 def render(tuner: Tuner, *, preset: Path) -> str:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import saturate
+from saturate.commands.make_image_folder import write_digits
 from saturate.config.schema import LoaderConfig
 from saturate.data.base import ImageTensors, materialize, stack
 from saturate.data.loader import (
@@ -26,7 +27,6 @@ from saturate.data.loader import (
 )
 from saturate.errors import ConfigError, DataError
 from saturate.observe.report import RunFacts, diagnose, render
-from scripts.make_image_folder import write_digits
 from tests.compose.test_run import events
 from tests.conftest import read_metrics, run_cli
 

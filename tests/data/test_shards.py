@@ -1,4 +1,4 @@
-"""WebDataset shards (data=shards): made from a real image folder with scripts/make_shards.py,
+"""WebDataset shards (data=shards): made from a real image folder with saturate make-shards,
 read back by index, trained on, resumed bit for bit; bad indexes answered in one line."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import torch
 from hydra.errors import CompactHydraException
 
 import saturate
+from saturate.commands.make_image_folder import write_digits
 from saturate.data.image_folder import load_image_folder
 from saturate.data.shards import load_shards
-from scripts.make_image_folder import write_digits
-from tests.conftest import ROOT, python, read_metrics
+from tests.conftest import python, read_metrics
 from tests.parts.test_resume import EXACT, final_weights, interrupted_then_resumed, step_losses
 
 pytest.importorskip("wids")
@@ -29,7 +29,7 @@ def shards(tmp_path_factory) -> tuple[Path, Path]:
     """(folder, shards): the digits as JPEGs with 2 broken files, converted by the script."""
     root = tmp_path_factory.mktemp("shards")
     write_digits(root / "folder", size=16, fmt="jpg", corrupt=2)
-    done = python(ROOT / "scripts/make_shards.py", root / "folder", root / "shards", "--per-shard", "400", timeout=300)
+    done = python("-m", "saturate", "make-shards", root / "folder", root / "shards", "--per-shard", "400", timeout=300)
     assert done.returncode == 0, done.stderr
     assert "2 broken files skipped" in done.stdout
     return root / "folder", root / "shards"
@@ -167,7 +167,7 @@ def test_a_shard_url_with_a_scheme_is_refused_and_nothing_runs(make_cfg, tmp_pat
 
 
 BAD_INDEXES = [
-    (None, "no such file; expected a shard index (scripts/make_shards.py writes one)"),
+    (None, "no such file; expected a shard index (saturate make-shards writes one)"),
     ("{ not json", "not a readable shard index (JSONDecodeError"),
     ("[" * 100_000 + "]" * 100_000, "not a readable shard index (RecursionError"),
     ('{"shardlist": []}', "expected a JSON object whose 'shardlist' lists"),
@@ -295,7 +295,7 @@ def test_make_shards_refuses_what_the_reader_would(tmp_path):
     PNG's size too, so make_shards skips and names it rather than writing it into a shard."""
     write_digits(tmp_path / "folder", size=8, fmt="png")
     (tmp_path / "folder" / "3" / "bomb.png").write_bytes(png(20000, 20000))
-    done = python(ROOT / "scripts/make_shards.py", tmp_path / "folder", tmp_path / "shards", timeout=300)
+    done = python("-m", "saturate", "make-shards", tmp_path / "folder", tmp_path / "shards", timeout=300)
     assert done.returncode == 0, done.stderr
     assert (
         "1 broken files skipped" in done.stdout

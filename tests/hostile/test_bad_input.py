@@ -18,10 +18,10 @@ import torchmetrics
 from hydra.errors import CompactHydraException
 
 import saturate
+from saturate.commands.make_image_folder import write_digits
 from saturate.errors import DataError
 from saturate.tasks.classification import Classification
 from saturate.tasks.regression import Regression
-from scripts.make_image_folder import write_digits
 from tests.conftest import ROOT, TINY, compose_config, python, read_metrics, run_cli
 
 

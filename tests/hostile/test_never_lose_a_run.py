@@ -343,7 +343,7 @@ def a_sweep(root: Path, jobs: int = 3) -> Path:
 
 
 def sweep_report(directory: Path) -> subprocess.CompletedProcess:
-    return python(ROOT / "scripts" / "sweep_report.py", directory, timeout=120)
+    return python("-m", "saturate", "sweep-report", directory, timeout=120)
 
 
 def test_a_report_never_writes_through_a_symlink_nor_copies_lines_from_a_run(tmp_path):

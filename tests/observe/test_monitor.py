@@ -19,7 +19,7 @@ import torch
 import saturate
 from saturate.observe.monitor import analyse
 from tests.compose.test_run import events
-from tests.conftest import ROOT, python, read_metrics
+from tests.conftest import python, read_metrics
 
 FAKE_NVML = '''
 """A scripted stand-in for pynvml: two GPUs whose utilisation follows FAKE_NVML_UTIL."""
@@ -105,19 +105,19 @@ def test_in_run_sampler_logs_gpu_metrics_and_the_report_summarises_them(make_cfg
 
 
 def test_monitor_script_without_a_gpu_says_so_and_exits_non_zero():
-    result = python(ROOT / "scripts/monitor_gpu.py", "--duration", "1")
+    result = python("-m", "saturate", "monitor-gpu", "--duration", "1")
     assert result.returncode == 2
     assert "monitor_gpu: no NVIDIA GPU to watch" in result.stderr and "Traceback" not in result.stderr
 
 
 def monitor_script(fake_nvml, out, seconds: float, **fake) -> subprocess.CompletedProcess:
-    """scripts/monitor_gpu.py over the fake NVML (`fake`: its FAKE_NVML_* settings), CSV to `out`."""
+    """saturate monitor-gpu over the fake NVML (`fake`: its FAKE_NVML_* settings), CSV to `out`."""
     env = {**os.environ, "PYTHONPATH": f"{fake_nvml}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.update({f"FAKE_NVML_{k.upper()}": v for k, v in fake.items()})
     env.pop("CUDA_VISIBLE_DEVICES", None)
     args = ["--interval", "0.05", "--duration", str(seconds), "--csv", str(out)]
-    script = str(ROOT / "scripts/monitor_gpu.py")
-    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, env=env, timeout=60)
+    command = [sys.executable, "-m", "saturate", "monitor-gpu", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
 
 
 def test_monitor_script_lines_analysis_and_csv(fake_nvml, tmp_path):
@@ -145,7 +145,7 @@ def test_monitor_script_shows_what_nvml_gives_when_it_refuses_a_field(fake_nvml,
 
 
 def test_check_env_on_cpu_exits_0_and_reports():
-    result = python(ROOT / "scripts/check_env.py", "--device", "cpu", timeout=300)
+    result = python("-m", "saturate", "check-env", "--device", "cpu", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     for line in (
         "[ok] versions",
@@ -162,7 +162,7 @@ def test_check_env_on_cpu_exits_0_and_reports():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_check_env_asked_for_cuda_without_it_fails_clearly():
-    result = python(ROOT / "scripts/check_env.py", "--device", "cuda")
+    result = python("-m", "saturate", "check-env", "--device", "cuda")
     assert result.returncode == 1 and "no CUDA device is visible" in result.stderr and "Traceback" not in result.stderr
 
 

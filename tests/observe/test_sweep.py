@@ -17,7 +17,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.compose.test_run import session_hparams
-from tests.conftest import CONF, ROOT, TINY, python, run_cli
+from tests.conftest import CONF, TINY, python, run_cli
 
 QUICK = [o for o in TINY if not o.startswith(("loader.batch_size", "loader.num_workers"))]
 
@@ -77,7 +77,7 @@ def tensorboard(logdir):
 
 
 def report(directory):
-    return python(ROOT / "scripts/sweep_report.py", directory, timeout=120)
+    return python("-m", "saturate", "sweep-report", directory, timeout=120)
 
 
 def test_a_sweep_of_four_jobs_leaves_four_runs_hparams_and_a_report(tmp_path):

@@ -117,10 +117,21 @@ def test_a_mistake_on_its_command_line_is_one_line(tmp_path, args, message):
     assert done.returncode == 1 and done.stderr.startswith(message) and "Traceback" not in done.stderr
 
 
-def test_the_saturate_command_names_its_subcommands():
-    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "saturate")], capture_output=True, text=True)
-    assert done.returncode == 1 and done.stderr.startswith("usage: saturate <command> [--help]")
-    assert all(f"  saturate {command}  " in done.stderr for command in ("selftest", "eval", "export"))
+def test_the_saturate_command_names_its_subcommands_and_its_version():
+    from saturate import __version__
+    from saturate.cli import COMMANDS
+
+    command = os.path.join(os.path.dirname(sys.executable), "saturate")
+    bare = subprocess.run([command], capture_output=True, text=True)
+    assert bare.returncode == 1 and "usage: saturate <command> [--help]" in bare.stderr
+    helped = subprocess.run([command, "--help"], capture_output=True, text=True)
+    assert helped.returncode == 0 and "usage: saturate <command> [--help]" in helped.stdout
+    assert all(f"  saturate {name}  " in helped.stdout for name in COMMANDS)
+    assert {"train", "selftest", "eval", "export", "init", "sweep-report", "check-env"} <= set(COMMANDS)
+    version = subprocess.run([command, "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout == f"saturate {__version__}\n"
+    unknown = subprocess.run([command, "trian"], capture_output=True, text=True)
+    assert unknown.returncode == 1 and unknown.stderr.startswith("saturate: no command 'trian'")
 
 
 @pytest.mark.slow

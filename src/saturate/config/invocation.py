@@ -27,6 +27,7 @@ NOT_SETTINGS = ("run_dir", "name", "sweep", "tune", "trainer.resume", "trainer.r
 NOT_SETTINGS += ("trainer.log_level", "logger", "checkpoint.background")
 # The script the user ran, for the processes that do not run it themselves (a SLURM job runs submitit's)
 SCRIPT = "SATURATE_SCRIPT"
+TRAIN_COMMAND = "saturate train"  # SCRIPT's value for the installed command (else train.py's path)
 
 
 def key_of(override: str) -> str:
@@ -56,7 +57,7 @@ class Invocation:
     varied: frozenset[str] = frozenset()  # keys a sweep varies; in a single run, those its overrides set
     output_dir: str | None = None  # Hydra's output dir for this job
     config_dirs: tuple[str, ...] = ()  # the file config dirs, the user's (hydra.searchpath) first, then saturate's
-    app: str = "train.py"  # the script the user ran
+    app: str = "train.py"  # the script the user ran, or TRAIN_COMMAND
     sweep_dir: str | None = None  # a sweep's dir (hydra.sweep.dir), absolute
 
     @property
@@ -97,7 +98,7 @@ def from_hydra() -> Invocation | None:
     task = tuple(OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False))
     given_hydra = OmegaConf.to_container(hydra_cfg.overrides.hydra, resolve=False)
     script = os.environ.get(SCRIPT) or (sys.argv[0] if sys.argv else "")
-    if not script.endswith(".py") or "submitit" in script.split(os.sep):  # submitit's entry point in a SLURM job
+    if script != TRAIN_COMMAND and (not script.endswith(".py") or "submitit" in script.split(os.sep)):  # submitit's
         script = f"{hydra_cfg.job.name}.py"
     cwd = OmegaConf.select(hydra_cfg, "runtime.cwd", default=None) or os.getcwd()
     return Invocation(

@@ -71,5 +71,5 @@ def identity(invocation: Invocation, run_dir) -> dict[str, str | None]:
     from pathlib import Path
 
     name = slug(invocation.overrides, invocation.varied if invocation.multirun else None)
-    app = Path(invocation.app).stem if invocation.app else ""
+    app = Path(invocation.app.split()[-1]).stem if invocation.app else ""  # `saturate train`: train
     return {"name": name or Path(run_dir).name, "app": app or "saturate", "sweep": invocation.sweep_dir}

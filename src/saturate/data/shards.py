@@ -2,7 +2,7 @@
 folder of files.
 
 A data set is a wids index (JSON): its shards (`url`, `nsamples`), `classes`, and the
-training images' `mean`/`std`, as `scripts/make_shards.py` writes them. Each sample is an
+training images' `mean`/`std`, as `saturate make-shards` writes them. Each sample is an
 image file's bytes under its extension (`jpg`, `png`, ...) and its class index as text under
 `cls` (the WebDataset convention). Samples are read by index, so saturate's samplers, its DDP
 sharding and its bit-exact resume work exactly as for image folders. A shard is opened the
@@ -76,7 +76,7 @@ def read_index(key: str, given: str, channels: int) -> ShardIndex:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise DataError(f"{where}: no such file; expected a shard index (scripts/make_shards.py writes one)") from None
+        raise DataError(f"{where}: no such file; expected a shard index (saturate make-shards writes one)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{where}: not a readable shard index ({type(e).__name__}: {e})") from None
     try:
@@ -209,7 +209,7 @@ class ShardImages(Dataset):
             reader.close()
             raise DataError(
                 f"data.{self.key}={shown(self.index.path)}: shardlist[{shard}].nsamples={count}, but {shown(file)} "
-                f"holds {len(reader)} samples; write the index again (scripts/make_shards.py)"
+                f"holds {len(reader)} samples; write the index again (saturate make-shards)"
             )
         self._open[shard] = reader
         while len(self._open) > OPEN_SHARDS:

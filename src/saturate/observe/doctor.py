@@ -1,4 +1,4 @@
-"""The environment doctor behind scripts/check_env.py: what this machine can do for
+"""The environment doctor behind saturate check-env: what this machine can do for
 training, checked by doing it, and the settings it suggests."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Reading a multirun directory back: one row per job, the table, the CSV and the plots
-that scripts/sweep_report.py writes.
+that saturate sweep-report writes.
 
 A sweep dir is untrusted: its jobs wrote it, and anyone who can write there may have planted
 files. Nothing here follows a symbolic link below the dir it was given, reads a file that is

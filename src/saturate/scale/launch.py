@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from saturate.config.invocation import Invocation, key_of
+from saturate.config.invocation import SCRIPT, TRAIN_COMMAND, Invocation, key_of
 from saturate.config.naming import override_value
 from saturate.errors import UserError
 from saturate.scale.ranks import STOP_SIGNALS
@@ -50,10 +50,11 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    script = os.path.abspath(sys.argv[0])
+    # the ranks run the command this process runs: `saturate train` as the module, else the script
+    script = ["-m", "saturate", "train"] if os.environ.get(SCRIPT) == TRAIN_COMMAND else [os.path.abspath(sys.argv[0])]
     kept = [o for o in overrides if key_of(o) not in ("hydra.run.dir", "run_dir")]
     pinned = f"hydra.run.dir={override_value(run_dir)}"
-    args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={count}", script, *kept, pinned])
+    args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={count}", *script, *kept, pinned])
     os.environ[LAUNCHED] = "1"
     try:
         run(args)
@@ -97,17 +98,26 @@ def resume_hint(run_dir: str, world_size: int, invocation: Invocation) -> str:
     placed = ("hydra.run.dir", "trainer.resume", "run_dir")
     kept = [o for o in invocation.command_line() if key_of(o) not in placed]
     script = os.path.relpath(invocation.app) if invocation.app.endswith(".py") else "train.py"
+    if invocation.app == TRAIN_COMMAND:
+        return _resume_command(run_dir, world_size, invocation, kept, TRAIN_COMMAND, "-m saturate train")
+    return _resume_command(run_dir, world_size, invocation, kept, f"python {script}", script)
+
+
+def _resume_command(
+    run_dir: str, world_size: int, invocation: Invocation, kept: list[str], command: str, torchrun: str
+) -> str:
+    """`command` (or torchrun with `torchrun`, its script or -m module) with the run dir pinned."""
     if invocation.launcher and invocation.sweep_dir:  # the job's own run dir is the sweep's dir and its subdir
         subdir = os.path.relpath(os.path.abspath(run_dir), invocation.sweep_dir)
         pinned = [
             f"hydra.sweep.dir={override_value(invocation.sweep_dir)}",
             f"hydra.sweep.subdir={override_value(subdir)}",
         ]
-        return " ".join(["python", script, "-m", *map(shlex.quote, [*kept, *pinned]), "trainer.resume=auto"])
+        return " ".join([command, "-m", *map(shlex.quote, [*kept, *pinned]), "trainer.resume=auto"])
     per_node = os.environ.get("LOCAL_WORLD_SIZE", world_size)
     launched = os.environ.get(LAUNCHED) == "1"  # started by trainer.devices: the same command starts them again
-    launcher = f"python {script}"
+    launcher = command
     if world_size > 1 and not launched:
-        launcher = f"torchrun --nproc_per_node={per_node} {script}"
+        launcher = f"torchrun --nproc_per_node={per_node} {torchrun}"
     pinned = shlex.quote(f"hydra.run.dir={override_value(str(run_dir))}")
     return " ".join([launcher, *map(shlex.quote, kept), pinned, "trainer.resume=auto"])

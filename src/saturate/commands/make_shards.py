@@ -1,6 +1,6 @@
 """Convert an image folder into WebDataset tar shards that `data=shards` reads.
 
-    python scripts/make_shards.py data/images data/shards [--per-shard 1000] [--val-fraction 0.2] [--split-seed 0]
+    saturate make-shards data/images data/shards [--per-shard 1000] [--val-fraction 0.2] [--split-seed 0]
     python train.py data=shards data.train=data/shards/train.json data.val=data/shards/val.json
 
 The folder is read as `data=image_folder` reads it (root/<class>/... or root/train and
@@ -46,8 +46,10 @@ def write_split(name: str, dataset, out: Path, per_shard: int, seed: int, extra:
     return len(shards)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="saturate make-shards", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("folder", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--per-shard", type=int, default=1000)
@@ -57,7 +59,7 @@ def main() -> None:
     parser.add_argument(
         "--stats-size", type=int, default=64, help="image size at which the training images' mean/std are taken"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from saturate.data.image_folder import load_image_folder
     from saturate.errors import UserError
@@ -87,7 +89,3 @@ def main() -> None:
         f"({train.notes[names.SKIPPED_FILES]} broken files skipped) under {args.out}; train with: python train.py "
         f"data=shards data.train={args.out / 'train.json'} data.val={args.out / 'val.json'}"
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Check what this machine can do for training, by doing it, and suggest settings.
 
-    python scripts/check_env.py [--device auto|cpu|cuda] [--no-compile]
+    saturate check-env [--device auto|cpu|cuda] [--no-compile]
 
 Versions (torch, CUDA, cuDNN), each GPU's name, memory and compute capability, bf16 and
 TF32 support, the NVIDIA driver (NVML), torch.compile on a tiny function, a mixed-precision
@@ -16,11 +16,13 @@ import sys
 from saturate.observe.doctor import choose_device, run_checks, suggestions
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="saturate check-env", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile check (it takes seconds)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -40,7 +42,3 @@ def main() -> int:
         "Self-test)"
     )
     return 0 if works else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

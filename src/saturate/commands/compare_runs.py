@@ -1,7 +1,7 @@
 """Run train.py configurations side by side and compare their measured figures.
 
-    python scripts/compare_runs.py "augmentation=cpu" "augmentation=gpu" --common trainer.max_epochs=5
-    python scripts/compare_runs.py "loader=default" "loader=resident" --repeats 3
+    saturate compare-runs "augmentation=cpu" "augmentation=gpu" --common trainer.max_epochs=5
+    saturate compare-runs "loader=default" "loader=resident" --repeats 3
 
 Each argument is one configuration (space-separated overrides). Every configuration runs
 `--repeats` times, interleaved (A B A B ...) so that drift on a shared machine hits all of
@@ -25,8 +25,8 @@ from hydra import compose, initialize_config_dir
 
 import saturate
 from saturate import names
+from saturate.config.dirs import CONF
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 saturate.register()  # the schema and resolvers, before composing conf/
 COLUMNS = [
     (names.SAMPLES_PER_S, "samples/s", "{:.0f}"),
@@ -44,12 +44,14 @@ def run_once(overrides: list[str], run_dir: Path) -> dict[str, float]:
     return {**metrics, "objective": float(metrics)}  # checkpoint.monitor: val/acc, val/loss, ... as the task says
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="saturate compare-runs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("configs", nargs="+", help="one quoted string of overrides per configuration")
     parser.add_argument("--common", nargs="*", default=[], help="overrides added to every configuration")
     parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.getLogger("saturate").setLevel(logging.WARNING)
 
     results: dict[str, list[dict]] = {c: [] for c in args.configs}
@@ -71,7 +73,3 @@ def main() -> None:
         cells = [fmt.format(statistics.median(m[key] for m in runs)).rjust(len(h)) for key, h, fmt in COLUMNS]
         ratio = statistics.median(m[names.SAMPLES_PER_S] for m in runs) / first
         print(f"| {config:<{width}} | " + " | ".join(cells) + f" | {ratio:7.2f}x |")
-
-
-if __name__ == "__main__":
-    main()

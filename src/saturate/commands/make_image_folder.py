@@ -1,7 +1,7 @@
 """Write scikit-learn's digits as an image folder (one sub-folder per class), to try the
 image-decoding path of `data=image_folder` on real images.
 
-    python scripts/make_image_folder.py data/digits_png [--size 32] [--format png|jpg] [--corrupt 2]
+    saturate make-image-folder data/digits_png [--size 32] [--format png|jpg] [--corrupt 2]
 
 `--corrupt N` also writes N broken files (a truncated image and a text file named like an
 image, alternately) to see how they are skipped and reported.
@@ -37,17 +37,15 @@ def write_digits(out: Path, size: int = 32, fmt: str = "png", corrupt: int = 0, 
     return len(y)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="saturate make-image-folder", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("out", type=Path)
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--format", default="png", choices=["png", "jpg"])
     parser.add_argument("--corrupt", type=int, default=0)
     parser.add_argument("--per-class", type=int, default=None, help="only the first N images of each digit")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     n = write_digits(args.out, args.size, args.format, args.corrupt, args.per_class)
     print(f"wrote {n} images ({args.format}, {args.size}x{args.size}) and {args.corrupt} broken files under {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Summarise a multirun: which setting was fastest, and why the others were not.
 
-    python scripts/sweep_report.py outputs/multirun/<date>/<time>
+    saturate sweep-report outputs/multirun/<date>/<time>
 
 Prints a table (the swept overrides -> samples/s, data-wait share, peak memory, GPU
 utilisation when sampled, val/acc, wall time, status) sorted by throughput with the best
@@ -29,10 +29,12 @@ from saturate.observe.sweep import (
 )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="saturate sweep-report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("sweep_dir", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         print(f"sweep_report: {args.sweep_dir} is not a directory", file=sys.stderr)
         return 2
@@ -85,7 +87,3 @@ def main() -> int:
         print(f"sweep_report: {problem}", file=sys.stderr)
     print(f"wrote {', '.join(written) or 'nothing'} in {shown(args.sweep_dir)}{plots}")
     return 1 if refused else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Watch NVIDIA GPU use live, then judge it.
 
-    python scripts/monitor_gpu.py [--interval 1] [--duration 300] [--csv gpu.csv]
+    saturate monitor-gpu [--interval 1] [--duration 300] [--csv gpu.csv]
 
 One line per sample and device (utilisation, memory, power, temperature, SM clock), until
 --duration seconds have passed or Ctrl-C; then, per device, the mean utilisation, its
@@ -27,12 +27,14 @@ def shown(values: dict, key: str, width: int, spec: str) -> str:
     return format(values[key], spec).rjust(width) if key in values else "-".rjust(width)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="saturate monitor-gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     parser.add_argument("--duration", type=float, default=None, help="seconds to watch (default: until Ctrl-C)")
     parser.add_argument("--csv", default=None, help="also write every sample to this CSV file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.interval <= 0:
         parser.error("--interval must be > 0")
 
@@ -83,7 +85,3 @@ def main() -> int:
                 f"{a.minimum:.0f}%, {a.under_50:.0%} under 50% -> {a.status}"
             )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
