@@ -57,3 +57,18 @@ def test_no_figure_is_a_placeholder():
     placeholder = re.compile(r"\bTIME_[A-Z0-9_]+\b|\bTODO\b|\bTBD\b|\?\?\?|\bXXX\b")
     found = [f"{p.relative_to(ROOT)}: {m}" for p in TEXTS for m in placeholder.findall(p.read_text())]
     assert found == []
+
+
+# scripts/ holds saturate's own development tools; what a user runs is a `saturate` subcommand
+DEV_SCRIPTS = {"probe_syncs", "local_slurm"} | {p.stem for p in (ROOT / "scripts").glob("bench_*.py")}
+
+
+def test_the_docs_send_a_user_to_a_subcommand_never_to_a_script_of_the_checkout():
+    held = {p.stem for p in (ROOT / "scripts").glob("*.py")} - {"__init__"}
+    assert held == DEV_SCRIPTS, f"scripts/ holds {sorted(held - DEV_SCRIPTS)}: a user's tool is a saturate subcommand"
+    told = []
+    for path in [ROOT / "README.md", *PAGES]:
+        for name in re.findall(r"scripts/(\w+)\.py", path.read_text()):
+            if name not in DEV_SCRIPTS:
+                told.append(f"{path.relative_to(ROOT)}: scripts/{name}.py")
+    assert told == []

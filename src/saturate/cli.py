@@ -309,8 +309,9 @@ COMMANDS = {
     "make-image-folder": "a small image folder of scikit-learn's digits, to try data=image_folder on",
     "monitor-gpu": "every visible GPU's utilisation and memory sampled, with a verdict",
     "check-env": "this machine's device, libraries and settings checked, with advice",
+    "selftest-bundle": "what saturate selftest needs on a GPU machine without internet, in one folder",
 }
-TOOLS = {"sweep-report", "compare-runs", "make-shards", "make-image-folder", "monitor-gpu", "check-env"}
+TOOLS = set(COMMANDS) - {"train", "eval", "export", "selftest", "init"}  # saturate.commands.<name>.main(argv)
 
 
 def usage() -> str:

@@ -190,7 +190,8 @@ def test_the_bundle_installs_offline_on_a_python_with_only_torch_and_runs_the_se
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     bundle = tmp_path / "bundle"
     made = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "selftest_bundle.py"), str(bundle), "--python-version", version],
+        [sys.executable, "-m", "saturate", "selftest-bundle", str(bundle), "--python-version", version]
+        + ["--checkout", str(ROOT)],
         capture_output=True,
         text=True,
         timeout=900,

@@ -1,10 +1,11 @@
 """Everything `saturate selftest` needs on a GPU machine that reaches no package registry.
 
-    python scripts/selftest_bundle.py selftest-bundle [--python-version 3.12]
+    saturate selftest-bundle selftest-bundle [--python-version 3.12]   # in saturate's checkout
     # copy selftest-bundle/ to the GPU machine (Python and a CUDA torch installed), then there:
     bash selftest-bundle/run-selftest.sh [selftest options, e.g. --budget 300]
 
-Run on a machine with package-registry access, from the checkout. Writes into the folder:
+Run on a machine with package-registry access, in saturate's checkout (the self-test runs
+its train.py and examples; `--checkout DIR` names another). Writes into the folder:
 - wheels/: saturate's dependencies and theirs, for that Python on x86-64 Linux (manylinux),
   except torch and what only torch needs (the GPU machine's own CUDA build is used);
   antlr4-python3-runtime, which PyPI has only as source, is built into a wheel here;
@@ -26,9 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import tomllib
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path.cwd()  # saturate's checkout (--checkout)
 PLATFORMS = [
     "manylinux_2_28_x86_64",
     "manylinux_2_17_x86_64",
@@ -91,6 +90,10 @@ PYTHONPATH="$here/site:$here/saturate/src" exec "$py" -m saturate.selftest --out
 def dependencies(full: bool) -> list[str]:
     """saturate's runtime requirements, torch left out; without `full` also scikit-learn (and
     so SciPy: 45 MB), which only data=digits imports and the self-test does not use."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # the same parser, before it joined the standard library
+        import tomli as tomllib
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     left_out = {"torch"} | (set() if full else {"scikit-learn"})
     return [d for d in project["dependencies"] if re.split(r"[<>=!~ ;\[]", d, maxsplit=1)[0] not in left_out]
@@ -151,8 +154,12 @@ def checkout_files() -> list[str]:
     return [f for f in listed if f and (ROOT / f).is_file()]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    global ROOT
+    parser = argparse.ArgumentParser(
+        prog="saturate selftest-bundle", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--checkout", type=Path, default=Path.cwd(), help="saturate's checkout (default: here)")
     parser.add_argument("out", type=Path, help="the bundle's folder (created; must not exist or be empty)")
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python (default 3.12)")
     parser.add_argument(
@@ -160,7 +167,10 @@ def main() -> int:
         action="store_true",
         help="also scikit-learn and SciPy (data=digits); the self-test does not need them",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    ROOT = args.checkout.resolve()
+    if not (ROOT / "train.py").is_file() or not (ROOT / "src" / "saturate").is_dir():
+        parser.error(f"--checkout {ROOT}: expected saturate's checkout (its train.py and src/saturate/)")
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"{args.out} exists and is not empty")
     wheels = args.out / "wheels"
