@@ -9,7 +9,7 @@ import json
 import pytest
 
 from saturate.commands.init import main as init
-from saturate.config.dirs import CONF, project_conf
+from saturate.config.dirs import CONF, project_conf, project_pythonpath
 from saturate.errors import UserError
 from tests.conftest import TINY, python
 
@@ -46,6 +46,17 @@ def test_the_project_conf_is_found_here_or_by_pyproject_never_in_a_parent(tmp_pa
     with pytest.raises(UserError, match="config-dir='nowhere'.*expected a folder"):
         project_conf(tmp_path)
     assert project_conf(CONF.parent) is None  # saturate's own groups are not a project's
+    (tmp_path / "pyproject.toml").write_text('[tool.saturate]\npythonpath = ["src", ".."]\n')
+    assert project_pythonpath(tmp_path) == [(tmp_path / "src").resolve(), tmp_path.parent.resolve()]
+    assert project_pythonpath(tmp_path / "sub") == [(tmp_path / "sub").resolve()]  # the folder itself by default
+    mistakes = [
+        ("pythonpath = 'src'", "pythonpath='src'.*expected a list of folders"),
+        ("confdir = 'c'", "expected one of the keys config-dir, pythonpath"),
+    ]
+    for bad, says in mistakes:
+        (tmp_path / "pyproject.toml").write_text(f"[tool.saturate]\n{bad}\n")
+        with pytest.raises(UserError, match=says):
+            project_conf(tmp_path)
 
 
 def test_a_projects_option_shadows_saturates_and_a_mistake_there_is_one_line(tmp_path):

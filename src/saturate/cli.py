@@ -24,7 +24,7 @@ from hydra.errors import CompactHydraException, MissingConfigException, Override
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from saturate.config.dirs import CONF, PROJECT_ENV, use_project_conf
+from saturate.config.dirs import CONF, PROJECT_ENV, project_pythonpath, use_project_conf
 from saturate.config.invocation import SCRIPT, TRAIN_COMMAND, Invocation, from_hydra
 from saturate.config.registration import register
 from saturate.config.schema import REMOVED, validate
@@ -49,10 +49,14 @@ def train_command(app: str) -> None:
 
 def _project_first() -> None:
     """A project config dir in the working dir (saturate.config.dirs) first on Hydra's search
-    path, and the working dir first on sys.path, so that the project's package imports; with
-    no project config dir, nothing is imported from the working dir."""
-    if use_project_conf() is not None and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
+    path, and the project's folders (the working dir, or its [tool.saturate] pythonpath) first
+    on sys.path, so that its package imports; with no project config dir, nothing is imported
+    from the working dir."""
+    if use_project_conf() is None:
+        return
+    for folder in reversed(project_pythonpath(Path.cwd())):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
 
 
 def run(main: Callable[[], object], app: str | None = None) -> None:
