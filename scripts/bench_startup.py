@@ -5,9 +5,10 @@ how soon the default run's first optimizer step ends, beside a plain loop's.
 
 Times, in fresh processes, alternately: `python -c "import torch"`, `python train.py --help`,
 a misspelt key (`trainer.max_epoch=3`) and an out-of-range value (`loader.num_workers=-1`),
-and prints each one's median and its ratio to `import torch`. The target (issue 27): --help
-and the misspelt key at most 0.5x. An out-of-range value is checked against the model's and
-the data's constructors, which imports them (and so torch): it is printed for the record.
+and prints each one's median and its ratio to `import torch`; `saturate --help`, `saturate
+train --help` and the misspelt key through the installed command too. The target: --help
+and the misspelt key at most 0.5x. An out-of-range value is answered by the config's check
+before torch is imported (the values come before the targets): printed for the record.
 
 With `--first-step`, also alternately: the default run (`python train.py`, one epoch) and
 PLAIN_LOOP (the same digits, model, optimizer and batch in a hand-written loop), each timed
@@ -35,10 +36,14 @@ from pathlib import Path
 from saturate import names
 
 ROOT = Path(__file__).resolve().parents[1]
+SATURATE = str(Path(sys.executable).with_name("saturate"))  # the installed command, beside this Python
 COMMANDS = {
     "import torch": [sys.executable, "-c", "import torch"],
     "train.py --help": [sys.executable, str(ROOT / "train.py"), "--help"],
+    "saturate --help": [SATURATE, "--help"],
+    "saturate train --help": [SATURATE, "train", "--help"],
     "a misspelt key": [sys.executable, str(ROOT / "train.py"), "trainer.max_epoch=3"],
+    "saturate train, a misspelt key": [SATURATE, "train", "trainer.max_epoch=3"],
     "an out-of-range value": [
         sys.executable,
         str(ROOT / "train.py"),

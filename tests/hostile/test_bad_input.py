@@ -1292,3 +1292,31 @@ def test_a_sample_entry_the_default_collate_cannot_batch_is_named(tmp_path):
     data = Samples(64, lambda i: {"input": windows(i)[0], "target": windows(i)[1], "path": None if i % 2 else "/x"})
     with pytest.raises(DataError, match=r"data: samples do not batch \(the sample's path is a NoneType\)"):
         fit(mlp(), data, data, task="regression", run_dir=tmp_path)
+
+
+def _both_commands(overrides: list[str], run_dir) -> list:
+    """`python train.py` and `saturate train` (as `python -m saturate train`) with the same
+    overrides, from the checkout's root (the table's own classes import from there)."""
+    args = [*TINY, *overrides, f"hydra.run.dir={run_dir}"]
+    return [python(ROOT / "train.py", *args, cwd=ROOT), python("-m", "saturate", "train", *args, cwd=ROOT)]
+
+
+COMMAND_LINE = [b for b in BAD_INPUTS if not callable(b[1])]
+
+
+def _answered_alike(tmp_path, given, says) -> None:
+    checkout, installed = _both_commands(given, tmp_path / "run")
+    assert checkout.returncode == installed.returncode == 1, installed.stderr[-2000:]
+    assert says in checkout.stderr and "Traceback" not in checkout.stderr + installed.stderr
+    assert installed.stderr == checkout.stderr
+
+
+@pytest.mark.parametrize(("name", "given", "says"), COMMAND_LINE[:3], ids=[b[0] for b in COMMAND_LINE[:3]])
+def test_saturate_train_answers_a_mistake_as_train_py_does(tmp_path, name, given, says):
+    _answered_alike(tmp_path, given, says)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "given", "says"), COMMAND_LINE[3:], ids=[b[0] for b in COMMAND_LINE[3:]])
+def test_the_whole_table_through_both_commands(tmp_path, name, given, says):
+    _answered_alike(tmp_path, given, says)
