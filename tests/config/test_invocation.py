@@ -68,6 +68,23 @@ def test_the_command_line_holds_hydras_overrides_but_not_where_the_run_went(hydr
     ]
 
 
+def test_saturate_train_resumes_and_launches_ranks_as_saturate_train(hydra_config, tmp_path, monkeypatch):
+    """The command the user typed: `saturate train ...` resumes as it, and under several
+    processes as `torchrun ... -m saturate train`; train.py's path keeps `python train.py`."""
+    from saturate.config.invocation import SCRIPT, TRAIN_COMMAND
+
+    hydra_config(["trainer.max_epochs=2"], [f"hydra.run.dir={tmp_path / 'r'}"])
+    monkeypatch.setenv(SCRIPT, TRAIN_COMMAND)
+    invocation = from_hydra()
+    assert invocation.app == TRAIN_COMMAND
+    one = resume_hint(str(tmp_path / "r"), world_size=1, invocation=invocation)
+    assert one.startswith("saturate train trainer.max_epochs=2 ") and one.endswith(" trainer.resume=auto")
+    two = resume_hint(str(tmp_path / "r"), world_size=2, invocation=invocation)
+    assert two.startswith("torchrun --nproc_per_node=2 -m saturate train trainer.max_epochs=2 ")
+    monkeypatch.setenv(SCRIPT, str(tmp_path / "train.py"))
+    assert resume_hint(str(tmp_path / "r"), world_size=1, invocation=from_hydra()).startswith("python ")
+
+
 @pytest.mark.slow
 def test_the_printed_resume_command_runs_verbatim_with_a_users_config_dir(tmp_path):
     conf = user_conf(tmp_path)

@@ -128,6 +128,17 @@ def test_the_installed_command_composes_what_the_checkout_composes(installed, tm
     assert installed_cfg.stdout == checkout_cfg.stdout
 
 
+def test_the_default_run_learns_the_same_from_the_wheel_and_from_the_checkout(installed, tmp_path):
+    args = ["trainer.progress=false"]
+    from_wheel = user(installed, "saturate", "train", *args, "hydra.run.dir=wheel", cwd=tmp_path)
+    checkout = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args, "hydra.run.dir=checkout"], cwd=tmp_path, capture_output=True
+    )
+    assert from_wheel.returncode == 0 and checkout.returncode == 0, from_wheel.stderr[-2000:]
+    learned = [json.loads((tmp_path / d / "metrics.json").read_text())["val/acc"] for d in ("wheel", "checkout")]
+    assert learned[0] == learned[1] > 0.98
+
+
 def test_an_example_trains_from_its_own_folder_against_the_installed_package(installed, tmp_path):
     """examples/pm25 as a project: conf/ found there, its modules imported from its
     [tool.saturate] pythonpath (the checkout's root, where examples.pm25 lives)."""
