@@ -438,7 +438,7 @@ def test_train_and_fit_refuse_tune_enabled(make_cfg):
     import saturate
     from saturate.errors import UserError
 
-    with pytest.raises(UserError, match=r"tune.enabled=true: tune through train.py"):
+    with pytest.raises(UserError, match=r"tune.enabled=true: tune through the command \(saturate train tune=true"):
         saturate.train(make_cfg("tune.enabled=true"))
 
 

@@ -1,4 +1,4 @@
-"""`python train.py tune=true [overrides]`: saturate applies its own advice.
+"""`saturate train tune=true [overrides]` (python train.py in the checkout): saturate applies its own advice.
 
 Starting from the user's config, short trials are measured one after another in this
 process: each is a real run (`saturate.train`) in `<run dir>/trials/`, stopped once it has
@@ -601,13 +601,11 @@ def tune(cfg: DictConfig, invocation: Invocation | None) -> Metrics:
     once): measure, choose, write the preset and the table; returns the winner's figures
     (`float()` of it: its samples/s)."""
     if invocation is None or not invocation.app:
-        raise UserError("tune.enabled=true: run it through train.py (python train.py tune=true ...)")
+        raise UserError("tune.enabled=true: run it through the command (saturate train tune=true ...)")
     if invocation.multirun:
-        raise UserError(
-            "tune.enabled=true: tune runs its own trials; run it without -m (python train.py tune=true ...)"
-        )
+        raise UserError("tune.enabled=true: tune runs its own trials; run it without -m (saturate train tune=true ...)")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError("tune.enabled=true: run it as one process (python train.py tune=true), not under torchrun")
+        raise UserError("tune.enabled=true: run it as one process (saturate train tune=true), not under torchrun")
     run_dir = Path(invocation.output_dir)
     tuner = Tuner(cfg, invocation, run_dir)
     preset = preset_path(cfg, invocation)
@@ -848,7 +846,7 @@ def write_preset(
     how = "" if confirmed or not changes else " (one trial each, not confirmed)"
     header = (
         f"# Written by saturate's tune on {datetime.now():%Y-%m-%d %H:%M}: {rate:,.0f} samples/s, {speedup:.2f}x the "
-        f"starting config{how}:\n#   python train.py tune=true {' '.join(searchpath + start)}\n# Reproduce it: "
+        f"starting config{how}:\n#   saturate train tune=true {' '.join(searchpath + start)}\n# Reproduce it: "
         f"{reproduce(path, searchpath)}\n"
     )
     try:

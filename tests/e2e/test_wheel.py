@@ -138,6 +138,11 @@ def test_the_default_run_learns_the_same_from_the_wheel_and_from_the_checkout(in
     learned = [json.loads((tmp_path / d / "metrics.json").read_text())["val/acc"] for d in ("wheel", "checkout")]
     assert learned[0] == learned[1] > 0.98
 
+    def kept(run_dir: Path) -> list[str]:  # an event file's name holds its host, process and second
+        return sorted(re.sub(r"tfevents\..*", "tfevents", str(p.relative_to(run_dir))) for p in run_dir.rglob("*"))
+
+    assert kept(tmp_path / "wheel") == kept(tmp_path / "checkout")  # the run dir holds what a checkout run holds
+
 
 def test_an_example_trains_from_its_own_folder_against_the_installed_package(installed, tmp_path):
     """examples/pm25 as a project: conf/ found there, its modules imported from its

@@ -95,7 +95,7 @@ def _train(cfg: DictConfig | RunConfig, invocation: Invocation, objects: UserObj
     run = cfg if isinstance(cfg, RunConfig) else validate(cfg, given=objects.nodes())
     if run.tune.enabled:  # train.py hands tune=true to saturate.tune before any training
         raise UserError(
-            "tune.enabled=true: tune through train.py (python train.py tune=true ...); saturate.fit and train() train"
+            "tune.enabled=true: tune through the command (saturate train tune=true ...); saturate.fit and train() train"
         )
     dist = Dist(None if run.device.type == "cpu" else run.device.index)
     log.setLevel(run.trainer.log_level if dist.is_main else "WARNING")  # one voice: rank 0's

@@ -349,7 +349,7 @@ def render(
         lines += [f"- `{override}`: {why}" for override, why in verdict.suggestions]
         lines += [
             "",
-            "Measure them side by side on this run: `python train.py tune=true` with this run's overrides (the "
+            "Measure them side by side on this run: `saturate train tune=true` with this run's overrides (the "
             "loader's "
             "and the model's own limits, and each change, in short trials).",
         ]
