@@ -29,7 +29,7 @@ from saturate.config.invocation import SCRIPT, TRAIN_COMMAND, Invocation, from_h
 from saturate.config.registration import register
 from saturate.config.schema import REMOVED, validate
 from saturate.errors import Problem, UserError, shown
-from saturate.started import import_timed, pause_collector, reach, resume_collector
+from saturate.started import pause_collector, reach, resume_collector
 
 log = logging.getLogger("saturate")
 _answering = False  # run() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
@@ -196,7 +196,6 @@ def task(cfg: DictConfig):
 
             record_failure(cfg.run_dir, e)  # for sweep reports: this job failed, and why
             raise
-        import_timed("torch", "torchmetrics")  # the check imported them for its targets, timed: a no-op here
 
         from saturate.compose.run import train
         from saturate.scale.launch import processes
@@ -302,7 +301,7 @@ def _given(key: str, argv: list[str]) -> str:
 
 
 COMMANDS = {
-    "train": "train: python train.py's command, from any folder (saturate train --help)",
+    "train": "train a model: python train.py's command, from any folder (saturate train --help)",
     "eval": "a checkpoint evaluated on the val or test split",
     "export": "a checkpoint to ONNX, a torch.export program and safetensors, each checked",
     "selftest": "every CUDA path checked on this machine, the fast path measured",
@@ -315,7 +314,7 @@ COMMANDS = {
     "check-env": "this machine's device, libraries and settings checked, with advice",
     "selftest-bundle": "what saturate selftest needs on a GPU machine without internet, in one folder",
 }
-TOOLS = set(COMMANDS) - {"train", "eval", "export", "selftest", "init"}  # saturate.commands.<name>.main(argv)
+TOOLS = set(COMMANDS) - {"train", "eval", "export", "selftest"}  # saturate.commands.<name>.main(argv)
 
 
 def usage() -> str:
@@ -344,10 +343,6 @@ def command() -> None:
         return
     if name == "selftest":
         from saturate.selftest import main
-
-        sys.exit(main(argv))
-    if name == "init":
-        from saturate.commands.init import main
 
         sys.exit(main(argv))
     if name in TOOLS:
