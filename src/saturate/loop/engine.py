@@ -23,6 +23,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 from torch import nn
@@ -144,7 +145,7 @@ class Engine:
         self.guard, self.dist, self.tracker, self.timer = training.step.guard, control.dist, watch.tracker, watch.timer
         # summed on the device, read at log steps
         self.loss_sum = torch.zeros((), device=next(training.model.parameters()).device)
-        self.loss_count = 0
+        self.loss_count: int | torch.Tensor = 0  # a device count when steps decide on the device
         self.logged = False  # a training window logged in this process
         self._counts: dict[str, float] = {}  # the flat counters' last logged values
         self.batch = None  # the last device batch (a reference: what a failed guard looks at)
@@ -180,8 +181,9 @@ class Engine:
     def summary(self) -> Summary:
         """The loop's figures (once every rank is done: the steady state is averaged)."""
         for batches in (self.training.batches, self.evaluator.batches):  # what every rank skipped, now all are done
-            if getattr(batches, "poll", None) is not None:
-                batches.poll()
+            poll = getattr(batches, "poll", None)
+            if poll is not None:
+                poll()
         window = self.timer.run_window()
         monitor = self.watch.monitor
         return Summary(
@@ -233,7 +235,7 @@ class Engine:
         if test is not None:
             with self.phase("evaluation"):
                 tested = test.run(self.run.eval_model)
-            self.tracker.log(tested, state.step)
+            self.tracker.log(tested or {}, state.step)
         self.training.scheduler.evaluated(evaluated)
         self.timed_evaluation(evaluated, state.step)
         self.observers.call("on_eval_end", self.run, evaluated)
@@ -442,7 +444,8 @@ class Engine:
         if step % self.dist.check_every:
             return False, False, False
         flags = (self.control.stop.requested is not None, self.guard.failed, self.run.stop_reason is not None)
-        return tuple(self.dist.any_of(flags))
+        signalled, failed, asked = self.dist.any_of(flags)
+        return signalled, failed, asked
 
     def nonfinite_data(self) -> str | None:
         """Which part of the last batch holds NaN or inf ("inputs", "targets"), if any: then the
@@ -454,7 +457,7 @@ class Engine:
                 return name
         return None
 
-    def halt(self, state: TrainState, steps_per_epoch: int) -> None:
+    def halt(self, state: TrainState, steps_per_epoch: int) -> NoReturn:
         """Stop at this step boundary: a preemption signal saves last.pt and exits; too many
         non-finite steps fail the run, pointing at the last good state."""
         self.checkpointer.close()  # a save in flight on disk before any rank leaves (its failure logged)

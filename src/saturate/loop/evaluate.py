@@ -141,7 +141,7 @@ class Evaluator:
         if not dist.is_main:
             return
         merged = {k: joined([p[k] for p in parts]) for k in parts[0]} if parts[0] else {}
-        order = np.argsort(merged["index"], kind="stable") if merged else []
+        order = np.argsort(merged["index"], kind="stable") if merged else np.array([], dtype=np.int64)
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(path, **{k: v[order] for k, v in merged.items()})
 

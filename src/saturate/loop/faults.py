@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from typing import Any
 
 import torch
 
@@ -51,7 +52,7 @@ class StopSignal:
 
     def __init__(self):
         self.requested: int | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # what signal.signal returned: a handler, SIG_DFL, SIG_IGN or None
         self.listeners: list = []  # called from the handler with the signal (puts a hung callback on the clock)
 
     def _handle(self, signum, frame) -> None:
@@ -76,7 +77,7 @@ class StopSignal:
             if isinstance(outer, StopSignal):  # a watcher around the run (tune's, between its trials) takes it
                 outer._handle(self.requested, None)
         previous = self._previous.get(error.signum) if isinstance(error, Preempted) else None
-        if _requeues(previous):
+        if previous is not None and _requeues(previous):
             try:
                 previous(error.signum, None)
             except Exception as refused:  # noqa: BLE001 (submitit raises its own error when it will not requeue)
@@ -193,7 +194,8 @@ class NonFiniteGuard:
         """The error that stops the run. `data`: the part of the last batch that holds NaN or
         inf ("inputs", "targets"), if any: then no learning rate would help."""
         if self.skip:
-            last = step if not self.on_device else self.first_bad_step + self.consecutive - 1
+            first = step if self.first_bad_step is None else self.first_bad_step
+            last = step if not self.on_device else first + self.consecutive - 1
             what = f"{self.consecutive} non-finite steps in a row (from step {self.first_bad_step} to {last})"
             saved = f"every one was skipped; the last good state is {checkpoint}"
         else:

@@ -52,6 +52,8 @@ class Tracker(Protocol):
 
     def matrices(self, matrices: dict, step: int, labels: list[str] | None = None) -> None: ...
 
+    def images(self, tag: str, images: Any, step: int) -> None: ...
+
 
 class Timer(Protocol):
     """Where each step's time goes (saturate.observe.timing.StepTimer)."""
@@ -122,8 +124,13 @@ class Evaluation(Protocol):
     batches: Batches | None
     matrices: dict
     class_names: list[str] | None
+    split: str  # the metrics' prefix: val, test
+    also: Evaluation | None  # a second split evaluated beside this one (test at every evaluation)
+    preview: Any  # images the task drew of the first batch (a tensor), or None
 
     def due(self, epoch: int, last: bool) -> bool: ...
+
+    def due_step(self, step: int) -> bool: ...
 
     def run(self, model: nn.Module, interrupted=None, predict: bool = False) -> dict[str, float] | None: ...
 

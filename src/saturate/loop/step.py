@@ -22,6 +22,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -63,6 +64,17 @@ def split(batch, count: int) -> list:
     return [tree_unflatten([p[i] for p in parts], spec) for i in range(count)]
 
 
+class _Kept(NamedTuple):
+    """Contiguous buffers of one dtype and device, and what keeps them."""
+
+    members: list[torch.Tensor]  # the buffers
+    flat: list[torch.Tensor]  # flat views of them
+    kept: torch.Tensor  # their values at `keep`
+    scratch: torch.Tensor
+    kept_shaped: list[torch.Tensor]  # kept and scratch, viewed as the buffers
+    scratch_shaped: list[torch.Tensor]
+
+
 class Buffers:
     """A model's buffers, kept before each step so that a step that must not count (skipped as
     non-finite, or retried after an out-of-memory) leaves them as they were: by then the
@@ -79,7 +91,7 @@ class Buffers:
         groups: dict[tuple, list[torch.Tensor]] = {}
         for b in buffers:
             groups.setdefault((b.dtype, b.device, b.is_contiguous()), []).append(b)
-        self.groups = []  # (the buffers, flat views of them, kept, scratch, kept and scratch shaped as the buffers)
+        self.groups: list[_Kept] = []
         self.loose: list[tuple[torch.Tensor, torch.Tensor]] = []  # non-contiguous buffers: kept one by one
         for (_, _, contiguous), members in groups.items():
             if not contiguous:
@@ -89,7 +101,7 @@ class Buffers:
             kept, scratch = torch.cat(flat), torch.cat(flat)
             sizes = [f.numel() for f in flat]
             shaped = [[p.view(b.shape) for p, b in zip(t.split(sizes), members, strict=True)] for t in (kept, scratch)]
-            self.groups.append((members, flat, kept, scratch, *shaped))
+            self.groups.append(_Kept(members, flat, kept, scratch, *shaped))
 
     def __bool__(self) -> bool:
         return bool(self.groups or self.loose)
@@ -97,15 +109,15 @@ class Buffers:
     def keep(self) -> None:
         for _, flat, kept, *_ in self.groups:
             torch.cat(flat, out=kept)
-        for buffer, kept in self.loose:
-            kept.copy_(buffer)
+        for buffer, saved in self.loose:
+            saved.copy_(buffer)
 
     def restore(self) -> None:
         """Back to what `keep` saw."""
         for members, _, _, _, kept, _ in self.groups:
             torch._foreach_copy_(members, kept)
-        for buffer, kept in self.loose:
-            buffer.copy_(kept)
+        for buffer, saved in self.loose:
+            buffer.copy_(saved)
 
     def restore_unless(self, finite: torch.Tensor) -> None:
         """Back to what `keep` saw where `finite` (a device bool) is False, with nothing read."""
@@ -113,8 +125,8 @@ class Buffers:
             torch.cat(flat, out=scratch)
             torch.where(finite, scratch, kept, out=scratch)
             torch._foreach_copy_(members, shaped)
-        for buffer, kept in self.loose:
-            buffer.copy_(torch.where(finite, buffer, kept))
+        for buffer, saved in self.loose:
+            buffer.copy_(torch.where(finite, buffer, saved))
 
 
 def _alone(ok: bool) -> bool:
@@ -277,7 +289,8 @@ class TrainStep:
         if self.distributed:
             finite = self.dist.all_true(finite)
         self.buffers.restore_unless(finite)
-        self.optimizer.grad_scale, self.optimizer.found_inf = None, (~finite).to(torch.float32)
+        # the attributes torch's fused optimizers read in step() (as GradScaler sets them): skip where found_inf
+        self.optimizer.grad_scale, self.optimizer.found_inf = None, (~finite).to(torch.float32)  # type: ignore[attr-defined]
         self.optimizer.step()
         self.guard.skipped_on_device(finite, step)
         return torch.where(finite, loss, torch.zeros_like(loss)), finite, True
@@ -289,7 +302,7 @@ class TrainStep:
 
     # -- out of memory
 
-    def _attempt(self, fn, *args) -> tuple[bool, object]:
+    def _attempt(self, fn, *args) -> tuple[bool, Any]:
         """(True, fn(*args)), or (False, None) after a CUDA out-of-memory, keeping nothing of
         the failure (its frames would hold the tensors that filled the memory)."""
         try:

@@ -33,6 +33,6 @@ class Target:
         return f"{self.metric} {'>=' if self.mode == 'max' else '<='} {self.value:g}"
 
     def metrics(self) -> dict[str, float]:
-        if self.reached_s is None:
+        if self.reached_s is None or self.reached_step is None:
             return {}
         return {names.TO_TARGET_S: self.reached_s, names.TO_TARGET_STEP: float(self.reached_step)}

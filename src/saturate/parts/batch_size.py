@@ -43,6 +43,12 @@ class Trial:
     peak_mb: float | None = None  # peak allocated device memory (CUDA only)
     spread: float | None = None  # (highest - lowest) / median of its measurements, when measured more than once
 
+    @property
+    def rate(self) -> float:
+        """The samples/s of a size that fit (one that ran out of memory has none)."""
+        assert self.samples_per_s is not None, f"batch {self.size} did not fit"
+        return self.samples_per_s
+
 
 def search(
     measure: Callable[[int], Trial], *, low: int, high: int, min_gain: float, safety: float, repeats: int = 1
@@ -61,8 +67,8 @@ def search(
             smallest_oom = size
             break
         largest_fit = size
-        improved = t.samples_per_s > best_rate * (1 + min_gain)
-        best_rate = max(best_rate, t.samples_per_s)
+        improved = t.rate > best_rate * (1 + min_gain)
+        best_rate = max(best_rate, t.rate)
         if not improved or size >= high:
             break
         size = min(2 * size, high)
@@ -91,8 +97,8 @@ def search(
         return low, trials
     # Throughputs within min_gain of the best are a tie, which the smaller batch wins:
     # it generalises at least as well and leaves memory to spare.
-    best = max(t.samples_per_s for t in allowed)
-    return min(t.size for t in allowed if t.samples_per_s * (1 + min_gain) >= best), trials
+    best = max(t.rate for t in allowed)
+    return min(t.size for t in allowed if t.rate * (1 + min_gain) >= best), trials
 
 
 def measured_again(measure: Callable[[int], Trial], trials: list[Trial], repeats: int) -> list[Trial]:
@@ -101,19 +107,19 @@ def measured_again(measure: Callable[[int], Trial], trials: list[Trial], repeats
     trial's figure then the median: one outlier (a batch of 128 once measured 3,609 samples/s
     between sizes at 96 and 341, and was chosen) no longer decides. A size that runs out of
     memory when measured again is dropped."""
-    rates = {t.size: [t.samples_per_s] for t in trials}
+    rates = {t.size: [t.rate] for t in trials}
     for round_ in range(repeats - 1):
         for t in trials if round_ % 2 else trials[::-1]:
             if t.size in rates:
                 again = measure(t.size)
                 if again.fit:
-                    rates[t.size].append(again.samples_per_s)
+                    rates[t.size].append(again.rate)
                 else:
                     del rates[t.size]
     kept = [t for t in trials if t.size in rates]
     for t in kept:
         t.samples_per_s = statistics.median(rates[t.size])
-        t.spread = (max(rates[t.size]) - min(rates[t.size])) / t.samples_per_s
+        t.spread = (max(rates[t.size]) - min(rates[t.size])) / t.rate
     return kept
 
 
@@ -245,6 +251,7 @@ class Cache:
 
     def _entries(self) -> dict:
         """Every entry in the file; a warning and {} when it is not a JSON object."""
+        assert self.path is not None  # callers look only where a cache is set
         try:
             entries = json.loads(self.path.read_text())
         except (OSError, ValueError, RecursionError) as e:

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 SLOW_SAVE_S = 25.0  # torchrun kills its workers 30 s after forwarding SIGTERM
 
 
-def _os_error(e: BaseException) -> OSError | None:
+def _os_error(e: BaseException | None) -> OSError | None:
     """The OSError behind `e`, if any: torch.save reports a failed write (a full disk) as a
     RuntimeError raised while it cleans up after the OSError."""
     while e is not None:
@@ -178,7 +178,7 @@ class Writer:
 def rng_state() -> dict[str, Any]:
     """Every generator's state as tensors and plain values (loadable with weights_only=True)."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    numpy_state = [kind, torch.from_numpy(keys.copy()), pos, has_gauss, gauss]
+    numpy_state = [kind, torch.from_numpy(np.array(keys)), pos, has_gauss, gauss]
     state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -460,7 +460,7 @@ class Checkpointer:
         )
         paths = [self.last_path] + ([self.directory / "best.pt"] if improved else [])
         top = f"top-{state.epoch:03d}-{state.step:07d}.pt" if ranked else None
-        removed = self._keep_top(value, top) if top else []
+        removed = self._keep_top(value, top) if top and value is not None else []
         paths += [self.directory / top] if top else []
         written = lambda step=state.step: setattr(self, "saved_step", step)  # noqa: E731
         if background:
@@ -515,6 +515,7 @@ class Checkpointer:
             "eval": ckpt["model"] if "train_model" in ckpt else None,
             "observers": ckpt.get("observers", {}),
         }
+        assert self.configured is not None, "resume: an optimizer and a schedule are given"
         applied = _apply_hyperparameters(optimizer, scheduler, self.configured, ckpt.get("configured"), lr_scale)
         self._warn_changes(ckpt.get("config", {}), ckpt["step"], applied)
         set_rng_state(ckpt["rng"])
@@ -537,10 +538,10 @@ class Checkpointer:
             return None
         path = Path(spec).expanduser()
         if spec == "auto":
-            path = newest(self.directory)
-            if path is None:
+            found = newest(self.directory)
+            if found is None:
                 log.info("trainer.resume=auto: no checkpoint in %s; starting fresh", self.directory)
-            return path
+            return found
         if path.is_dir():
             found = newest(path / "checkpoints") if (path / "checkpoints").is_dir() else newest(path)
             if found is None:

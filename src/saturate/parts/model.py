@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from hydra.utils import get_method
@@ -52,6 +52,7 @@ def make(node: dict | None, values: dict[str, Any], given: nn.Module | Callable 
     elif given is not None:
         raw = given(**arguments(given, {}, values))
     else:
+        assert node is not None, "make: a model node, a model or a factory"
         raw = build(node, "model", **arguments(get_method(node["_target_"]), node, values))
     if not isinstance(raw, nn.Module):
         raise UserError(f"model: {type(raw).__name__} is not a torch.nn.Module")
@@ -260,7 +261,7 @@ def check_finite(loss, batch, task) -> None:
 def place(raw: nn.Module, *, device: torch.device, trainer, dist) -> nn.Module:
     """On the device (channels_last if asked), converted to SyncBatchNorm if asked."""
     memory_format = torch.channels_last if trainer.channels_last else torch.preserve_format
-    raw = raw.to(device=device, memory_format=memory_format)
+    raw = raw.to(device=device, memory_format=memory_format)  # type: ignore[call-overload]  # Module.to takes memory_format; torch's overloads omit it
     if trainer.sync_batchnorm:
         if dist.world_size == 1:
             log.warning("trainer.sync_batchnorm=true in a single process: nothing to synchronise, ignored")
@@ -277,7 +278,7 @@ def compiled(model: nn.Module, raw: nn.Module, batch, precision, task) -> nn.Mod
     """torch.compile, warmed up on one forward/backward so that a failure shows now (and the
     run goes on in eager mode with one warning) and the compile time is reported apart."""
     saved = copy.deepcopy(raw.state_dict())  # the warm-up must not move BatchNorm statistics
-    out = torch.compile(model)
+    out = cast(nn.Module, torch.compile(model))  # a compiled Module is still a Module
     log.info(
         "torch.compile: compiling the model (one forward and backward; tens of seconds, minutes for large models) ..."
     )
@@ -384,7 +385,7 @@ def accepts(model: nn.Module, batch, task, *, autocast=None, channels_last=None,
     model.eval()
     try:
         if convert:
-            model.to(memory_format=layout)
+            model.to(memory_format=layout)  # type: ignore[call-overload]  # as above
         with torch.no_grad(), autocast or contextlib.nullcontext():
             task.forward(model, batch)
         return True
@@ -392,7 +393,7 @@ def accepts(model: nn.Module, batch, task, *, autocast=None, channels_last=None,
         return False
     finally:
         if convert:
-            model.to(memory_format=torch.contiguous_format if channels_last else torch.channels_last)
+            model.to(memory_format=torch.contiguous_format if channels_last else torch.channels_last)  # type: ignore[call-overload]
         model.train(was_training)
 
 

@@ -7,6 +7,7 @@ import fnmatch
 import functools
 import logging
 import math
+from collections.abc import Sequence
 
 import torch
 from hydra.utils import instantiate
@@ -30,7 +31,7 @@ def _split_decay(params: list[tuple[str, nn.Parameter]], weight_decay: float, ex
     return [g for g in groups if g["params"]]
 
 
-def param_groups(model: nn.Module, weight_decay: float, configured: list[dict] = ()) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, configured: Sequence[dict] = ()) -> list[dict]:
     """The optimizer's parameter groups: each configured group (`params`: a name pattern or a
     list of them, as fnmatch reads them; its other keys: that group's hyperparameters) takes
     the trainable parameters it matches first, the rest form the default groups. A group that

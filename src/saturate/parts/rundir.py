@@ -170,15 +170,15 @@ def record_failure(run_dir: str, error: Exception, *, trained: bool = False) -> 
     if not rank_zero():
         return
     try:
-        run_dir = Path(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        directory = Path(run_dir)
+        directory.mkdir(parents=True, exist_ok=True)
     except Exception:  # no run dir to write to (an unresolvable config, a read-only disk)
         return
-    earlier = _status(run_dir / "metrics.json")
+    earlier = _status(directory / "metrics.json")
     if earlier not in (None, "failed") and not trained:
         log.warning(
             "kept %s (status %s): this attempt failed before it trained; its error is not recorded there",
-            run_dir / "metrics.json",
+            directory / "metrics.json",
             earlier,
         )
         return
@@ -186,7 +186,7 @@ def record_failure(run_dir: str, error: Exception, *, trained: bool = False) -> 
         why = "; ".join(str(p) for p in error.problems)
     else:
         why = " ".join(line.strip() for line in str(error).strip().splitlines()[:3])
-    write_json(run_dir / "metrics.json", {"status": "failed", "error": f"{type(error).__name__}: {why}"})
+    write_json(directory / "metrics.json", {"status": "failed", "error": f"{type(error).__name__}: {why}"})
 
 
 def _status(path: Path) -> str | None:
