@@ -95,7 +95,7 @@ class Observers:
         self.running: str | None = None  # the hook running now, as name.hook
         self.stopping = False  # a stop signal arrived
         self.signal: int | None = None  # which
-        self._previous_alarm = None  # SIGALRM's handler while a hook is on the clock
+        self._previous_alarm: Any = None  # SIGALRM's handler while a hook is on the clock
         self._interrupted = False  # CallbackHung raised in the running hook
         # what ends the process when a hook swallows CallbackHung (the run sets one that saves first)
         self.abandon: Callable[[int], None] = lambda signum: os._exit(128 + signum)

@@ -57,6 +57,7 @@ class EarlyStopping:
             )
 
     def _better(self, value: float) -> bool:
+        assert self.best is not None  # compared once a first finite value is kept
         return value > self.best + self.min_delta if self.mode == "max" else value < self.best - self.min_delta
 
     def state_dict(self) -> dict:

@@ -36,7 +36,7 @@ class EMA:
             raise ConfigError(problems)
         self.decay, self.warmup, self.power, self.every = float(decay), warmup, float(warmup_power), every
         self.updates = 0
-        self.model = None
+        self.model: torch.nn.Module | None = None
 
     def decay_at(self, updates: int) -> float:
         """The decay of update number `updates` (from 0): a host number, no device read."""
@@ -45,9 +45,9 @@ class EMA:
         return min(self.decay, 1 - (1 + updates) ** -self.power)
 
     def on_run_start(self, run) -> None:
-        self.model = copy.deepcopy(run.model).eval().requires_grad_(False)
-        run.eval_model = self.model  # evaluated and checkpointed as the run's weights
-        ema, trained = self.model.state_dict(), run.model.state_dict()
+        self.model = model = copy.deepcopy(run.model).eval().requires_grad_(False)
+        run.eval_model = model  # evaluated and checkpointed as the run's weights
+        ema, trained = model.state_dict(), run.model.state_dict()
         floats = [k for k, v in ema.items() if v.is_floating_point()]
         self.ema, self.trained = [ema[k] for k in floats], [trained[k] for k in floats]
         others = [k for k, v in ema.items() if not v.is_floating_point()]  # counters (BatchNorm's batches seen): copied

@@ -39,7 +39,9 @@ class Plateau:
             raise ConfigError(problems)
         self.monitor, self.mode, self.factor, self.patience = monitor, mode, float(factor), patience
         self.threshold, self.cooldown, self.min_lr = float(threshold), cooldown, float(min_lr)
-        self.rule = None  # torch's ReduceLROnPlateau on a stand-in whose only "lr" is the scale
+        # torch's rule, on a stand-in optimizer whose only "lr" is the scale
+        self.rule: torch.optim.lr_scheduler.ReduceLROnPlateau | None = None
+        self._pending: dict | None = None  # its state, restored before the run started
 
     def on_run_start(self, run) -> None:
         if self.monitor == "auto":
@@ -49,19 +51,20 @@ class Plateau:
         scale = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
         self.rule = torch.optim.lr_scheduler.ReduceLROnPlateau(
             scale,
-            mode=self.mode,
+            mode="max" if self.mode == "max" else "min",
             factor=self.factor,
             patience=self.patience,
             threshold=self.threshold,
             cooldown=self.cooldown,
             min_lr=self.min_lr / base if base else 0.0,
         )
-        if getattr(self, "_pending", None) is not None:  # restored before the run started
+        if self._pending is not None:  # restored before the run started
             self.rule.load_state_dict(self._pending)
             self._pending = None
 
     @property
     def scale(self) -> float:
+        assert self.rule is not None, "plateau: made when the run starts"
         return self.rule.optimizer.param_groups[0]["lr"]
 
     def on_eval_end(self, run, metrics: dict[str, float]) -> None:
@@ -71,6 +74,7 @@ class Plateau:
                 f"plateau: {self.monitor} is not among the evaluation's metrics ({', '.join(sorted(metrics))})"
             )
         before = self.scale
+        assert self.rule is not None
         self.rule.step(value)
         if self.scale < before:
             run.scale_lr(self.scale / before)

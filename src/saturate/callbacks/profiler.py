@@ -9,6 +9,7 @@ the most self time are printed and written to profile/top_ops.txt.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -18,7 +19,8 @@ log = logging.getLogger(__name__)
 class Profiler:
     def __init__(self, wait: int = 5, steps: int = 5, top: int = 15):
         self.wait, self.steps, self.top = wait, steps, top
-        self.profiler, self.done, self.directory = None, False, None
+        self.profiler: profile | None = None
+        self.done, self.directory = False, Path()  # the directory: set when the run starts
 
     def on_run_start(self, run) -> None:
         cuda = next(run.model.parameters()).device.type == "cuda"
@@ -48,7 +50,7 @@ class Profiler:
         self.done = True
 
     def on_train_batch_end(self, run, loss) -> None:
-        if not self.done:
+        if not self.done and self.profiler is not None:
             self.profiler.step()
 
     def on_run_end(self, run, metrics) -> None:

@@ -11,6 +11,7 @@ written to.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from saturate.parts.device import autotune_convolutions, untouched_rng
 from saturate.parts.model import Models, load_weights, make, place, setup_model, takes_advice
 from saturate.parts.optim import prime_state, setup_optimizer
 from saturate.parts.precision import Precision, setup_precision
+from saturate.parts.schedule import Schedule
 from saturate.scale.distributed import Dist
 
 log = logging.getLogger("saturate")
@@ -78,7 +80,7 @@ class Parts:
     models: Models
     loaders: Loaders
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: Schedule
     batch_size: int  # per device: the config's, or what loader.batch_size=auto chose
     total_steps: int
     nodes: dict[str, dict]  # the model and task nodes as built (the data's values bound), for the record
@@ -104,8 +106,9 @@ class Ingredients:
 def data_name(run: RunConfig, invocation: Invocation, objects: UserObjects) -> str:
     if objects.data is not None:
         return type(objects.data.train).__name__
-    if invocation.choices.get("data"):
-        return invocation.choices["data"]
+    chosen = invocation.choices.get("data")
+    if chosen:
+        return chosen
     return run.data["_target_"].rsplit(".", 1)[-1].removeprefix("load_").removeprefix("make_")
 
 
@@ -115,6 +118,7 @@ def build_task(node: dict | None, values: dict, objects: UserObjects):
     if objects.task is not None:
         _check_directions(objects.task)
         return objects.task
+    assert node is not None, "build_task: a task node, or a task object"
     arguments = data_info.arguments(get_method(node["_target_"]), node, values)
     if objects.loss is not None:
         arguments["loss"] = objects.loss
@@ -305,8 +309,10 @@ def search_batch_size(made: Ingredients, models: Models, transforms) -> tuple[in
 
 def _describe(run: RunConfig, invocation: Invocation, data: Data, objects: UserObjects) -> DataSpec:
     """What the run learns from one look at the data (saturate.data.base.describe), logged."""
+    cls: Callable[..., Any]
+    get: Callable[[str, Any], Any]
     if objects.task is not None:
-        cls, get = type(objects.task), lambda key, default: getattr(objects.task, key, default)
+        cls, get = type(objects.task), functools.partial(getattr, objects.task)
     else:
         cls, get = get_method(run.task["_target_"]), run.task.get
     keys = {"input_key": get("input_key", "input"), "target_key": get("target_key", "target")}
@@ -522,7 +528,9 @@ def build_parts(
 def build_target(run: RunConfig, parts: Parts) -> Target | None:
     """target.metric and target.value, checked against what the evaluations log, or None."""
     aim = run.target.resolved(parts.task, parts.spec.has_val)
-    return Target(aim[0], float(run.target.value), aim[1], run.target.stop) if aim else None
+    if not aim or run.target.value is None:
+        return None
+    return Target(aim[0], float(run.target.value), aim[1], run.target.stop)
 
 
 def build_checkpointer(

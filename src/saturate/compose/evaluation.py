@@ -168,9 +168,12 @@ def evaluate_checkpoint(
     if batches is None:
         raise UserError(f"--split {split}: the data ({built.spec.name}) has no {split} split; val or test")
     start = time.perf_counter()
-    evaluator = Evaluator(batches, built.precision, built.task, interval=1, split=name, class_names=class_names(built))
+    evaluator = Evaluator(
+        batches, built.precision, built.task, interval=1, split=name, class_names=class_names(built.data)
+    )
     try:
         metrics = evaluator.run(built.model, predict=predict)
+        assert metrics is not None  # None only where an interrupt is watched
         out.mkdir(parents=True, exist_ok=True)
         if predict:
             evaluator.write_predictions(out / "predictions" / f"{name}.npz", Dist(None))

@@ -23,6 +23,7 @@ from saturate.callbacks import Observers, Run
 from saturate.compose.build import Parts, UserObjects, advice_checks, step_costs
 from saturate.config.invocation import Invocation
 from saturate.config.schema import RunConfig
+from saturate.data import Data
 from saturate.data.loader import cpus_per_process
 from saturate.loop.engine import Engine, Summary, TrainState
 from saturate.loop.evaluate import Evaluator
@@ -163,14 +164,15 @@ def tested(session: Session) -> dict[str, float]:
     if best.is_file():
         model = copy.deepcopy(model)
         model.load_state_dict(load(best)["model"])
-    out = {}
+    out: dict[str, float] = {}
     for split, batches in loaders.items():
         if batches is None or (split == "val" and predict != "val"):
             continue
         evaluator = Evaluator(
-            batches, parts.precision, parts.task, interval=1, split=split, class_names=class_names(parts)
+            batches, parts.precision, parts.task, interval=1, split=split, class_names=class_names(parts.data)
         )
         results = evaluator.run(model, predict=predict == split)
+        assert results is not None  # None only where an interrupt is watched
         if split == "test":
             out.update(results)
             session.tracker.log(results, session.view.step)
@@ -180,8 +182,9 @@ def tested(session: Session) -> dict[str, float]:
     return out
 
 
-def class_names(parts: Parts) -> list[str] | None:
-    names = getattr(parts.data.train, "classes", None)
+def class_names(data: Data) -> list[str] | None:
+    """The training split's class names, where it has them (an image folder's)."""
+    names = getattr(data.train, "classes", None)
     return [str(n) for n in names] if isinstance(names, (list, tuple)) else None
 
 

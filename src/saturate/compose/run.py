@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -67,8 +68,9 @@ def train(
     `objects`: what a caller passes where the config names it (saturate.fit). A run that fails
     still leaves a metrics.json saying so and why (for sweep reports)."""
     invocation = invocation or from_hydra() or Invocation()
+    attempt = Attempt()
     try:
-        return _train(cfg, invocation, objects or UserObjects())
+        return _train(cfg, invocation, objects or UserObjects(), attempt)
     except (Preempted, TrainingDiverged, RunDirTaken, NotRequeued):
         raise  # they record their own status (NotRequeued: preempted), or the run dir is another run's
     except KeyboardInterrupt:  # a second Ctrl-C: at once, as asked; the record says so
@@ -84,12 +86,22 @@ def train(
             )
             record_failure(cfg.run_dir, e)
             raise e from None
-        if not getattr(e, "recorded", False):
-            record_failure(cfg.run_dir, e, trained=getattr(e, "trained", False))
+        if not attempt.recorded:
+            record_failure(cfg.run_dir, e, trained=attempt.trained)
         raise
 
 
-def _train(cfg: DictConfig | RunConfig, invocation: Invocation, objects: UserObjects) -> Metrics:
+@dataclass
+class Attempt:
+    """How far this attempt got, for the record of its failure: whether it trained (its own
+    failure then replaces an earlier attempt's record) and whether the failure is recorded
+    already (with the run's progress, where it was caught)."""
+
+    trained: bool = False
+    recorded: bool = False
+
+
+def _train(cfg: DictConfig | RunConfig, invocation: Invocation, objects: UserObjects, attempt: Attempt) -> Metrics:
     start_time, started_at = time.perf_counter(), datetime.now().astimezone().isoformat(timespec="seconds")
     startup = Startup(from_process=bool(invocation.app))  # train.py's process (not saturate.fit's call)
     run = cfg if isinstance(cfg, RunConfig) else validate(cfg, given=objects.nodes())
@@ -148,7 +160,8 @@ def _train(cfg: DictConfig | RunConfig, invocation: Invocation, objects: UserObj
         session = Session(
             run, invocation, parts, engine, view, tracker, observers, dist, device, outcome, start_time, startup
         )
-        return _drive(session, state)
+        attempt.trained = True  # a failure from here on is this attempt's, after it trained
+        return _fit(session, state, attempt)
 
 
 def _callback_view(
@@ -177,18 +190,8 @@ def _callback_view(
     )
 
 
-def _drive(session: Session, state: TrainState) -> Metrics:
-    """Train, then finish; whatever stops the run leaves its record and closes the observers.
-    A failure from here on is this attempt's, after it trained: train() records it over an
-    earlier attempt's record (a resumed run that fails at a save is not `completed`)."""
-    try:
-        return _fit(session, state)
-    except Exception as e:
-        e.trained = True
-        raise
-
-
-def _fit(session: Session, state: TrainState) -> Metrics:
+def _fit(session: Session, state: TrainState, attempt: Attempt) -> Metrics:
+    """Train, then finish; whatever stops the run leaves its record and closes the observers."""
     record, failure = None, None
     session.observers.abandon = lambda signum: abandon(session, state, signum)
     try:
@@ -212,7 +215,7 @@ def _fit(session: Session, state: TrainState) -> Metrics:
         session.engine.save(state, {})
         record = {**session.tracker.latest, **session.outcome, "status": "failed", "error": f"{type(e).__name__}: {e}"}
         write(session, record)
-        e.recorded = True
+        attempt.recorded = True
         raise e.with_traceback(None) from None
     except (RuntimeError, ConnectionError, EOFError) as e:  # a DataLoader worker that hung or died
         failure = loader_failure(e, session.config.loader.timeout_s, session.parts.loaders.train.num_workers)
@@ -225,7 +228,7 @@ def _fit(session: Session, state: TrainState) -> Metrics:
         )
         record = {**session.tracker.latest, **session.outcome, "status": "failed", "error": f"DataError: {failure}"}
         write(session, record)  # this run's progress, with the error (train() would keep an earlier attempt's record)
-        failure.recorded = True
+        attempt.recorded = True
     finally:
         session.engine.checkpointer.close()  # a save in flight, on disk before the process can end
         session.parts.loaders.close()
@@ -238,7 +241,7 @@ def _fit(session: Session, state: TrainState) -> Metrics:
             if record is not None:
                 why = f"CallbackError: {e} (after the run {record['status']}: its checkpoints and metrics are whole)"
                 write(session, {**record, "status": "failed", "error": why})
-                e.recorded = True
+                attempt.recorded = True
             raise
         if record is not None and record["status"] == "completed":
             session.dist.barrier()  # the ranks leave together: one tearing gloo down as another writes can abort
@@ -255,7 +258,7 @@ def _training(run: RunConfig, parts: Parts, device: torch.device, dist: Dist) ->
 def _evaluator(run: RunConfig, parts: Parts) -> Evaluator:
     """The validation split's evaluator and its cadence (and the test split's, when it is
     evaluated at every evaluation)."""
-    every, names = run.trainer.eval_every, class_names(parts)
+    every, names = run.trainer.eval_every, class_names(parts.data)
     if 0 < every < 1:  # a fraction of an epoch
         every = max(1, round(every * len(parts.loaders.train)))
     test = None

@@ -18,13 +18,14 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 # Where a process ran and how it was started: a process started again gets its own
 PLACEMENT = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.mode", "hydra.job.num", "hydra.job.id")
 # Keys that say where or how a run is kept, shown or named, not what it computes (the loggers: where it is
 # recorded; `logger=[tensorboard,mlflow]` does not name the run dir)
-NOT_SETTINGS = ("run_dir", "name", "sweep", "tune", "trainer.resume", "trainer.restart", "trainer.progress")
-NOT_SETTINGS += ("trainer.log_level", "logger", "checkpoint.background")
+NOT_SETTINGS: tuple[str, ...] = ("run_dir", "name", "sweep", "tune", "trainer.resume", "trainer.restart")
+NOT_SETTINGS += ("trainer.progress", "trainer.log_level", "logger", "checkpoint.background")
 # The script the user ran, for the processes that do not run it themselves (a SLURM job runs submitit's)
 SCRIPT = "SATURATE_SCRIPT"
 TRAIN_COMMAND = "saturate train"  # SCRIPT's value for the installed command (else train.py's path)
@@ -88,15 +89,15 @@ def from_hydra() -> Invocation | None:
     """The running Hydra app's invocation, or None outside one."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     if not HydraConfig.initialized():
         return None
-    hydra_cfg = HydraConfig.get()
+    hydra_cfg = cast(DictConfig, HydraConfig.get())  # Hydra's structured HydraConf is a DictConfig
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     # the overrides as typed: one holding `${...}` is text here, not an interpolation to resolve
-    task = tuple(OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False))
-    given_hydra = OmegaConf.to_container(hydra_cfg.overrides.hydra, resolve=False)
+    task = tuple(cast(list[str], OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)))
+    given_hydra = cast(list[str], OmegaConf.to_container(hydra_cfg.overrides.hydra, resolve=False))
     script = os.environ.get(SCRIPT) or (sys.argv[0] if sys.argv else "")
     if script != TRAIN_COMMAND and (not script.endswith(".py") or "submitit" in script.split(os.sep)):  # submitit's
         script = f"{hydra_cfg.job.name}.py"

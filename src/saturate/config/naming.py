@@ -46,7 +46,7 @@ def slug(overrides: Iterable[str], keep: set[str] | frozenset[str] | None = None
         _clean(f"{name if short.count(name) == 1 else key}-{value}")
         for name, (key, value) in zip(short, settings, strict=True)
     ]
-    kept = []  # whole pairs, as many as fit
+    kept: list[str] = []  # whole pairs, as many as fit
     for pair in pairs:
         if len("+".join([*kept, pair])) > MAX_LENGTH:
             break

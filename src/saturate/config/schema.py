@@ -556,7 +556,7 @@ def _check_target(node: Any, prefix: str, given: tuple[str, ...]) -> Iterator[Pr
         if key in params and not key.startswith("_") and not (isinstance(value, str) and value.startswith(PLACEHOLDER)):
             expected = _plain_type(params[key].annotation)
             if expected is not None and not _is(value, expected):
-                name = fn.__qualname__ if hasattr(fn, "__qualname__") else target
+                name = getattr(fn, "__qualname__", None) or str(target)
                 yield Problem(
                     f"{prefix}.{key}",
                     value,
@@ -639,7 +639,8 @@ def given_text(cfg: DictConfig, key: str) -> Any:
     try:
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-        return OmegaConf.to_container(node, resolve=False).get(leaf, "(removed)") if node is not None else "(removed)"
+        held = OmegaConf.to_container(node, resolve=False) if node is not None else None
+        return held.get(leaf, "(removed)") if isinstance(held, dict) else "(removed)"
     except Exception:
         return "?"
 
@@ -672,7 +673,7 @@ def _group_problems(cfg: DictConfig, run: RunConfig) -> Iterator[Problem]:
     """Unknown top-level keys, non-finite numbers, and each group's keys and values."""
     known = [f.name for f in dataclasses.fields(RunConfig)]
     yield from (
-        Problem(key, cfg[key], "one of the top-level keys " + ", ".join(known)) for key in cfg if key not in known
+        Problem(str(key), cfg[key], "one of the top-level keys " + ", ".join(known)) for key in cfg if key not in known
     )
     floats = _floats(OmegaConf.to_container(cfg, resolve=True))
     yield from (Problem(key, value, "a finite number") for key, value in floats if not math.isfinite(value))

@@ -125,14 +125,14 @@ def argument_names(model: torch.nn.Module, args: tuple) -> list[str]:
     return list(bound.arguments)
 
 
-def dynamic_shapes(samples: list[tuple], names: list[str]) -> dict[str, dict]:
+def dynamic_shapes(samples: list[tuple], names: list[str]) -> dict[str, dict | None]:
     """{argument: {dimension: Dim}}: the batch (dimension 0 of every input of the batch's
     size), and each other dimension whose size differs between the samples."""
     from torch.export import Dim
 
     batch = Dim("batch", min=1)
     first, size = samples[0], samples[0][0].shape[0] if isinstance(samples[0][0], torch.Tensor) else None
-    shapes: dict[str, dict] = {}
+    shapes: dict[str, dict | None] = {}
     for i, (name, arg) in enumerate(zip(names, first, strict=True)):
         if not isinstance(arg, torch.Tensor) or arg.ndim == 0:
             shapes[name] = None

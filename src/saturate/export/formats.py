@@ -186,7 +186,7 @@ def _name_output_dims(graph, example: tuple) -> None:
     """The exporter declares an output's length as the example's (f32[batch, 50, C] after an
     LSTM), and ONNX Runtime then warns at every other length: name each output dimension of
     a dynamic input's size after that input's, and drop the optional shape hints."""
-    named = {}
+    named: dict[int, str] = {}
     for i in graph.graph.input:
         for d, dim in enumerate(i.type.tensor_type.shape.dim):
             if dim.dim_param:

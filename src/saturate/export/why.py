@@ -47,8 +47,9 @@ class ExportFailed(Exception):
     """An export the model does not allow; its message is the one line."""
 
 
-def _chain(error: BaseException) -> list[BaseException]:
-    chain, seen = [], set()
+def _chain(error: BaseException | None) -> list[BaseException]:
+    chain: list[BaseException] = []
+    seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         chain.append(error)

@@ -12,7 +12,9 @@ class CSVLogger:
     """A run resumed at step N keeps the rows up to N and drops the rest."""
 
     def __init__(self, filename: str = "metrics.csv"):
-        self.filename, self.file, self.writer = filename, None, None
+        self.filename = filename
+        self.file: Any = None  # open for the whole run
+        self.writer: Any = None  # csv.writer over it
 
     def on_run_start(self, run) -> None:
         path = run.run_dir / self.filename

@@ -101,7 +101,8 @@ class Sender:
     def __init__(self, client, run_id: str, *, max_failures: int = 5):
         self.client, self.run_id, self.max_failures = client, run_id, max_failures
         self.queue: queue.Queue = queue.Queue()
-        self.failures, self.in_a_row, self.warned = 0, 0, set()
+        self.failures, self.in_a_row = 0, 0
+        self.warned: set[tuple[str, str]] = set()
         self.thread = threading.Thread(target=self._work, name="saturate-mlflow", daemon=True)
         self.thread.start()
 
@@ -191,7 +192,11 @@ class MLflowLogger:
     ):
         self.tracking_uri, self.experiment = tracking_uri, experiment
         self.log_checkpoint, self.timeout_s = log_checkpoint, timeout_s
-        self.client, self.run_id, self.sender, self.params, self.uri = None, None, None, {}, None
+        self.client: Any = None  # an MlflowClient once the run starts
+        self.run_id: Any = None
+        self.sender: Any = None
+        self.params: dict[str, str] = {}
+        self.uri: str | None = None
 
     def on_run_start(self, run) -> None:
         sweep = run.info.get("sweep")
@@ -339,7 +344,8 @@ class SweepParent(Callback):
     parent ended. A single run does nothing here."""
 
     def __init__(self):
-        self.client, self.run_id = None, None
+        self.client: Any = None  # an MlflowClient during a multirun
+        self.run_id: str | None = None
 
     def on_multirun_start(self, config, **kwargs) -> None:
         from omegaconf import OmegaConf

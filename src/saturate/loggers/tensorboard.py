@@ -52,7 +52,7 @@ class TensorBoardLogger:
     EARLIER = "tb"  # where runs written before this layout hold their events
 
     def __init__(self):
-        self.writer = None
+        self.writer: Any = None  # a SummaryWriter while the run lasts
 
     def on_run_start(self, run) -> None:
         from torch.utils.tensorboard import SummaryWriter  # imported here: slow, and rank 0 only

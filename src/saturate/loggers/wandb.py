@@ -31,7 +31,8 @@ class WandbLogger:
 
     def __init__(self, mode: str = "offline", project: str | None = None, entity: str | None = None):
         self.mode, self.project, self.entity = mode, project, entity
-        self.run, self.last_step = None, -1
+        self.run: Any = None  # wandb's Run while the run lasts
+        self.last_step = -1
 
     def on_run_start(self, run) -> None:
         folder = run.run_dir / "wandb"
@@ -47,7 +48,7 @@ class WandbLogger:
             sweep = run.info.get("sweep")
             self.run = wandb.init(
                 dir=str(run.run_dir),
-                mode=self.mode,
+                mode=self.mode,  # type: ignore[arg-type]  # checked against wandb's modes when the logger is made
                 project=self.project or run.info.get("app") or "saturate",
                 entity=self.entity,
                 name=run.info.get("name") or run.run_dir.name,

@@ -58,6 +58,8 @@ class Tracker(Protocol):
 class Timer(Protocol):
     """Where each step's time goes (saturate.observe.timing.StepTimer)."""
 
+    first_step_at: float | None  # perf_counter at the end of the first step (host time)
+
     def fetch(self, batches: Iterable[Any]) -> Iterator[Any]: ...
 
     def phase(self, name: str) -> AbstractContextManager: ...
@@ -125,8 +127,11 @@ class Evaluation(Protocol):
     matrices: dict
     class_names: list[str] | None
     split: str  # the metrics' prefix: val, test
-    also: Evaluation | None  # a second split evaluated beside this one (test at every evaluation)
     preview: Any  # images the task drew of the first batch (a tensor), or None
+
+    @property
+    def also(self) -> Evaluation | None:
+        """A second split evaluated beside this one (test at every evaluation)."""
 
     def due(self, epoch: int, last: bool) -> bool: ...
 

@@ -30,6 +30,7 @@ most likely to help first.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from saturate import names
@@ -309,7 +310,7 @@ def render(
     gpu: dict[str, float] | None = None,
     facts: RunFacts | None = None,
     stopped: str | None = None,
-    notes: list[str] = (),
+    notes: Sequence[str | None] = (),
 ) -> str:
     """The report as Markdown (console, report.md and TensorBoard text). `perf`: the run's
     final metrics (perf/*, cost/*, time/*, test/*)."""
@@ -411,6 +412,7 @@ def _cost_lines(perf: dict, host_busy: bool = False) -> list[str]:
 
 
 def _cpu_line(f: RunFacts) -> str:
+    assert f.cpu_util is not None  # called where the run's CPU share was read
     line = f"- CPU: this run {f.cpu_util:.0f}% of its {f.cpus} CPU(s) (main process and {f.num_workers} worker(s))"
     if f.host_cpu is not None:  # never shown under the run's own share (the two are read from different counters)
         line += f"; the host {max(f.host_cpu, f.cpu_util * f.cpus / max(f.cores, 1)):.0f}% of its {f.cores} cores"

@@ -189,11 +189,12 @@ class StepTimer:
         for i, (device, enqueue) in enumerate(zip(computed, self._enqueue, strict=False)):
             begin, compute_end = computes[i]
             w.enqueue_s += enqueue
-            if self._idle[i] is not None:  # the first step after a flush follows a synchronise
+            idle = self._idle[i]
+            if idle is not None:  # the first step after a flush follows a synchronise
                 read = self._read[i]
                 launched = (begin.elapsed_time(read[0]) / 1000, read[1]) if read else (device, enqueue)
                 w.timed_steps += 1
-                w.launch_steps += launch_bound(self._idle[i], *launched)
+                w.launch_steps += launch_bound(idle, *launched)
             if i + 1 < len(copies) and i + 1 < len(self._waits):
                 gap = max(0.0, compute_end.elapsed_time(copies[i + 1][0]) / 1000)
                 w.gap_s += gap

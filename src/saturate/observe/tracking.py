@@ -61,7 +61,7 @@ class Tracker:
     def progress(self, step: int, epoch: int) -> None:
         """Advance the bar to `step` and show the latest loss and throughput."""
         self.bar.update(step - self.bar.n)
-        shown = {"epoch": epoch}
+        shown: dict[str, object] = {"epoch": epoch}
         for tag, fmt in ((names.TRAIN_LOSS, "{:.4f}"), (self.shown, "{:.4f}"), (names.SAMPLES_PER_S, "{:.0f}")):
             if tag in self.latest:
                 shown[tag.split("/")[1]] = fmt.format(self.latest[tag])

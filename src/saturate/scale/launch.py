@@ -119,5 +119,5 @@ def _resume_command(
     launcher = command
     if world_size > 1 and not launched:
         launcher = f"torchrun --nproc_per_node={per_node} {torchrun}"
-    pinned = shlex.quote(f"hydra.run.dir={override_value(str(run_dir))}")
-    return " ".join([launcher, *map(shlex.quote, kept), pinned, "trainer.resume=auto"])
+    run_dir_pinned = shlex.quote(f"hydra.run.dir={override_value(str(run_dir))}")
+    return " ".join([launcher, *map(shlex.quote, kept), run_dir_pinned, "trainer.resume=auto"])

@@ -182,7 +182,7 @@ class SqueueWatcher(submitit_slurm.SlurmInfoWatcher):
         self._num_calls += 1
         sacct = subprocess.run(command, capture_output=True, text=True)
         if sacct.returncode == 0:
-            self._output = sacct.stdout
+            self._output = sacct.stdout.encode()  # as submitit keeps it: bytes
             self._info_dict.update(self.read_info(sacct.stdout))
         else:
             self._from_squeue(sacct.stderr.strip())

@@ -131,6 +131,7 @@ def _import_checks(given: str) -> None:
             if not path.is_file():
                 raise SystemExit(f"saturate selftest: --checks {given}: no such file")
             spec = importlib.util.spec_from_file_location(f"saturate_user_checks.{path.stem}", path.resolve())
+            assert spec is not None and spec.loader is not None  # a .py file always has a loader
             module = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = module
             spec.loader.exec_module(module)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from saturate.errors import ConfigError, DataError, Problem, UserError
@@ -46,7 +47,7 @@ class Classification(Task):
             )
         self.num_classes, self.label_smoothing, self.loss_fn = num_classes, label_smoothing, user_loss(loss)
         # top-5 of 6 classes is near 1.0: noise
-        self.top_k = (5 if num_classes > 10 else 0) if top_k == "auto" else top_k
+        self.top_k: int = (5 if num_classes > 10 else 0) if isinstance(top_k, str) else top_k
         self.confusion_matrix, self.class_names = confusion_matrix, class_names
 
     def target(self, batch) -> torch.Tensor:
@@ -73,7 +74,7 @@ class Classification(Task):
     def own_metrics(self) -> dict:
         # validate_args=False: torchmetrics' checks read the device per batch; the targets were
         # checked at start-up (saturate.parts.model) and the outputs' shape in forward
-        metrics = {"acc": MulticlassAccuracy(self.num_classes, average="micro", validate_args=False)}
+        metrics: dict[str, Metric] = {"acc": MulticlassAccuracy(self.num_classes, average="micro", validate_args=False)}
         if self.top_k:
             metrics[f"top{self.top_k}"] = MulticlassAccuracy(
                 self.num_classes, top_k=self.top_k, average="micro", validate_args=False

@@ -17,6 +17,7 @@ shortens the sequence (a strided convolution).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +36,7 @@ def to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
     """Integer tensors on the host, those on a device copied together: one synchronisation,
     not one each (those on the host already, CTC's lengths, stay as they are)."""
     away = [t for t in tensors if t.device.type != "cpu"]
-    copied = iter([])
+    copied: Iterator[torch.Tensor] = iter([])
     if away:
         flat = torch.cat([t.reshape(-1).long() for t in away]).cpu()
         copied = (part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in away]), away, strict=True))
@@ -88,7 +89,7 @@ class Sequence(Task):
         return batch[key]
 
     def _call(self, model, batch):
-        x, lengths = self._entry(batch, self.input_key), self._entry(batch, self.input_length_key)
+        x, lengths = self._entry(batch, str(self.input_key)), self._entry(batch, self.input_length_key)
         if self._takes_lengths is None:
             try:
                 params = [
