@@ -129,13 +129,13 @@ def _child(request: dict, fds: list[int], own_path: list[str]) -> int:
         status = 0
     except SystemExit as e:  # as Python's own handling: None is 0, an int itself, anything else printed and 1
         status = _exit_status(e.code)
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 (whatever the child raised, reported as Python would)
         interrupted = type(e) is KeyboardInterrupt  # Python ends by SIGINT for that class only, not a subclass
         sys.excepthook(type(e), e, e.__traceback__)
         status = 1
     try:
         threading._shutdown()  # Python's exit joins the threads that are not daemons
-    except BaseException as e:  # a Ctrl-C while it waits: Python reports it and goes on
+    except BaseException as e:  # noqa: BLE001 (a Ctrl-C while it waits: Python reports it and goes on)
         _unraisable(e, threading)
     atexit._run_exitfuncs()
     main = weakref.ref(sys.modules.pop("__main__"))
@@ -147,7 +147,7 @@ def _child(request: dict, fds: list[int], own_path: list[str]) -> int:
             continue  # Python flushes only a stream that is there and open
         try:
             stream.flush()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 (a stream closed by the child)
             if stream is sys.stdout:
                 _unraisable(e, stream)
             status = 120  # Python's status when it cannot flush them at exit
@@ -220,7 +220,7 @@ def _become(request: dict, fds: list[int], own_path: list[str]) -> None:
     if first == "-c":
         code, *rest = rest
         sys.argv = ["-c", *rest]
-        exec(compile(code, "<string>", "exec"), main.__dict__)
+        exec(compile(code, "<string>", "exec"), main.__dict__)  # noqa: S102 (python -c, as Python runs it)
         return
     sys.argv = [first, *rest]
     try:
@@ -232,7 +232,7 @@ def _become(request: dict, fds: list[int], own_path: list[str]) -> None:
         )
         raise SystemExit(2) from None
     main.__file__, main.__cached__ = first, None
-    exec(compile(source, first, "exec"), main.__dict__)
+    exec(compile(source, first, "exec"), main.__dict__)  # noqa: S102 (the script, as Python runs it)
 
 
 def _path(argv: list[str], cwd: str) -> str:

@@ -120,7 +120,7 @@ def test_training_batches_are_mixed_and_validation_batches_are_not(tmp_path):
         return F.cross_entropy(outputs, target)
 
     saturate.fit(model, Pairs(64), Pairs(32), loss=loss, run_dir=tmp_path, overrides=[*TINY, "mix.mixup=1.0"])
-    blended = lambda x: ((x > 0) & (x < 1)).any().item()  # noqa: E731
+    blended = lambda x: ((x > 0) & (x < 1)).any().item()
     steps = [
         x for x in model.inputs[True] if len(x) == 32
     ]  # 64 samples: 2 steps (the cost probe's batches are smaller)

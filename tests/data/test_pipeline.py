@@ -240,7 +240,7 @@ def test_resident_auto_holds_data_that_is_read_not_computed_on_a_cpu_run_only():
     an explicit true or false is kept."""
     tensors = ImageTensors(torch.zeros((10, 1, 2, 2), dtype=torch.uint8), torch.zeros(10, dtype=torch.long))
     samples = [(torch.full((1, 2, 2), float(i)), i) for i in range(10)]  # a list of (tensor, int): read, not computed
-    data = lambda val, collate=None: SimpleNamespace(train=tensors, val=val, test=None, collate=collate)  # noqa: E731
+    data = lambda val, collate=None: SimpleNamespace(train=tensors, val=val, test=None, collate=collate)
     fixed, auto, cpu = SimpleNamespace(fixed=True), LoaderConfig(), torch.device("cpu")
     assert auto.resident == "auto"
     assert resident_for(auto, data(tensors), fixed, cpu, workers=0, placement="gpu")

@@ -117,7 +117,7 @@ def test_the_device_decided_guard_adds_a_handful_of_operators_on_a_batchnorm_mod
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
         guard = NonFiniteGuard(skip=skip, check_grads=True, max_consecutive=3, device=CPU)
         precision = setup_precision(PrecisionConfig(mode="fp32"), CPU)
-        loss = lambda m, b: F.cross_entropy(m(b[0]), b[1])  # noqa: E731
+        loss = lambda m, b: F.cross_entropy(m(b[0]), b[1])
         step = TrainStep(model, optimizer, precision, guard, loss=loss, grad_clip=0.0, recover_oom=False)
         assert step.on_device is skip
         batch = (torch.randn(2, 3, 32, 32), torch.tensor([1, 2]))
@@ -148,7 +148,7 @@ def test_a_step_announces_its_host_reads_to_whoever_times_it(skip, fused, fp16, 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, fused=fused)
     guard = NonFiniteGuard(skip=skip, check_grads=not fp16, max_consecutive=3, device=CPU)
     precision = setup_precision(PrecisionConfig(mode="fp16" if fp16 else "fp32"), CPU)
-    loss = lambda m, b: F.cross_entropy(m(b[0]), b[1])  # noqa: E731
+    loss = lambda m, b: F.cross_entropy(m(b[0]), b[1])
     step = TrainStep(model, optimizer, precision, guard, loss=loss, grad_clip=0.0)
     announced = []
     step.on_host_read = lambda: announced.append(1)

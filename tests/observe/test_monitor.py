@@ -50,7 +50,7 @@ def nvmlDeviceGetClockInfo(h, kind): _refused("clock"); return 1980
 @pytest.fixture
 def fake_nvml(monkeypatch, tmp_path):
     module = types.ModuleType("pynvml")
-    exec(FAKE_NVML, module.__dict__)
+    exec(FAKE_NVML, module.__dict__)  # noqa: S102 (the test's own stand-in for NVML)
     monkeypatch.setitem(sys.modules, "pynvml", module)
     (tmp_path / "fakenvml").mkdir()
     (tmp_path / "fakenvml" / "pynvml.py").write_text(FAKE_NVML)

@@ -67,8 +67,8 @@ def test_dice_and_iou_match_a_hand_computation_per_class():
     dice, per_class = hand_dice(preds, masks, [1, 2])
     assert values["dice"].item() == pytest.approx(dice, abs=1e-5)
     assert values["dice_class"].tolist() == pytest.approx([per_class[1], per_class[2]], abs=1e-5)
-    inter = lambda c, p, t: ((p == c) & (t == c)).sum().item()  # noqa: E731
-    union = lambda c, p, t: ((p == c) | (t == c)).sum().item()  # noqa: E731
+    inter = lambda c, p, t: ((p == c) & (t == c)).sum().item()
+    union = lambda c, p, t: ((p == c) | (t == c)).sum().item()
     iou = [
         sum(inter(c, p, t) / union(c, p, t) for c in (1, 2) if union(c, p, t)) / 2
         for p, t in zip(preds, masks, strict=True)

@@ -85,7 +85,7 @@ class Observers:
                 raise UserError(f"callbacks: {name} ({type(obj).__name__}) has none of the hooks {', '.join(HOOKS)}")
         # a hook a subclass of Callback inherits does nothing: not called (an on_checkpoint would
         # make every save wait for its files, an on_train_batch_end would add a call per step)
-        own = lambda obj, hook: getattr(type(obj), hook, None) is not getattr(Callback, hook)  # noqa: E731
+        own = lambda obj, hook: getattr(type(obj), hook, None) is not getattr(Callback, hook)
         self._hooks = {
             hook: [
                 (name, fn) for name, obj in every.items() if callable(fn := getattr(obj, hook, None)) and own(obj, hook)

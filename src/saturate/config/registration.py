@@ -60,6 +60,6 @@ def register() -> None:
     OmegaConf.register_new_resolver("saturate_name", _run_name, replace=True)
     OmegaConf.register_new_resolver("saturate_output_dir", _output_dir, replace=True)
     OmegaConf.register_new_resolver("saturate_rank_suffix", _rank_suffix, use_cache=True, replace=True)
-    hydra_subdir = lambda: ".hydra" if rank_zero() else None  # noqa: E731
+    hydra_subdir = lambda: ".hydra" if rank_zero() else None
     OmegaConf.register_new_resolver("saturate_hydra_subdir", hydra_subdir, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("data_info", placeholder, replace=True)

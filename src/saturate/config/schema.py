@@ -536,7 +536,7 @@ def _check_target(node: Any, prefix: str, given: tuple[str, ...]) -> Iterator[Pr
     target = node.get("_target_")
     try:
         fn = get_method(target) if isinstance(target, str) else None
-    except Exception:
+    except Exception:  # noqa: BLE001 (a target that cannot be imported is reported by its own check)
         fn = None
     if fn is None:
         yield Problem(f"{prefix}._target_", target, "an importable class or function")
@@ -641,7 +641,7 @@ def given_text(cfg: DictConfig, key: str) -> Any:
         node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
         held = OmegaConf.to_container(node, resolve=False) if node is not None else None
         return held.get(leaf, "(removed)") if isinstance(held, dict) else "(removed)"
-    except Exception:
+    except Exception:  # noqa: BLE001 (for a message only, whatever the config holds)
         return "?"
 
 

@@ -34,7 +34,7 @@ def nvidia_driver() -> str | None:
             return version.decode() if isinstance(version, bytes) else version
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # no library, no driver, no GPU: all mean "none"
+    except Exception:  # noqa: BLE001 (no library, no driver, no GPU: all mean "none")
         return None
 
 

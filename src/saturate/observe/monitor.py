@@ -82,7 +82,7 @@ def cuda_uuids() -> list[str]:
     ("GPU-<uuid>"); [] when torch cannot say."""
     try:
         found = [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
-    except Exception:  # no CUDA, or a torch without the property
+    except Exception:  # noqa: BLE001 (no CUDA, or a torch without the property)
         return []
     return [u if u.startswith(("GPU-", "MIG-")) else f"GPU-{u}" for u in found]
 
@@ -118,7 +118,7 @@ def _utilisation(pynvml, handle) -> float:
     """The GPU's utilisation; for a MIG instance (which has no such query) its parent GPU's."""
     try:
         return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-    except Exception:
+    except Exception:  # noqa: BLE001 (NVML's own errors)
         parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)  # raises for a plain GPU: no figure then
         return float(pynvml.nvmlDeviceGetUtilizationRates(parent).gpu)
 
@@ -137,7 +137,7 @@ def read_gpu(pynvml, handle) -> dict[str, float]:
     for name, read in fields.items():
         try:
             values[name] = read()
-        except Exception:
+        except Exception:  # noqa: BLE001 (a field this GPU or driver does not report)
             continue
     return values
 
@@ -149,7 +149,7 @@ def open_nvml():
 
         pynvml.nvmlInit()
         return pynvml, ""
-    except Exception as e:  # no package, no driver, no GPU
+    except Exception as e:  # noqa: BLE001 (no package, no driver, no GPU)
         return None, f"{type(e).__name__}: {e}"
 
 
@@ -162,7 +162,7 @@ class Gpm:
         self.pynvml, self.handle, self.previous = pynvml, handle, None
         try:
             self.supported = bool(pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
-        except Exception:  # an older driver or GPU, a MIG instance
+        except Exception:  # noqa: BLE001 (an older driver or GPU, a MIG instance)
             self.supported = False
 
     def read(self) -> dict[str, float]:
@@ -215,7 +215,7 @@ class ResourceMonitor:
         else:
             try:
                 self.handles = visible_nvml_handles(self.pynvml, cuda_uuids())
-            except Exception as e:  # a UUID NVML does not know, a driver error: sample the CPU only
+            except Exception as e:  # noqa: BLE001 (a UUID NVML does not know, a driver error: sample the CPU only)
                 log.warning(
                     "monitor: NVML cannot list the visible GPUs (%s: %s); GPU utilisation is not sampled",
                     type(e).__name__,
@@ -273,7 +273,7 @@ class ResourceMonitor:
             self.samples.append(self.sample())
             self.phases.append(self.phase)
             return True
-        except Exception as e:  # a GPU that fell off the bus, a process gone
+        except Exception as e:  # noqa: BLE001 (a GPU that fell off the bus, a process gone)
             if not self._failed:
                 log.warning("monitor: a sample failed (%s: %s); skipping it", type(e).__name__, e)
             self._failed += 1
@@ -301,7 +301,7 @@ class ResourceMonitor:
         if self.pynvml is not None:
             try:
                 self.pynvml.nvmlShutdown()
-            except Exception:
+            except Exception:  # noqa: BLE001 (shutting down: nothing left to save)
                 pass
 
     def window(self) -> dict[str, float]:

@@ -120,7 +120,7 @@ def snapshot(obj: Any) -> Any:
     host (on the CPU: cloned), the containers rebuilt, anything else deep-copied."""
     from torch.utils._pytree import tree_map
 
-    copied = lambda x: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else copy.deepcopy(x)  # noqa: E731
+    copied = lambda x: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else copy.deepcopy(x)
     return tree_map(copied, obj)
 
 
@@ -219,7 +219,7 @@ def load(path: Path, what: str = "trainer.resume") -> dict[str, Any]:
             f"{what}: refusing {path}: it holds objects that only arbitrary unpickling could load, which can "
             f"run code; saturate loads tensors and plain values only ({first})"
         ) from None
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 (any failure to read it: not a checkpoint)
         raise CheckpointError(f"{what}: cannot read {path} as a checkpoint ({type(e).__name__}: {e})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "step" not in ckpt:
         raise CheckpointError(f"{what}: {path} is not a saturate checkpoint (no model and step in it)")
@@ -462,7 +462,7 @@ class Checkpointer:
         top = f"top-{state.epoch:03d}-{state.step:07d}.pt" if ranked else None
         removed = self._keep_top(value, top) if top and value is not None else []
         paths += [self.directory / top] if top else []
-        written = lambda step=state.step: setattr(self, "saved_step", step)  # noqa: E731
+        written = lambda step=state.step: setattr(self, "saved_step", step)
         if background:
             self.writer.submit(snapshot(checkpoint), paths, removed, written)
         else:

@@ -201,7 +201,7 @@ def check_metrics(task, outputs, batch, device: torch.device) -> None:
             task.update({name: metric}, outputs, batch)
         except (ValueError, RuntimeError, TypeError, IndexError) as e:  # torchmetrics' argument checks, torch's shapes
             target = batch[1] if isinstance(batch, (tuple, list)) and len(batch) > 1 else None
-            shown = lambda t: f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}"  # noqa: E731
+            shown = lambda t: f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}"
             given = (
                 f" ({shown(outputs)} for targets {shown(target)})"
                 if isinstance(outputs, torch.Tensor) and isinstance(target, torch.Tensor)
@@ -288,7 +288,7 @@ def compiled(model: nn.Module, raw: nn.Module, batch, precision, task) -> nn.Mod
             loss, _ = task.forward(out, batch)
         loss.backward()
         log.info("torch.compile: compiled in %.1fs", time.perf_counter() - start)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 (any compile failure falls back to eager)
         log.warning(
             "torch.compile failed (%s: %s); training in eager mode",
             type(e).__name__,

@@ -172,7 +172,7 @@ def record_failure(run_dir: str, error: Exception, *, trained: bool = False) -> 
     try:
         directory = Path(run_dir)
         directory.mkdir(parents=True, exist_ok=True)
-    except Exception:  # no run dir to write to (an unresolvable config, a read-only disk)
+    except Exception:  # noqa: BLE001 (no run dir to write to (an unresolvable config, a read-only disk))
         return
     earlier = _status(directory / "metrics.json")
     if earlier not in (None, "failed") and not trained:

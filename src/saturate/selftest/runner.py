@@ -45,7 +45,7 @@ def run_one(check: Check, ctx: Context, result: Path) -> None:
         status, detail = "SKIP", str(e)
     except Failed as e:
         status, detail = "FAIL", str(e)
-    except Exception as e:  # a bug or a crash of the path under test: its one line here, the traceback in the log
+    except Exception as e:  # noqa: BLE001 (a bug or a crash of the path under test: its one line here, the traceback in the log)
         traceback.print_exc()
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         status, detail = "FAIL", f"{type(e).__name__}: {first}"[:300]

@@ -56,7 +56,7 @@ class Segmentation(Task):
     def forward(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
         images, masks = self.input(batch), self.target(batch)
         if isinstance(images, torch.Tensor) and images.ndim == 4 and images.shape[-2:] != masks.shape[-2:]:
-            size = lambda t: "x".join(map(str, t.shape[-2:]))  # noqa: E731
+            size = lambda t: "x".join(map(str, t.shape[-2:]))
             raise DataError(
                 f"data: masks of {size(masks)} for images of {size(images)}; task=segmentation needs each image's "
                 "mask at the image's height and width (resize the masks with nearest-neighbour interpolation)"
@@ -144,7 +144,7 @@ class Segmentation(Task):
         image = (image - low) / (image.amax(dim=(1, 2, 3), keepdim=True) - low).clamp_min(1e-6)
         image = image[:, :3] if image.shape[1] >= 3 else image[:, :1].expand(-1, 3, -1, -1)
         preds, masks = (t[:PREVIEWS] for t in self.metric_inputs(outputs, batch))
-        colour = lambda m: (m.float() / (self.num_classes - 1))[:, None].expand(-1, 3, -1, -1)  # noqa: E731
+        colour = lambda m: (m.float() / (self.num_classes - 1))[:, None].expand(-1, 3, -1, -1)
         return torch.cat([image, colour(masks), colour(preds)], dim=-1)
 
 

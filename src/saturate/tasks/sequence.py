@@ -213,7 +213,7 @@ class Sequence(Task):
         )
         decoded = self._decoded(best, out_lengths)
         references = [row[:n] for row, n in zip(target.tolist(), lengths.tolist(), strict=True)]
-        text = lambda tokens: "".join(chr(TOKEN_BASE + t) for t in tokens)  # noqa: E731
+        text = lambda tokens: "".join(chr(TOKEN_BASE + t) for t in tokens)
         exact = torch.tensor([float(d == r) for d, r in zip(decoded, references, strict=True)])
         for name, metric in metrics.items():  # the user's too: torchmetrics' text metrics, on the tokens as characters
             if name == "seq_acc":
