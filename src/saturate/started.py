@@ -7,7 +7,7 @@ keeps its own start time, minutes earlier).
 
 The collector: importing torch, torch._dynamo, torchmetrics, Hydra and the rest allocates some
 700k objects that live as long as the process, and the collector walks the growing heap again
-and again while they load (about a second of a 2-core CPU's start-up; docs/benchmarks.md). In
+and again while they load (docs/benchmarks.md, "Start-up"). In
 train.py's process (a single run: cli.run) the collector is off from the command to the end of those imports
 (`pause_collector`), which then freezes everything alive and turns it back on
 (`resume_collector(freeze=True)`, in cli.task): its later passes skip the frozen objects (so
@@ -15,8 +15,7 @@ does the one at exit; in DataLoader workers forked after it, they no longer touc
 gc.freeze's documented use, not measured here). Nothing the run builds is frozen: the data, the
 model and DDP's reducer are freed as before. What the imports left as garbage in reference
 cycles (some 30k small objects, 10-15 MB, no tensors: measured on the examples) is frozen with
-the rest and never freed: collecting it first would cost one pass over the whole heap (0.4-0.65
-s on a 2-core CPU). A collector the user turned off stays off; saturate.fit and train() called
+the rest and never freed: collecting it first would cost one pass over the whole heap. A collector the user turned off stays off; saturate.fit and train() called
 from Python leave it alone.
 """
 
@@ -51,7 +50,7 @@ def process_age() -> float:
     ticks since boot, /proc/self/stat) against CLOCK_BOOTTIME: 10 ms resolution, as the bench's
     references take theirs. Without /proc, from psutil's create_time. (On Linux psutil counts
     from /proc/stat's boot time in whole seconds: up to a second too early, the same for every
-    process until the machine restarts; 0.26 s on the machine that found it.)"""
+    process until the machine restarts.)"""
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime

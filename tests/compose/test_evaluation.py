@@ -5,7 +5,6 @@ dir's saved config is used only when asked, old module names read as today's."""
 from __future__ import annotations
 
 import datetime
-import importlib
 import json
 
 import numpy as np
@@ -15,7 +14,8 @@ from omegaconf import OmegaConf
 
 import saturate
 from saturate.cli import checkpoint_command
-from saturate.compose.evaluation import MOVED, moved
+from saturate.compose.evaluation import saved_config
+from saturate.errors import UserError
 from tests.conftest import ROOT, TINY, python, read_metrics
 
 # three epochs at a learning rate high enough that a later one is worse: best.pt is the first's
@@ -109,8 +109,8 @@ def test_a_run_dirs_saved_config_is_used_only_when_asked(finished, tmp_path, cap
 
 @pytest.mark.slow  # evaluates the whole validation set
 def test_a_config_saved_before_the_restructuring_is_read(finished, tmp_path, capsys):
-    """A real run dir's config from before issue 33 (norm: group there; this run's model has
-    BatchNorm, given on top as a run's own override would be)."""
+    """A real run dir's config saved by an older layout of the config (norm: a group there;
+    this run's model has BatchNorm, given on top as a run's own override would be)."""
     run_dir = tmp_path / "old"
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / "checkpoints").symlink_to(finished / "checkpoints")
@@ -129,15 +129,16 @@ def test_a_config_saved_before_the_restructuring_is_read(finished, tmp_path, cap
     capsys.readouterr()
 
 
-def test_old_module_names_map_to_modules_that_exist_now():
-    assert moved("saturate.checkpoint.load") == "saturate.parts.checkpoint.load"
-    assert moved("saturate.models.SmallCNN") == "saturate.models.SmallCNN"  # never moved
-    assert moved("saturate.parts.UserObjects") == "saturate.compose.build.UserObjects"  # parts.py, a package now
-    assert moved("saturate.parts.model.make") == "saturate.parts.model.make"  # today's
-    for old, new in MOVED.items():
-        importlib.import_module(new)
-        if old not in ("saturate.parts", "saturate.config"):  # packages now, modules before
-            assert importlib.util.find_spec(old) is None, old
+def test_a_saved_config_naming_a_module_this_saturate_lacks_is_refused_naming_it(tmp_path):
+    run_dir = tmp_path / "old"
+    (run_dir / ".hydra").mkdir(parents=True)
+    old = (ROOT / "tests" / "compose" / "old_run_config.yaml").read_text()
+    (run_dir / ".hydra" / "config.yaml").write_text(old.replace("saturate.models.SmallCNN", "saturate.old_models.Net"))
+    with pytest.raises(UserError, match=r"names saturate\.old_models\.Net.*no module saturate\.old_models"):
+        saved_config(run_dir, [], OmegaConf.create({}))
+    (run_dir / ".hydra" / "config.yaml").write_text("- a list\n")
+    with pytest.raises(UserError, match="holds a list, not a run's config"):
+        saved_config(run_dir, [], OmegaConf.create({}))
 
 
 @pytest.mark.slow

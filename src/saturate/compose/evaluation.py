@@ -5,13 +5,14 @@ same config (saturate.compose.build.build_evaluation).
 The config comes from conf/ and the command line, composed as for training; the checkpoint
 gives the weights only (read as data: torch.load(weights_only=True)). Reading a run dir's
 saved config instead (`saved_config`) instantiates the classes it names, which is running
-that config: the command does it only when asked by name (--run-saved-config). Configs
-saved before the modules moved into folders (issue 33) name the old modules: `moved`
-reads them with today's names.
+that config: the command does it only when asked by name (--run-saved-config). A saved
+config that names a module this saturate does not have (one saved by an older version) is
+refused in one line naming it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from dataclasses import dataclass
@@ -35,75 +36,44 @@ from saturate.scale.distributed import Dist
 
 log = logging.getLogger("saturate")
 
-# Modules that moved when the flat package became folders (git show --stat 443645e): a saved
-# config naming one of them is read with today's name.
-MOVED = {
-    "saturate.parts": "saturate.compose.build",
-    "saturate.outcome": "saturate.compose.outcome",
-    "saturate.run": "saturate.compose.run",
-    "saturate.naming": "saturate.config.naming",
-    "saturate.registration": "saturate.config.registration",
-    "saturate.config": "saturate.config.schema",
-    "saturate.augment": "saturate.data.augment",
-    "saturate.loader": "saturate.data.loader",
-    "saturate.policy": "saturate.config.policy",
-    "saturate.engine": "saturate.loop.engine",
-    "saturate.evaluate": "saturate.loop.evaluate",
-    "saturate.faults": "saturate.loop.faults",
-    "saturate.step": "saturate.loop.step",
-    "saturate.costs": "saturate.observe.costs",
-    "saturate.doctor": "saturate.observe.doctor",
-    "saturate.environment": "saturate.observe.environment",
-    "saturate.monitor": "saturate.observe.monitor",
-    "saturate.report": "saturate.observe.report",
-    "saturate.sweep": "saturate.observe.sweep",
-    "saturate.timing": "saturate.observe.timing",
-    "saturate.tracking": "saturate.observe.tracking",
-    "saturate.batch_size": "saturate.parts.batch_size",
-    "saturate.checkpoint": "saturate.parts.checkpoint",
-    "saturate.device": "saturate.parts.device",
-    "saturate.models.build": "saturate.parts.model",
-    "saturate.optim": "saturate.parts.optim",
-    "saturate.precision": "saturate.parts.precision",
-    "saturate.rundir": "saturate.parts.rundir",
-    "saturate.distributed": "saturate.scale.distributed",
-    "saturate.launch": "saturate.scale.launch",
-    "saturate.ranks": "saturate.scale.ranks",
-}
 
-
-def moved(target: str) -> str:
-    """Today's name of a `_target_` that a config saved before the move names (saturate.parts
-    and saturate.config are packages now: a name they still hold is today's)."""
-    import importlib
-
-    module, _, name = target.rpartition(".")
-    if module not in MOVED:
-        return target
-    try:
-        if hasattr(importlib.import_module(module), name):
-            return target
-    except ImportError:
-        pass
-    return f"{MOVED[module]}.{name}"
-
-
-def _renamed(tree: Any) -> Any:
+def _missing_module(tree: Any) -> str | None:
+    """The first `_target_` in `tree` whose module cannot be found, if any."""
     if isinstance(tree, dict):
-        return {k: (moved(v) if k == "_target_" and isinstance(v, str) else _renamed(v)) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_renamed(v) for v in tree]
-    return tree
+        target = tree.get("_target_")
+        if isinstance(target, str) and "." in target:
+            module = target.rpartition(".")[0]
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):  # a parent that is not a package, or no parent at all
+                found = False
+            if not found:
+                return target
+        children = list(tree.values())
+    elif isinstance(tree, list):
+        children = tree
+    else:
+        return None
+    return next((target for child in children if (target := _missing_module(child))), None)
 
 
 def saved_config(run_dir: Path, overrides: list[str], base: DictConfig) -> DictConfig:
-    """The config a run dir saved (.hydra/config.yaml), its old module names read as today's,
-    merged into `base` (the schema's defaults: conf/ composed without overrides) node by node,
-    then `key=value` overrides on top. Keys today's schema no longer has are dropped, named."""
+    """The config a run dir saved (.hydra/config.yaml), merged into `base` (the schema's
+    defaults: conf/ composed without overrides) node by node, then `key=value` overrides on
+    top. Keys today's schema no longer has are dropped, named."""
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise UserError(f"--run-saved-config: {run_dir} has no .hydra/config.yaml (is it a run dir of train.py?)")
-    saved = _renamed(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
+    saved = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    if not isinstance(saved, dict):
+        raise UserError(f"--run-saved-config: {path} holds a {type(saved).__name__}, not a run's config (a mapping)")
+    missing = _missing_module(saved)
+    if missing is not None:
+        raise UserError(
+            f"--run-saved-config: {path} names {missing}, and this saturate has no module "
+            f"{missing.rpartition('.')[0]} (a config saved by another version); evaluate without --run-saved-config, "
+            "giving the overrides the run was trained with"
+        )
     saved.pop("run_dir", None)  # the eval's own dir is given by the caller
     cfg = base.copy()
     for key, value in saved.items():

@@ -166,14 +166,14 @@ def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
     if f.device == "cuda" and f.precision == "fp32" and f.amp_ok:
         fixes.append(("precision=amp", "bf16/fp16 tensor cores do several times the fp32 work per second"))
     if f.device != "cuda":
-        # compile (tens of seconds of compilation) and larger batches are GPU remedies: on this
-        # 2-core CPU they measured no gain; the arithmetic itself is the limit here. NHWC is
-        # what oneDNN's convolutions prefer: measured 1.10x (resnet18) and 1.16x (small_cnn) there
+        # compile (tens of seconds of compilation) and larger batches are GPU remedies: on a CPU
+        # the arithmetic itself is the limit. NHWC is what oneDNN's convolutions prefer
+        # (docs/benchmarks.md, "Single settings": channels_last)
         if f.image and not f.channels_last and f.channels_last_ok:
             fixes.append(
                 (
                     "trainer.channels_last=true",
-                    "oneDNN's CPU convolutions run faster in NHWC (1.1-1.2x measured on a 2-core CPU)",
+                    "oneDNN's CPU convolutions run faster in NHWC (docs/benchmarks.md: channels_last)",
                 )
             )
         fixes.append(

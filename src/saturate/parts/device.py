@@ -100,8 +100,7 @@ def keep_host_memory() -> bool:
     """Let glibc's malloc keep freed blocks up to 32 MiB for reuse instead of handing each back
     to the OS. By default a block over 128 KiB (a batch, an activation) is mmap'ed when taken
     and munmap'ed when freed, and a training step frees and takes them again every step: the
-    pages fault in anew each time. Measured on the 2-core CPU (image folder at 32 px, batched
-    augmentation, channels_last), four paired rounds: 2,556 -> 3,369 samples/s (1.32x); the
+    pages fault in anew each time (docs/benchmarks.md, "Single settings": keep_host_memory); the
     environment variable MALLOC_MMAP_THRESHOLD_ does the same (jemalloc and tcmalloc, which
     PyTorch's CPU tuning guide suggests, do it too). Left alone when the user chose: an allocator in LD_PRELOAD or a
     MALLOC_* variable. Processes forked later (DataLoader workers) inherit it. Returns
