@@ -7,16 +7,16 @@ keeps its own start time, minutes earlier).
 
 The collector: importing torch, torch._dynamo, torchmetrics, Hydra and the rest allocates some
 700k objects that live as long as the process, and the collector walks the growing heap again
-and again while they load (docs/benchmarks.md, "Start-up"). In
-train.py's process (a single run: cli.run) the collector is off from the command to the end of those imports
+and again while they load (docs/benchmarks.md, "Start-up"). In train.py's process (a single
+run: cli.run) the collector is off from the command to the end of those imports
 (`pause_collector`), which then freezes everything alive and turns it back on
 (`resume_collector(freeze=True)`, in cli.task): its later passes skip the frozen objects (so
 does the one at exit; in DataLoader workers forked after it, they no longer touch those pages:
-gc.freeze's documented use, not measured here). Nothing the run builds is frozen: the data, the
-model and DDP's reducer are freed as before. What the imports left as garbage in reference
-cycles (some 30k small objects, 10-15 MB, no tensors: measured on the examples) is frozen with
-the rest and never freed: collecting it first would cost one pass over the whole heap. A collector the user turned off stays off; saturate.fit and train() called
-from Python leave it alone.
+gc.freeze's documented use). Nothing the run builds is frozen: the data, the model and DDP's
+reducer are freed as before. What the imports left as garbage in reference cycles (some 30k
+small objects, 10-15 MB, no tensors) is frozen with the rest and never freed: collecting it
+first would cost one pass over the whole heap. A collector the user turned off stays off;
+saturate.fit and train() called from Python leave it alone.
 """
 
 import gc
