@@ -3,7 +3,8 @@ arrow the drawing allows and none is one it forbids; a handful of top-level modu
 folder with more than a third of the source; Hydra's runtime config read in one module;
 metric names written in one; a composition root one can read, short functions; hooks
 reached through the public protocol, never by patching a saturate module; no dependency's
-private modules imported and sys.modules left alone."""
+private modules imported and sys.modules left alone; no module over 500 lines (300 at the
+top level); no comment naming an issue or a commit."""
 
 from __future__ import annotations
 
@@ -88,6 +89,31 @@ def test_a_handful_of_top_level_modules_and_no_folder_holds_a_third_of_the_sourc
     for folder in (d for d in SRC.iterdir() if d.is_dir() and d.name != "__pycache__"):
         share = sum(n for p, n in lines.items() if folder in p.parents) / total
         assert share <= 1 / 3, f"{folder.name} holds {share:.0%} of the source"
+
+
+def test_no_module_is_over_500_lines_and_no_top_level_module_over_300():
+    lines = {str(p.relative_to(SRC)): len(p.read_text().splitlines()) for p in SRC.rglob("*.py")}
+    assert {p: n for p, n in lines.items() if n > 500} == {}
+    assert {p: n for p, n in lines.items() if "/" not in p and n > 300} == {}
+
+
+# An issue or pull request number ("issue 35", "#35"), or a commit hash (7 to 40 hex digits, at
+# least one a letter and one a digit): history, which git keeps; the code says what is and why.
+HISTORY = re.compile(r"\bissues? #?\d+|(?<![\w&])#\d{2,}\b|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+
+
+def test_no_comment_or_docstring_in_saturate_names_an_issue_or_a_commit():
+    import io
+    import tokenize
+
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            if token.type in (tokenize.COMMENT, tokenize.STRING) and HISTORY.search(token.string):
+                found.append(f"{path.relative_to(ROOT)}:{token.start[0]} {HISTORY.search(token.string).group()}")
+    assert found == []
+    assert HISTORY.search("see issue 33") and HISTORY.search("(git show 443645e)") and HISTORY.search("fixed in #35")
+    assert not HISTORY.search("an integer in [0, 4294967295]") and not HISTORY.search("torch.float16, cafe")
 
 
 def test_hydras_runtime_config_is_read_in_one_module_and_metric_names_written_in_one():

@@ -101,14 +101,17 @@ class Attempt:
     recorded: bool = False
 
 
+TUNE_BY_COMMAND = (
+    "tune.enabled=true: tune through the command (saturate train tune=true ...); saturate.fit and train() train"
+)
+
+
 def _train(cfg: DictConfig | RunConfig, invocation: Invocation, objects: UserObjects, attempt: Attempt) -> Metrics:
     start_time, started_at = time.perf_counter(), datetime.now().astimezone().isoformat(timespec="seconds")
     startup = Startup(from_process=bool(invocation.app))  # train.py's process (not saturate.fit's call)
     run = cfg if isinstance(cfg, RunConfig) else validate(cfg, given=objects.nodes())
-    if run.tune.enabled:  # train.py hands tune=true to saturate.tune before any training
-        raise UserError(
-            "tune.enabled=true: tune through the command (saturate train tune=true ...); saturate.fit and train() train"
-        )
+    if run.tune.enabled:  # the command hands tune=true to saturate.tune before any training
+        raise UserError(TUNE_BY_COMMAND)
     dist = Dist(None if run.device.type == "cpu" else run.device.index)
     log.setLevel(run.trainer.log_level if dist.is_main else "WARNING")  # one voice: rank 0's
     run_dir = prepare(run)
