@@ -8,8 +8,9 @@ ordinary exceptions.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from hydra.errors import CompactHydraException
 
@@ -41,6 +42,27 @@ class ConfigError(UserError):
     def __reduce__(self):
         # rebuilt from its problems, not its message: a sweep's job sends it back pickled (submitit)
         return type(self), (self.problems,), self.__dict__
+
+
+def is_integer(value: Any, low: int | None = None, high: int | None = None) -> TypeGuard[int]:
+    """Whether `value` is an int (a bool is not one) in [low, high]: the check behind every
+    "an integer >= ..." in a message."""
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and (low is None or value >= low)
+        and (high is None or value <= high)
+    )
+
+
+def is_number(
+    value: Any, low: float = -math.inf, high: float = math.inf, *, open_low: bool = False, open_high: bool = False
+) -> bool:
+    """Whether `value` is an int or a float (a bool is not one) in the range, its ends
+    included unless open; nan never is."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return (value > low if open_low else value >= low) and (value < high if open_high else value <= high)
 
 
 class DataError(UserError):

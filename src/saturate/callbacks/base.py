@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from saturate import names
-from saturate.errors import ConfigError, Problem
+from saturate.errors import ConfigError, Problem, is_number
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Run:
     def scale_lr(self, factor: float) -> None:
         """Multiply the learning rate by `factor` (finite, >= 0) from the next step on (the
         schedule's base rates with it, so warm-up and cosine keep their shape); kept across a resume."""
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor < math.inf:
+        if not is_number(factor, 0, math.inf, open_high=True):
             raise ValueError(
                 f"run.scale_lr({factor!r}): expected a finite factor >= 0 (a negative one climbs the loss)"
             )

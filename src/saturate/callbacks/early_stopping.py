@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from saturate.callbacks.base import agreed_mode
-from saturate.errors import ConfigError, Problem
+from saturate.errors import ConfigError, Problem, is_integer, is_number
 
 
 class EarlyStopping:
@@ -21,9 +21,9 @@ class EarlyStopping:
 
     def __init__(self, monitor: str = "auto", mode: str = "auto", patience: int = 3, min_delta: float = 0.0):
         problems = []
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+        if not is_integer(patience, 1):
             problems.append(Problem("callbacks.early_stopping.patience", patience, "an integer >= 1 (evaluations)"))
-        if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not 0 <= min_delta < math.inf:
+        if not is_number(min_delta, 0, math.inf, open_high=True):
             problems.append(Problem("callbacks.early_stopping.min_delta", min_delta, "a number >= 0"))
         if mode not in ("auto", "max", "min"):
             problems.append(Problem("callbacks.early_stopping.mode", mode, "auto, max or min"))

@@ -16,7 +16,7 @@ import copy
 
 import torch
 
-from saturate.errors import ConfigError, Problem
+from saturate.errors import ConfigError, Problem, is_integer, is_number
 
 
 class EMA:
@@ -26,11 +26,11 @@ class EMA:
 
     def __init__(self, decay: float = 0.999, warmup: bool = True, warmup_power: float = 2 / 3, every: int = 1):
         problems = []
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay < 1:
+        if not is_number(decay, 0, 1, open_low=True, open_high=True):
             problems.append(Problem("callbacks.ema.decay", decay, "a number in (0, 1)"))
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        if not is_integer(every, 1):
             problems.append(Problem("callbacks.ema.every", every, "an integer >= 1 (optimizer steps)"))
-        if not isinstance(warmup_power, (int, float)) or not warmup_power > 0:
+        if not is_number(warmup_power, 0, open_low=True):
             problems.append(Problem("callbacks.ema.warmup_power", warmup_power, "a number > 0"))
         if problems:
             raise ConfigError(problems)

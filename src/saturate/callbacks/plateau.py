@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from saturate.callbacks.base import agreed_mode
-from saturate.errors import ConfigError, Problem
+from saturate.errors import ConfigError, Problem, is_integer, is_number
 
 
 class Plateau:
@@ -29,9 +29,9 @@ class Plateau:
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor < 1:
             problems.append(Problem("callbacks.plateau.factor", factor, "a number in (0, 1)"))
         for key, value in (("patience", patience), ("cooldown", cooldown)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_integer(value, 0):
                 problems.append(Problem(f"callbacks.plateau.{key}", value, "an integer >= 0 (evaluations)"))
-        if not isinstance(min_lr, (int, float)) or isinstance(min_lr, bool) or min_lr < 0:
+        if not is_number(min_lr, 0):
             problems.append(Problem("callbacks.plateau.min_lr", min_lr, "a number >= 0"))
         if mode not in ("auto", "max", "min"):
             problems.append(Problem("callbacks.plateau.mode", mode, "auto, max or min"))

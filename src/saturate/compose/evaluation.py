@@ -76,7 +76,7 @@ def saved_config(run_dir: Path, overrides: list[str], base: DictConfig) -> DictC
         )
     saved.pop("run_dir", None)  # the eval's own dir is given by the caller
     cfg = base.copy()
-    for key, value in saved.items():
+    for key, value in ((str(k), v) for k, v in saved.items()):
         whole = key in ("model", "data", "task") or not isinstance(value, dict)  # a _target_'s keys, not the option's
         for name, item in [(key, value)] if whole else [(f"{key}.{sub}", item) for sub, item in value.items()]:
             try:

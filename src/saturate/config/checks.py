@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from saturate.errors import is_number
+
 # A schema's problems(): (field, bad value, what is allowed), keyed relative to its node.
 Issues = Iterator[tuple[str, Any, str]]
 
@@ -17,7 +19,7 @@ def choice(key: str, value: Any, allowed: tuple) -> Issues:
 
 
 def at_least(key: str, value: Any, low: int | float, extra: str = "") -> Issues:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+    if not is_number(value, low) and not _nan(value):  # nan: reported once, as a non-finite number
         kind = "an integer" if isinstance(low, int) else "a number"
         yield key, value, f"{kind} >= {low}{extra}"
 
@@ -31,3 +33,7 @@ def unit_interval(key: str, value: float, *, open_low: bool = False) -> Issues:
     ok = (0 < value <= 1) if open_low else (0 <= value <= 1)
     if not ok:
         yield key, value, "a number in (0, 1]" if open_low else "a probability in [0, 1]"
+
+
+def _nan(value: Any) -> bool:
+    return isinstance(value, float) and value != value

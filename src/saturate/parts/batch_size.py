@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from saturate.errors import is_integer
 from saturate.parts.device import OutOfMemory, free_device_memory, is_oom, untouched_rng
 
 log = logging.getLogger(__name__)
@@ -306,7 +307,7 @@ class Cache:
 def valid_choice(entry: dict) -> bool:
     """A batch-size cache entry: the size chosen and the trials that chose it."""
     size, trials = entry.get("batch_size"), entry.get("trials")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1 or not isinstance(trials, list):
+    if not is_integer(size, 1) or not isinstance(trials, list):
         return False
     for t in trials:
         if not isinstance(t, dict) or set(t) != {"size", "fit", "samples_per_s", "peak_mb", "spread"}:

@@ -37,7 +37,7 @@ import torch
 
 from saturate.config.invocation import is_setting_key
 from saturate.config.schema import CheckpointConfig
-from saturate.errors import CheckpointError
+from saturate.errors import CheckpointError, is_number
 from saturate.parts.rundir import OWN_NAMES
 from saturate.scale.ranks import STOP_SIGNALS
 
@@ -299,7 +299,7 @@ def _apply_hyperparameters(optimizer, scheduler, now: dict, then: dict | None, l
 
 
 def _lr_scale(value, path) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    if not is_number(value, 0, math.inf, open_low=True, open_high=True):
         raise CheckpointError(f"trainer.resume: {path}: lr_scale {value!r} is not a number > 0; the file is damaged")
     return float(value)
 

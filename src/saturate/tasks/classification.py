@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
-from saturate.errors import ConfigError, DataError, Problem, UserError
+from saturate.errors import ConfigError, DataError, Problem, UserError, is_integer
 from saturate.tasks.base import Task, call_model, user_loss, wrong_outputs
 
 
@@ -41,7 +41,7 @@ class Classification(Task):
         super().__init__(metrics=metrics, input_key=input_key, target_key=target_key, output_key=output_key)
         if not 0 <= label_smoothing < 1:
             raise ConfigError([Problem("task.label_smoothing", label_smoothing, "a number in [0, 1)")])
-        if top_k != "auto" and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k < num_classes):
+        if top_k != "auto" and not is_integer(top_k, 0, num_classes - 1):
             raise ConfigError(
                 [Problem("task.top_k", top_k, f"auto, 0 (none) or an integer below the {num_classes} classes")]
             )

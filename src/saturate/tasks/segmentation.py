@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.segmentation import DiceScore, MeanIoU
 
-from saturate.errors import ConfigError, DataError, Problem, UserError
+from saturate.errors import ConfigError, DataError, Problem, UserError, is_integer
 from saturate.tasks.base import Task, call_model, finite_number, user_loss
 
 PREVIEWS = 4  # images shown per evaluation
@@ -40,7 +40,7 @@ class Segmentation(Task):
     ):
         """`keys`: the base's (metrics, input_key, target_key, output_key)."""
         super().__init__(**keys)
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        if not is_integer(num_classes, 2):
             allowed = (
                 "an integer >= 2 (binary masks: 2, background and foreground); the data gives none unless its "
                 "dataset has a num_classes or classes attribute"

@@ -25,7 +25,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import CharErrorRate
 
-from saturate.errors import ConfigError, DataError, Problem
+from saturate.errors import ConfigError, DataError, Problem, is_integer
 from saturate.tasks.base import Task
 
 IGNORE = -100
@@ -62,7 +62,7 @@ class Sequence(Task):
         super().__init__(metrics=metrics, input_key=input_key, target_key=target_key)
         if mode not in ("ctc", "per_step"):
             raise ConfigError([Problem("task.mode", mode, "ctc or per_step")])
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        if not is_integer(num_classes, 2):
             raise ConfigError(
                 [
                     Problem(
