@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from saturate import record as run_record
 from saturate.observe.sweep import (
     Refused,
     cell,
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     common = cell(" ".join(f"{k}={v}" for k, v in common_overrides(jobs).items()) or "-")
     failed = [j for j in jobs if j.status != "completed"]
     why = "; ".join(
-        f"job {j.number} ({cell(j.status)}: {cell(j.metrics.get('error', 'no metrics.json'))})" for j in failed
+        f"job {j.number} ({cell(j.status)}: {cell(j.metrics.get('error', f'no {run_record.FILE}'))})" for j in failed
     )
     text = "\n".join(
         [

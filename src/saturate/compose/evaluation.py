@@ -23,6 +23,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from saturate import record as run_record
 from saturate.compose.build import Evaluation, build_evaluation
 from saturate.compose.outcome import class_names
 from saturate.config.invocation import Invocation
@@ -31,7 +32,7 @@ from saturate.errors import UserError
 from saturate.loop.evaluate import Evaluator
 from saturate.parts.checkpoint import load
 from saturate.parts.device import seeded, setup_device
-from saturate.parts.rundir import write_json
+from saturate.record import RunRecord
 from saturate.scale.distributed import Dist
 
 log = logging.getLogger("saturate")
@@ -161,7 +162,7 @@ def evaluate_checkpoint(
         "data": built.spec.name,
         "seconds": time.perf_counter() - start,
     }
-    write_json(out / "metrics.json", record)
+    run_record.write(out, RunRecord(record))
     print(table(record, metrics, out))
     return metrics
 
@@ -175,4 +176,4 @@ def table(record: dict, metrics: dict[str, float], out: Path) -> str:
     )
     width = max(len(k) for k in metrics)
     rows = [f"  {k:<{width}}  {v:.6g}" for k, v in metrics.items()]
-    return "\n".join([head, *rows, f"-> {out / 'metrics.json'}"])
+    return "\n".join([head, *rows, f"-> {run_record.path(out)}"])

@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from saturate import names
+from saturate import record as run_record
 from saturate.callbacks import Observers, Run
 from saturate.compose.build import Parts, UserObjects, advice_checks, step_costs
 from saturate.config.invocation import Invocation
@@ -33,7 +34,7 @@ from saturate.observe.timing import Startup
 from saturate.observe.tracking import Tracker, hparams_columns, plain, review_hint
 from saturate.parts.checkpoint import load
 from saturate.parts.precision import emulated
-from saturate.parts.rundir import write_json
+from saturate.record import RunRecord
 from saturate.scale.distributed import Dist
 
 log = logging.getLogger("saturate")
@@ -63,14 +64,14 @@ class Session:
     observers: Observers
     dist: Dist
     device: torch.device
-    outcome: dict  # how the run was set up, for metrics.json
+    outcome: dict  # how the run was set up, for its record
     start_time: float
     startup: Startup  # where the time to the first step went
 
 
 def write(session: Session, record: dict) -> None:
     if session.dist.is_main:
-        write_json(Path(session.config.run_dir) / "metrics.json", record)
+        run_record.write(session.config.run_dir, RunRecord(record))
 
 
 def finish(session: Session, summary: Summary) -> Metrics:
@@ -129,7 +130,7 @@ def record(session: Session, summary: Summary, metrics: dict, stopped: dict) -> 
     best = {"best": {"metric": monitor, "value": summary.best, "epoch": best_at[0], "step": best_at[1]}}
     advice = {"verdict": verdict.kind, "suggestions": [override for override, _ in verdict.suggestions], "facts": facts}
     record = {**metrics, **session.outcome, **used, **best, **stopped, "status": "completed", **advice}
-    write_json(Path(session.config.run_dir) / "metrics.json", record)
+    run_record.write(session.config.run_dir, RunRecord(record))
 
 
 def _say_done(session: Session, metrics: dict) -> None:
@@ -201,9 +202,9 @@ def already_done(run: RunConfig, state: TrainState, saved: dict, writes: bool, m
     )
     metrics = Metrics(saved)
     metrics.objective = monitor
-    target = Path(run.run_dir) / "metrics.json"
-    if not target.is_file() and writes:  # resumed into a new run dir: say what happened there
-        write_json(target, {**metrics, "status": "completed", "note": "resumed a finished run; nothing was trained"})
+    if not run_record.path(run.run_dir).is_file() and writes:  # resumed into a new run dir: say what happened there
+        note = "resumed a finished run; nothing was trained"
+        run_record.write(run.run_dir, RunRecord({**metrics, "status": "completed", "note": note}))
     return metrics
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from saturate import names
+from saturate import record as run_record
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +277,7 @@ class MLflowLogger:
             tags["saturate.verdict"] = str(record["verdict"])
         for key, value in tags.items():
             self.sender.call(f"set {key}", self.client.set_tag, self.run_id, key, value)
-        uploads = [run.run_dir / "report.md", run.run_dir / ".hydra" / "config.yaml", run.run_dir / "metrics.json"]
+        uploads = [run.run_dir / "report.md", run.run_dir / ".hydra" / "config.yaml", run_record.path(run.run_dir)]
         if self.log_checkpoint:
             uploads.append(run.run_dir / "checkpoints" / "best.pt")
         for path in uploads:
@@ -315,10 +316,8 @@ def _number(value: Any) -> bool:
 
 
 def _record(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "metrics.json").read_text())
-    except Exception:  # noqa: BLE001 (none written: a run that failed early)
-        return {}
+    done = run_record.read(run_dir)  # None: none written, a run that failed early
+    return done.entries if done is not None else {}
 
 
 def _parent(sweep: str, uri: str) -> str | None:

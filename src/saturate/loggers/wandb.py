@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from saturate import names
+from saturate import record as run_record
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +93,9 @@ class WandbLogger:
     def on_run_end(self, run, metrics: dict[str, Any]) -> None:
         if self.run is None:
             return
-        import json
-
-        try:
-            record = json.loads((run.run_dir / "metrics.json").read_text())
-        except Exception:  # noqa: BLE001
-            record = {}
-        status = metrics.get("status") or record.get("status") or "failed"
-        verdict = record.get("verdict")
+        done = run_record.read(run.run_dir)
+        status = metrics.get("status") or (done.status if done else None) or "failed"
+        verdict = done.verdict if done else None
         summary = {"saturate/status": status, **({"saturate/verdict": verdict} if verdict else {})}
         self._safely("summary", self.run.summary.update, summary)
         self._safely("tags", setattr, self.run, "tags", (*self.run.tags, status, *([verdict] if verdict else [])))

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import os
 import re
-import stat
 import tempfile
 import unicodedata
 from dataclasses import dataclass, field
@@ -24,10 +22,11 @@ from pathlib import Path
 import yaml
 
 from saturate import names
+from saturate import record as run_record
+from saturate.record import Unreadable
 
 log = logging.getLogger(__name__)
 
-MAX_BYTES = 64 << 20  # a run's metrics.json is a few KB; past this a file is not a run's
 CELL_CHARS = 300  # text copied from a run into a table cell, at most
 
 # (metrics.json key, column heading, format)
@@ -88,10 +87,6 @@ def number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-class Unreadable(Exception):
-    """A file in a sweep dir that is not what it should be; the message says why."""
-
-
 def read_inside(root: Path, path: Path) -> bytes | None:
     """The bytes of `path`, a regular file below `root` reached through no symbolic link;
     None when there is none; Unreadable when it is a link, not a regular file, or too large."""
@@ -107,26 +102,7 @@ def read_inside(root: Path, path: Path) -> bytes | None:
     except OSError as e:
         raise Unreadable(e.strerror or str(e)) from None
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise Unreadable("not a regular file")
-        if info.st_size > MAX_BYTES:
-            raise Unreadable(f"{info.st_size:,} bytes, more than a run writes ({MAX_BYTES:,})")
-        return f.read(MAX_BYTES + 1)
-
-
-def _metrics(data: bytes) -> dict:
-    try:
-        metrics = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise Unreadable("not valid JSON (not UTF-8)") from None
-    except RecursionError:
-        raise Unreadable("not valid JSON (nested too deep)") from None
-    except ValueError:
-        raise Unreadable("not valid JSON") from None
-    if not isinstance(metrics, dict):
-        raise Unreadable("not a JSON object")
-    return metrics
+        return run_record.bounded(f)
 
 
 def _overrides(data: bytes) -> dict[str, str]:
@@ -155,17 +131,17 @@ def read_jobs(sweep_dir: Path, problems: list[str] | None = None) -> list[Job]:
             numbered[p] = match
     for path in sorted(numbered, key=lambda p: int(numbered[p].group(1))):
         pairs, metrics = {}, {}
-        for name in (".hydra/overrides.yaml", "metrics.json"):
+        for name in (".hydra/overrides.yaml", run_record.FILE):
             try:
                 data = read_inside(sweep_dir, path / name)
-                if data is not None and name == "metrics.json":
-                    metrics = _metrics(data)
+                if data is not None and name == run_record.FILE:
+                    metrics = run_record.parse(data).entries
                 elif data is not None:
                     pairs = _overrides(data)
             except Unreadable as e:
                 problems.append(f"passing over {shown(path / name)}: {e}")
-                if name == "metrics.json":
-                    metrics = {"status": "failed", "error": f"metrics.json is {e}"}
+                if name == run_record.FILE:
+                    metrics = {"status": "failed", "error": f"{run_record.FILE} is {e}"}
         jobs.append(Job(int(numbered[path].group(1)), path, pairs, metrics))
     return jobs
 

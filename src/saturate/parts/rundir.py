@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from saturate import record as run_record
 from saturate.config.registration import UNSET_RUN_DIR
 from saturate.errors import ConfigError, UserError, shown
+from saturate.record import RunRecord, write_json  # noqa: F401 (write_json: where callers found it)
 from saturate.scale.ranks import rank_zero
 
 log = logging.getLogger(__name__)
@@ -55,12 +56,15 @@ def _resumes_here(resume: str | None, run_dir: Path) -> bool:
 
 def _earlier_run(run_dir: Path) -> str:
     """What the earlier run in `run_dir` reached, in words, from its metrics.json (if readable)."""
+    unreadable = f"its {run_record.FILE} says nothing readable"
+    done = run_record.read(run_dir)
+    best = done.best if done is not None else None
+    if done is None or best is None:
+        return unreadable
     try:
-        done = json.loads((run_dir / "metrics.json").read_text())
-        best = done["best"]
-        return f"{done['status']}, best {best['metric']} {float(best['value']):.4f} at step {int(best['step'])}"
-    except Exception:  # noqa: BLE001 (no record, or not saturate's: the checkpoints speak for themselves)
-        return "its metrics.json says nothing readable"
+        return f"{done.status}, best {best['metric']} {float(best['value']):.4f} at step {int(best['step'])}"
+    except (KeyError, TypeError, ValueError):  # a record that is not saturate's
+        return unreadable
 
 
 # what a run writes in its dir besides checkpoints (Hydra's .hydra/ and train.log are Hydra's): its
@@ -68,7 +72,7 @@ def _earlier_run(run_dir: Path) -> str:
 # written before that layout kept them), and what the trackers keep to continue their run (saturate.loggers.mlflow,
 # saturate.loggers.wandb: deleted, MLflow and W&B start a new run; the old one stays in their store)
 OWN_FILES = (
-    "metrics.json",
+    run_record.FILE,
     "metrics.csv",
     "report.md",
     "mlflow.json",
@@ -174,11 +178,12 @@ def record_failure(run_dir: str, error: Exception, *, trained: bool = False) -> 
         directory.mkdir(parents=True, exist_ok=True)
     except Exception:  # noqa: BLE001 (no run dir to write to (an unresolvable config, a read-only disk))
         return
-    earlier = _status(directory / "metrics.json")
+    found = run_record.read(directory)
+    earlier = found.status if found is not None else None
     if earlier not in (None, "failed") and not trained:
         log.warning(
             "kept %s (status %s): this attempt failed before it trained; its error is not recorded there",
-            directory / "metrics.json",
+            run_record.path(directory),
             earlier,
         )
         return
@@ -186,29 +191,7 @@ def record_failure(run_dir: str, error: Exception, *, trained: bool = False) -> 
         why = "; ".join(str(p) for p in error.problems)
     else:
         why = " ".join(line.strip() for line in str(error).strip().splitlines()[:3])
-    write_json(directory / "metrics.json", {"status": "failed", "error": f"{type(error).__name__}: {why}"})
-
-
-def _status(path: Path) -> str | None:
-    """The status in a metrics.json, or None when there is none (or it is unreadable)."""
-    try:
-        status = json.loads(path.read_text()).get("status")
-        return status if isinstance(status, str) else None
-    except Exception:  # noqa: BLE001 (missing, damaged, foreign)
-        return None
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Write JSON atomically: a reader sees the old file or the new one, never half (each
-    process through its own temporary file). A write the disk refuses (full, a quota) is one
-    message naming the file, and leaves no temporary file behind."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write {shown(path)}: {e.strerror or e}") from None
+    run_record.write(directory, RunRecord({"status": "failed", "error": f"{type(error).__name__}: {why}"}))
 
 
 def prepare(run) -> Path:

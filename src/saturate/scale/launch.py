@@ -9,7 +9,6 @@ processes (on a CPU, gloo processes: `device=cpu trainer.devices=2`). Under torc
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from saturate import record as run_record
 from saturate.config.invocation import SCRIPT, TRAIN_COMMAND, Invocation, key_of
 from saturate.config.naming import override_value
 from saturate.errors import UserError
@@ -85,7 +85,10 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
         raise SystemExit(128 + e.sigval) from None
     finally:
         os.environ.pop(LAUNCHED, None)
-    return json.loads((Path(run_dir) / "metrics.json").read_text())
+    done = run_record.read(run_dir)
+    if done is None:
+        raise UserError(f"trainer.devices: the ranks ended, but rank 0 left no readable {run_record.path(run_dir)}")
+    return done.entries
 
 
 def resume_hint(run_dir: str, world_size: int, invocation: Invocation) -> str:

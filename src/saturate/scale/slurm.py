@@ -19,7 +19,6 @@ The jobs themselves run hydra-submitit-launcher's code: the stop signal and requ
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from omegaconf import OmegaConf
 from submitit.core.utils import FailedJobError, UncompletedJobError
 from submitit.slurm import slurm as submitit_slurm
 
+from saturate import record as run_record
 from saturate.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -116,18 +116,16 @@ def stopped_runs(sweep_dir: Path) -> list[str]:
     """A line for each run of the sweep that did not complete: its status and, for a stopped
     one, the command that resumes it (from its metrics.json)."""
     lines = []
-    for path in sorted(sweep_dir.glob("*/metrics.json")):
-        with contextlib.suppress(OSError, ValueError):
-            record = json.loads(path.read_text())
-            status = record.get("status")
-            if status == "preempted":
-                lines.append(
-                    f"  {path.parent}: stopped by {record.get('stopped_by')} with last.pt saved; resume with: "
-                    f"{record.get('resume_with')}"
-                )
-            elif status != "completed":
-                error = record.get("error")
-                lines.append(f"  {path.parent}: {status}" + (f": {error}" if error else ""))
+    for path in sorted(sweep_dir.glob(f"*/{run_record.FILE}")):
+        record = run_record.read(path.parent)
+        if record is None:
+            continue
+        if record.status == "preempted":
+            lines.append(
+                f"  {path.parent}: stopped by {record.stopped_by} with last.pt saved; resume with: {record.resume_with}"
+            )
+        elif record.status != "completed":
+            lines.append(f"  {path.parent}: {record.status}" + (f": {record.error}" if record.error else ""))
     return lines
 
 

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from saturate import record as run_record
+
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: train.py, conf/, scripts/
 
 
@@ -66,10 +68,10 @@ class Run:
 
     @property
     def metrics(self) -> dict:
-        path = self.run_dir / "metrics.json"
-        if not path.exists():
-            raise Failed(f"no metrics.json in {self.run_dir}: {self.error_line()}")
-        return json.loads(path.read_text())
+        done = run_record.read(self.run_dir)
+        if done is None:
+            raise Failed(f"no readable {run_record.FILE} in {self.run_dir}: {self.error_line()}")
+        return done.entries
 
     def error_line(self) -> str:
         """The line that says what went wrong: saturate's 'error:' line, else the exception's."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from saturate import names
+from saturate import record as run_record
 from saturate.selftest.base import Context, check, expect
 
 CIFAR = [
@@ -35,7 +36,7 @@ def steady(ctx: Context, name: str, *overrides: str, steps: int) -> dict:
         *overrides,
         *size,
     ).metrics
-    expect(m.get(names.SAMPLES_PER_S, 0) > 0, f"{name}: no samples/s in metrics.json")
+    expect(m.get(names.SAMPLES_PER_S, 0) > 0, f"{name}: no samples/s in {run_record.FILE}")
     keys = (
         names.SAMPLES_PER_S,
         names.STEP_MS,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 
 from saturate import names
+from saturate import record as run_record
 from saturate.selftest.base import ROOT, Context, Skip, check, expect
 
 NO_GPU = "a GPU's behaviour: there is none here (the logic has CPU tests: tests/selftest/test_risks.py)"
@@ -134,7 +135,7 @@ def ddp_agreement_check(ctx: Context):
         raise Skip(f"{ctx.gpus} GPU: DDP over NCCL needs two")
     overrides = [*ctx.tiny(200, 128), "model=resnet18", "loader=resident", "trainer.devices=2"]
     m = ctx.train("ddp-agreement", *overrides, "trainer.log_interval=50").metrics
-    expect(names.GPU_IDLE_HOST_FRAC in m, "no GPU idle figures in metrics.json")
+    expect(names.GPU_IDLE_HOST_FRAC in m, f"no GPU idle figures in {run_record.FILE}")
     ok, line = agreement_idle(m[names.GPU_IDLE_HOST_FRAC], m["fingerprint"]["world_size"])
     expect(ok, line)
     return line
