@@ -181,11 +181,11 @@ def test_previews_are_logged_at_the_first_evaluation_then_at_most_every_few_seco
     tmp_path, monkeypatch, every_s, steps
 ):
     """Each preview costs a PNG and TensorBoard's pure-Python CRC of it: with an evaluation every
-    step (8 here), the images come at the first, then once engine.PICTURES_EVERY_S has passed
+    step (8 here), the images come at the first, then once tracking.PICTURES_EVERY_S has passed
     (never here, with 1e9 s; every time with 0), and at the last step; the metrics at every one."""
-    from saturate.loop import engine
+    from saturate.observe import tracking
 
-    monkeypatch.setattr(engine, "PICTURES_EVERY_S", every_s)
+    monkeypatch.setattr(tracking, "PICTURES_EVERY_S", every_s)
     overrides = [*SEGMENT, "trainer.limit_train_batches=4", "trainer.max_epochs=2", "trainer.eval_every=1"]
     saturate.fit(
         tiny_segmenter, Squares(128), Squares(16, 1), task="segmentation", run_dir=tmp_path, overrides=list(overrides)
@@ -210,9 +210,9 @@ class StopsAt:
 def test_a_run_stopped_at_an_evaluation_logs_its_images_there(tmp_path, monkeypatch):
     """The last evaluation's images are logged however the run ends: a stop asked for at an
     evaluation (early stopping, the target) makes it the last."""
-    from saturate.loop import engine
+    from saturate.observe import tracking
 
-    monkeypatch.setattr(engine, "PICTURES_EVERY_S", 1e9)
+    monkeypatch.setattr(tracking, "PICTURES_EVERY_S", 1e9)
     overrides = [*SEGMENT, "trainer.limit_train_batches=4", "trainer.max_epochs=2", "trainer.eval_every=1"]
     saturate.fit(
         tiny_segmenter,

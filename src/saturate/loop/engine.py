@@ -49,7 +49,6 @@ from saturate.loop.target import Target
 from saturate.parts.device import OutOfMemory, free_device_memory, is_oom
 
 log = logging.getLogger(__name__)
-PICTURES_EVERY_S = 10.0  # an evaluation's images (previews, confusion matrices): at most this often, and at the end
 
 
 @contextlib.contextmanager
@@ -147,13 +146,11 @@ class Engine:
         self.loss_sum = torch.zeros((), device=next(training.model.parameters()).device)
         self.loss_count: int | torch.Tensor = 0  # a device count when steps decide on the device
         self.logged = False  # a training window logged in this process
-        self._counts: dict[str, float] = {}  # the flat counters' last logged values
         self.batch = None  # the last device batch (a reference: what a failed guard looks at)
         self.per_step = observers.has("on_train_batch_end") or observers.has("on_after_optimizer_step")
         self.clock = watch.clock  # evaluation, checkpoints, logging: the run's time besides the steps
         self.evaluated_at: int | None = None  # the step of the last evaluation (saved with it)
         self.evaluated_inside: dict[str, float] = {}  # this epoch's last evaluation inside it (trainer.eval_every)
-        self.pictured_at: float | None = None  # when an evaluation's images were last logged
         training.step.on_host_read = watch.timer.host_read  # where the step waits for the device
 
     def finished(self, state: TrainState) -> bool:
@@ -218,7 +215,9 @@ class Engine:
             if fresh and self.checkpointer.due(state.epoch, last):
                 self.save(state, self.tracker.latest, background=True)
             self.tracker.progress(state.step, state.epoch)
-            self.epoch_line(state, evaluated or self.evaluated_inside, time.perf_counter() - epoch_start)
+            evaluated = evaluated or self.evaluated_inside
+            inside = self.evaluated_at if evaluated and self.evaluated_at != state.step else None
+            self.tracker.epoch_line(state.epoch, self.control.max_epochs, state.step, evaluated, inside, epoch_start)
             if last:
                 if self.run.stop_reason is not None or self.stopping():
                     self.run.request_stop("another rank's callback asked the run to stop")  # keeps rank 0's own reason
@@ -239,30 +238,21 @@ class Engine:
         self.training.scheduler.evaluated(evaluated)
         self.timed_evaluation(evaluated, state.step)
         self.observers.call("on_eval_end", self.run, evaluated)
-        if self.pictures_due(state, steps_per_epoch):  # after the hooks: a stop asked for here makes this the last
+        if self.tracker.pictures_due(self.at_end(state, steps_per_epoch)):  # after the hooks: a stop here is the last
             self.tracker.matrices(self.evaluator.matrices, state.step, self.evaluator.class_names)
             if self.evaluator.preview is not None:
                 self.tracker.images(f"{self.evaluator.split}/preview", self.evaluator.preview, state.step)
         self.evaluated_at = state.step
         return evaluated
 
-    def pictures_due(self, state: TrainState, steps_per_epoch: int) -> bool:
-        """Whether this evaluation's images (previews, confusion matrices) are logged: at the
-        first evaluation, then once PICTURES_EVERY_S have passed since the last, and at the
-        last step (max_epochs, max_steps, or a stop asked for at this evaluation: early
-        stopping, the target). Each costs a PNG encoding and TensorBoard's pure-Python CRC of it,
-        tens of milliseconds per picture, which adds up over a run of frequent evaluations; the
-        metrics are logged at every evaluation."""
-        now = time.perf_counter()
-        at_end = (
+    def at_end(self, state: TrainState, steps_per_epoch: int) -> bool:
+        """Whether this is the run's last evaluation: at max_epochs or max_steps, or a stop asked
+        for at it (early stopping, the target)."""
+        return (
             self.finished(state)
             or (state.batch_in_epoch >= steps_per_epoch and state.epoch + 1 >= self.control.max_epochs)
             or self.run.stop_reason is not None
         )
-        if self.pictured_at is None or now - self.pictured_at >= PICTURES_EVERY_S or at_end:
-            self.pictured_at = now
-            return True
-        return False
 
     def timed_evaluation(self, evaluated: dict[str, float], step: int) -> None:
         """When the evaluation ended, and whether it met the target (target.stop: the run stops)."""
@@ -349,7 +339,7 @@ class Engine:
             **shared,
             **self.progress(state, steps_per_epoch),
             **self.watch.monitor.window(),  # gpu/*, cpu/*: averages of the samples in this window
-            **self.changed_counts(),
+            **self.tracker.changed(self.counts()),
         }
         self.loss_sum.zero_()
         self.loss_count = 0
@@ -367,39 +357,6 @@ class Engine:
             names.PEAK_MB: self.watch.memory(),
             names.WALL_S: time.perf_counter() - self.control.start_time,
         }
-
-    def epoch_line(self, state: TrainState, evaluated: dict[str, float], seconds: float) -> None:
-        """One line per epoch in the console and train.log, terminal or not (nohup, a
-        scheduler's log, a pipe): where the run is, its losses and metrics, its speed."""
-        if not self.dist.is_main:
-            return
-        latest = self.tracker.latest
-        figures = [
-            f"{k} {v:.4f}"
-            for k, v in ((names.TRAIN_LOSS, latest.get(names.TRAIN_LOSS)), *evaluated.items())
-            if v is not None
-        ]
-        if evaluated and self.evaluated_at != state.step:  # evaluated inside the epoch, not at its end
-            figures[-1] += f" (evaluated at step {self.evaluated_at})"
-        speed = latest.get(names.SAMPLES_PER_S)
-        log.info(
-            "epoch %d/%d, step %d: %s%s, %.1f s",
-            state.epoch,
-            self.control.max_epochs,
-            state.step,
-            ", ".join(figures),
-            f", {speed:,.0f} samples/s" if speed else "",
-            seconds,
-        )
-
-    def changed_counts(self) -> dict[str, float]:
-        """Counters that are flat in a healthy run (non-finite steps, micro-batches per
-        batch, the fp16 loss scale): logged once they leave their healthy value and then
-        whenever they change, so a healthy run's TensorBoard has no straight-line cards."""
-        healthy = {names.NONFINITE_STEPS: 0, names.MICRO_BATCHES: 1}
-        changed = {k: v for k, v in self.counts().items() if self._counts.get(k, healthy.get(k)) != v}
-        self._counts.update(changed)
-        return changed
 
     def counts(self) -> dict[str, float]:
         """The counters' values now (metrics.json holds them all, healthy or not)."""

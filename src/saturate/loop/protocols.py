@@ -54,6 +54,14 @@ class Tracker(Protocol):
 
     def images(self, tag: str, images: Any, step: int) -> None: ...
 
+    def changed(self, counts: dict[str, float]) -> dict[str, float]: ...
+
+    def pictures_due(self, at_end: bool) -> bool: ...
+
+    def epoch_line(
+        self, epoch: int, epochs: int, step: int, evaluated: dict[str, float], inside: int | None, started: float
+    ) -> None: ...
+
 
 class Timer(Protocol):
     """Where each step's time goes (saturate.observe.timing.StepTimer)."""

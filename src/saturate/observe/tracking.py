@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from typing import Any
 
 from tqdm import tqdm
@@ -18,6 +19,8 @@ from tqdm import tqdm
 from saturate import names
 
 log = logging.getLogger(__name__)
+
+PICTURES_EVERY_S = 10.0  # an evaluation's images (previews, confusion matrices): at most this often, and at the end
 
 
 def _plain(value: Any) -> Any:
@@ -43,6 +46,8 @@ class Tracker:
         # disable=None: tqdm turns itself off when stderr is not a terminal (logs, CI)
         self.bar = tqdm(unit="step", dynamic_ncols=True, disable=None if enabled and progress else True)
         self.latest: dict[str, float] = {}
+        self.counted: dict[str, float] = {}  # the flat counters' last logged values
+        self.pictured_at: float | None = None  # when an evaluation's images were last logged
 
     def attach(self, run, total_steps: int, done: int = 0) -> None:
         self.run = run
@@ -66,6 +71,54 @@ class Tracker:
             if tag in self.latest:
                 shown[tag.split("/")[1]] = fmt.format(self.latest[tag])
         self.bar.set_postfix(shown, refresh=False)
+
+    def changed(self, counts: dict[str, float]) -> dict[str, float]:
+        """Of counters that are flat in a healthy run (non-finite steps, micro-batches per
+        batch, the fp16 loss scale), those to log: once they leave their healthy value and then
+        whenever they change, so a healthy run's TensorBoard has no straight-line cards."""
+        healthy = {names.NONFINITE_STEPS: 0, names.MICRO_BATCHES: 1}
+        changed = {k: v for k, v in counts.items() if self.counted.get(k, healthy.get(k)) != v}
+        self.counted.update(changed)
+        return changed
+
+    def pictures_due(self, at_end: bool) -> bool:
+        """Whether this evaluation's images (previews, confusion matrices) are logged: at the
+        first evaluation, then once PICTURES_EVERY_S have passed since the last, and at the
+        run's last (`at_end`). Each costs a PNG encoding and TensorBoard's pure-Python CRC of
+        it, tens of milliseconds per picture, which adds up over a run of frequent
+        evaluations; the metrics are logged at every evaluation."""
+        now = time.perf_counter()
+        if self.pictured_at is None or now - self.pictured_at >= PICTURES_EVERY_S or at_end:
+            self.pictured_at = now
+            return True
+        return False
+
+    def epoch_line(
+        self, epoch: int, epochs: int, step: int, evaluated: dict[str, float], inside: int | None, started: float
+    ) -> None:
+        """One line per epoch in the console and train.log, terminal or not (nohup, a
+        scheduler's log, a pipe): where the run is, its losses and metrics, its speed.
+        `inside`: the step of an evaluation inside the epoch, when it was not at its end;
+        `started`: when the epoch began (perf_counter)."""
+        if not self.enabled:
+            return
+        figures = [
+            f"{k} {v:.4f}"
+            for k, v in ((names.TRAIN_LOSS, self.latest.get(names.TRAIN_LOSS)), *evaluated.items())
+            if v is not None
+        ]
+        if inside is not None:
+            figures[-1] += f" (evaluated at step {inside})"
+        speed = self.latest.get(names.SAMPLES_PER_S)
+        log.info(
+            "epoch %d/%d, step %d: %s%s, %.1f s",
+            epoch,
+            epochs,
+            step,
+            ", ".join(figures),
+            f", {speed:,.0f} samples/s" if speed else "",
+            time.perf_counter() - started,
+        )
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
         if self.run is not None:
