@@ -14,7 +14,7 @@ from saturate.callbacks import Observers, Plan, Run
 from saturate.config.schema import CheckpointConfig, LoaderConfig, PrecisionConfig
 from saturate.data.base import InMemory
 from saturate.data.loader import PlainPipeline, ResidentLoader
-from saturate.loop.engine import Control, Engine, Training, TrainState, Watch
+from saturate.loop.engine import Engine, Instruments, Limits, Training, TrainState
 from saturate.loop.evaluate import Evaluator
 from saturate.loop.faults import NonFiniteGuard, StopSignal
 from saturate.loop.step import TrainStep
@@ -82,11 +82,11 @@ def engine(tmp_path, *, max_epochs: int, eval_interval: int = 1, state: TrainSta
     )
     tracker = Tracker(observers, log_interval=2, progress=False)
     tracker.attach(view, 4 * max_epochs, state.step)
-    watch = Watch(tracker, timer, ResourceMonitor(1.0, CPU, enabled=False), lambda: 0.0, RunClock())
-    control = Control(max_epochs, -1, StopSignal(), Dist(None), time.perf_counter())
+    instruments = Instruments(tracker, timer, ResourceMonitor(1.0, CPU, enabled=False), lambda: 0.0, RunClock())
+    limits = Limits(max_epochs, -1, StopSignal(), Dist(None), time.perf_counter())
     evaluator = Evaluator(val, precision, task, interval=eval_interval)
     return Engine(
-        Training(model, step, scheduler, train), evaluator, checkpointer, watch, observers, view, control
+        Training(model, step, scheduler, train), evaluator, checkpointer, instruments, observers, view, limits
     ), state
 
 

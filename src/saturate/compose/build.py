@@ -260,16 +260,16 @@ def make_step(
     )
 
 
-def search_batch_size(made: Ingredients, models: Models, transforms) -> tuple[int, list[Trial]]:
+def search_batch_size(ingredients: Ingredients, models: Models, transforms) -> tuple[int, list[Trial]]:
     """loader.batch_size=auto: saturate.parts.batch_size.choose, keyed by what decides the size."""
     run, data, spec, task, precision, device, dist = (
-        made.run,
-        made.data,
-        made.spec,
-        made.task,
-        made.precision,
-        made.device,
-        made.dist,
+        ingredients.run,
+        ingredients.data,
+        ingredients.spec,
+        ingredients.task,
+        ingredients.precision,
+        ingredients.device,
+        ingredients.dist,
     )
     cfg = run.batch_search
     key = {
@@ -382,34 +382,41 @@ def advice_checks(run: RunConfig, parts: Parts, device: torch.device) -> tuple[b
     )
 
 
-def _search(made: Ingredients, models: Models, transforms):
+def _search(ingredients: Ingredients, models: Models, transforms):
     """loader.batch_size=auto: (the size chosen, the trials, seconds); else (the size, None, 0)."""
-    run = made.run
+    run = ingredients.run
     if run.loader.batch_size != "auto":
         return run.loader.batch_size, None, 0.0
     started = time.perf_counter()
-    samples = sum(len(s) for s in (made.data.train, made.data.val) if s is not None)
+    samples = sum(len(s) for s in (ingredients.data.train, ingredients.data.val) if s is not None)
     # resident data is placed after the search: its room is kept
-    with room_for_resident(run.loader, made.spec, samples, made.device):
-        chosen, trials = search_batch_size(made, models, transforms)
+    with room_for_resident(run.loader, ingredients.spec, samples, ingredients.device):
+        chosen, trials = search_batch_size(ingredients, models, transforms)
     return chosen, trials, time.perf_counter() - started
 
 
-def _model(made: Ingredients, node: dict | None, values: dict, given):
+def _model(ingredients: Ingredients, node: dict | None, values: dict, given):
     """The model, checked on real samples (saturate.parts.model.setup_model)."""
-    run, data = made.run, made.data
+    run, data = ingredients.run, ingredients.data
     # real samples for the start-up check (2) and the compile warm-up (the size the run, or the search, starts with)
     size = 2
     if run.trainer.compile:
         size = run.loader.batch_size if run.loader.batch_size != "auto" else run.batch_search.min
     with untouched_rng():  # a dataset or augmentation that draws: the same whatever the size
-        example = build_pipeline(run.loader, made.spec, made.device, run.trainer)(
+        example = build_pipeline(run.loader, ingredients.spec, ingredients.device, run.trainer)(
             host_batch(data, range(min(len(data.train), size)))
         )
     raw = make(node, values, given, run.pretrained)
-    trainer, device = run.trainer, made.device
+    trainer, device = run.trainer, ingredients.device
     return setup_model(
-        raw, made.spec, made.task, made.precision, device=device, trainer=trainer, dist=made.dist, batch=example
+        raw,
+        ingredients.spec,
+        ingredients.task,
+        ingredients.precision,
+        device=device,
+        trainer=trainer,
+        dist=ingredients.dist,
+        batch=example,
     )
 
 
@@ -491,10 +498,10 @@ def build_parts(
     transforms = build_transforms(run.augmentation.transforms)
     if spec.image:  # (other data: augmentation is refused with its reason in check_fits_data)
         check_transforms(transforms, spec.input_shape)
-    made = Ingredients(run, data, spec, task, precision, device, dist)
-    models = _model(made, nodes.get("model"), values, objects.model)
+    ingredients = Ingredients(run, data, spec, task, precision, device, dist)
+    models = _model(ingredients, nodes.get("model"), values, objects.model)
     mark("model and its checks")
-    batch_size, trials, search_s = _search(made, models, transforms)
+    batch_size, trials, search_s = _search(ingredients, models, transforms)
     mark("batch-size search")  # none: 0 s
     loaders = build_loaders(
         dataclasses.replace(run.loader, batch_size=batch_size),

@@ -77,7 +77,8 @@ def write(session: Session, record: dict) -> None:
 def finish(session: Session, summary: Summary) -> Metrics:
     """The final metrics (the loop's summary, the test set with best.pt, the step's costs),
     the report, the HParams entry and metrics.json."""
-    metrics = {**summary.metrics(), **session.parts.spec.notes, **costs(session, summary.steady), **tested(session)}
+    metrics = {**summary.metrics(), **session.parts.spec.notes, **costs(session, summary.steady)}
+    metrics.update(evaluate_test_split(session))
     metrics[names.WALL_S] = time.perf_counter() - session.start_time
     metrics.update(session.startup.metrics(session.engine.timer.first_step_at))
     if session.dist.world_size > 1:  # every rank must end with the same weights
@@ -152,7 +153,7 @@ def _say_done(session: Session, metrics: dict) -> None:
         log.info("review: %s", review_hint(run_dir, watched, metrics, session.invocation.sweep_dir))
 
 
-def tested(session: Session) -> dict[str, float]:
+def evaluate_test_split(session: Session) -> dict[str, float]:
     """The test split (when the data has one) evaluated once with best.pt's weights (the
     final ones when no best.pt was written), and trainer.predict's predictions."""
     parts, predict = session.parts, session.config.trainer.predict
@@ -210,15 +211,15 @@ def already_done(run: RunConfig, state: TrainState, saved: dict, writes: bool, m
 
 def _target_note(session: Session, metrics: dict) -> str | None:
     """When the run met target.metric's value, beside when its first step ended; or that it did not."""
-    target = session.engine.control.target
+    target = session.engine.limits.target
     if target is None:
         return None
     if target.reached_s is None:
         last = metrics.get(target.metric)
-        return f"target {target.said()}: not met" + (f" (last {last:.4f})" if last is not None else "")
+        return f"target {target}: not met" + (f" (last {last:.4f})" if last is not None else "")
     first = metrics.get(names.FIRST_STEP_S)
     since = f"; the first step ended at {first:.1f} s" if first is not None else ""
-    return f"target {target.said()}: met {target.reached_s:.1f} s after the start (step {target.reached_step}{since})"
+    return f"target {target}: met {target.reached_s:.1f} s after the start (step {target.reached_step}{since})"
 
 
 def costs(session: Session, steady: dict) -> dict:
@@ -373,7 +374,7 @@ def abandon(session: Session, state: TrainState, signum: int) -> None:
     end the process with the signal's status."""
     try:
         session.engine.checkpointer.save(state, {}, session.engine.run)
-        hint = session.engine.control.resume_hint
+        hint = session.engine.limits.resume_hint
         log.warning("saved %s; resume with: %s", session.engine.checkpointer.last_path, hint)
         stopped = {"status": "preempted", "stopped_by": signal.Signals(signum).name, "resume_with": hint}
         write(session, {**session.tracker.latest, **session.outcome, **stopped})

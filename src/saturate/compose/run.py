@@ -44,7 +44,7 @@ from saturate.config.naming import identity
 from saturate.config.schema import CheckpointConfig, RunConfig, validate
 from saturate.data.loader import loader_failure
 from saturate.errors import UserError
-from saturate.loop.engine import Control, Engine, Training, TrainState, Watch
+from saturate.loop.engine import Engine, Instruments, Limits, Training, TrainState
 from saturate.loop.evaluate import EvaluationError, Evaluator
 from saturate.loop.faults import NotRequeued, Preempted, StopSignal, TrainingDiverged
 from saturate.observe.environment import fingerprint
@@ -144,13 +144,13 @@ def _train(cfg: DictConfig | RunConfig, invocation: Invocation, objects: UserObj
         timer = StepTimer(device)
         view = _callback_view(run_dir, parts, checkpointing, dist, state, timer, resumed.lr_scale, invocation)
         monitor = ResourceMonitor(run.monitor.interval_s, device, enabled=run.monitor.enabled)
-        watch = Watch(tracker, timer, monitor, peak_memory(device), RunClock())
+        instruments = Instruments(tracker, timer, monitor, peak_memory(device), RunClock())
         hint = resume_hint(run.run_dir, dist.world_size, invocation)
         target = build_target(run, parts)
         limits = (run.trainer.max_epochs, run.trainer.max_steps)
-        control = Control(*limits, stop, dist, start_time, hint, target, origin=startup.origin)
+        ends = Limits(*limits, stop, dist, start_time, hint, target, origin=startup.origin)
         training, evaluator = _training(run, parts, device, dist), _evaluator(run, parts)
-        engine = Engine(training, evaluator, checkpointer, watch, observers, view, control)
+        engine = Engine(training, evaluator, checkpointer, instruments, observers, view, ends)
         if engine.finished(state):  # a finished run resumed: nothing to train
             return already_done(run, state, resumed.metrics, checkpointer.enabled, checkpointing.monitor)
         tracker.attach(view, parts.total_steps, state.step)
@@ -201,7 +201,7 @@ def _fit(session: Session, state: TrainState, attempt: Attempt) -> Metrics:
         with (
             logging_redirect_tqdm(),
             torch.autograd.set_detect_anomaly(session.config.trainer.detect_anomaly),
-            session.engine.watch.monitor,
+            session.engine.instruments.monitor,
         ):
             summary = session.engine.fit(state)
         metrics = finish(session, summary)
@@ -210,7 +210,7 @@ def _fit(session: Session, state: TrainState, attempt: Attempt) -> Metrics:
     except (Preempted, TrainingDiverged) as stopped:
         record = {**session.tracker.latest, **session.outcome, "status": "diverged"}
         if isinstance(stopped, Preempted):  # what stopped it and how it goes on (a sweep's report names them)
-            name, hint = signal.Signals(stopped.signum).name, session.engine.control.resume_hint
+            name, hint = signal.Signals(stopped.signum).name, session.engine.limits.resume_hint
             record.update(status="preempted", stopped_by=name, resume_with=hint)
         write(session, record)
         raise
@@ -274,7 +274,7 @@ def _evaluator(run: RunConfig, parts: Parts) -> Evaluator:
         interval=run.trainer.eval_interval,
         every=int(every),
         class_names=names,
-        also=test,
+        test_evaluator=test,
     )
 
 

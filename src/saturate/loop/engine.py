@@ -2,9 +2,10 @@
 
 It receives built objects, grouped by what they are for: what it trains (`Training`: the
 model, the step, the schedule, the batches), the evaluator and the checkpointer, what
-watches the run (`Watch`: the tracker with its loggers and progress bar, the step timer,
-the resource monitor, the peak-memory reader), the observers (callbacks), the `Run` they
-see, and how the run may end (`Control`: limits, the stop signal, the ranks). It never asks
+measures and records the run (`Instruments`: the tracker with its loggers and progress bar,
+the step timer, the resource monitor, the peak-memory reader), the observers (callbacks), the
+`Run` they see, and how the run may end (`Limits`: epochs and steps, the stop signal, the
+ranks, the target). It never asks
 which options built them.
 
 It touches the host only at log steps (the loss is summed on the device and read there),
@@ -84,8 +85,8 @@ class Training:
 
 
 @dataclass
-class Watch:
-    """What watches the run, at log steps only."""
+class Instruments:
+    """What measures and records the run, read at log steps only."""
 
     tracker: Tracker  # loggers (through the observers), progress bar, latest metrics
     timer: Timer
@@ -95,7 +96,7 @@ class Watch:
 
 
 @dataclass
-class Control:
+class Limits:
     """How the run may end: its limits, the stop signal, the ranks, and the command that resumes it."""
 
     max_epochs: int
@@ -134,29 +135,30 @@ class Engine:
         training: Training,
         evaluator: Evaluation,
         checkpointer: Checkpoints,
-        watch: Watch,
+        instruments: Instruments,
         observers: Observers,
         run: RunView,
-        control: Control,
+        limits: Limits,
     ):
-        self.training, self.evaluator, self.checkpointer, self.watch = training, evaluator, checkpointer, watch
-        self.observers, self.run, self.control = observers, run, control
-        self.guard, self.dist, self.tracker, self.timer = training.step.guard, control.dist, watch.tracker, watch.timer
+        self.training, self.evaluator, self.checkpointer = training, evaluator, checkpointer
+        self.instruments, self.observers, self.run, self.limits = instruments, observers, run, limits
+        self.guard, self.dist = training.step.guard, limits.dist
+        self.tracker, self.timer = instruments.tracker, instruments.timer
         # summed on the device, read at log steps
         self.loss_sum = torch.zeros((), device=next(training.model.parameters()).device)
         self.loss_count: int | torch.Tensor = 0  # a device count when steps decide on the device
         self.logged = False  # a training window logged in this process
         self.batch = None  # the last device batch (a reference: what a failed guard looks at)
         self.per_step = observers.has("on_train_batch_end") or observers.has("on_after_optimizer_step")
-        self.clock = watch.clock  # evaluation, checkpoints, logging: the run's time besides the steps
+        self.clock = instruments.clock  # evaluation, checkpoints, logging: the run's time besides the steps
         self.evaluated_at: int | None = None  # the step of the last evaluation (saved with it)
         self.evaluated_inside: dict[str, float] = {}  # this epoch's last evaluation inside it (trainer.eval_every)
-        training.step.on_host_read = watch.timer.host_read  # where the step waits for the device
+        training.step.on_host_read = instruments.timer.host_read  # where the step waits for the device
 
     def finished(self, state: TrainState) -> bool:
         """Whether `state` is already at max_epochs or max_steps (a finished run resumed)."""
-        c = self.control
-        return state.epoch >= c.max_epochs or 0 < c.max_steps <= state.step
+        limits = self.limits
+        return state.epoch >= limits.max_epochs or 0 < limits.max_steps <= state.step
 
     def stopping(self) -> bool:
         """Whether a callback asked the run to stop, on any rank (one small collective)."""
@@ -182,7 +184,7 @@ class Engine:
             if poll is not None:
                 poll()
         window = self.timer.run_window()
-        monitor = self.watch.monitor
+        monitor = self.instruments.monitor
         return Summary(
             last=dict(self.tracker.latest),
             counts=self.counts(),
@@ -217,7 +219,7 @@ class Engine:
             self.tracker.progress(state.step, state.epoch)
             evaluated = evaluated or self.evaluated_inside
             inside = self.evaluated_at if evaluated and self.evaluated_at != state.step else None
-            self.tracker.epoch_line(state.epoch, self.control.max_epochs, state.step, evaluated, inside, epoch_start)
+            self.tracker.epoch_line(state.epoch, self.limits.max_epochs, state.step, evaluated, inside, epoch_start)
             if last:
                 if self.run.stop_reason is not None or self.stopping():
                     self.run.request_stop("another rank's callback asked the run to stop")  # keeps rank 0's own reason
@@ -230,7 +232,7 @@ class Engine:
         if evaluated is None:
             self.halt(state, steps_per_epoch)  # saves, then raises Preempted
         self.tracker.log(evaluated, state.step)
-        test = self.evaluator.also
+        test = self.evaluator.test_evaluator
         if test is not None:
             with self.phase("evaluation"):
                 tested = test.run(self.run.eval_model)
@@ -250,20 +252,20 @@ class Engine:
         for at it (early stopping, the target)."""
         return (
             self.finished(state)
-            or (state.batch_in_epoch >= steps_per_epoch and state.epoch + 1 >= self.control.max_epochs)
+            or (state.batch_in_epoch >= steps_per_epoch and state.epoch + 1 >= self.limits.max_epochs)
             or self.run.stop_reason is not None
         )
 
     def timed_evaluation(self, evaluated: dict[str, float], step: int) -> None:
         """When the evaluation ended, and whether it met the target (target.stop: the run stops)."""
-        origin = self.control.origin if self.control.origin is not None else self.control.start_time
-        seconds, target = time.perf_counter() - origin, self.control.target
+        origin = self.limits.origin if self.limits.origin is not None else self.limits.start_time
+        seconds, target = time.perf_counter() - origin, self.limits.target
         timed = {names.EVAL_AT_S: seconds}
         if target is not None and target.met(evaluated, step, seconds):
             timed.update(target.metrics())
-            log.info("target %s met at step %d, %.1f s after the start", target.said(), step, seconds)
+            log.info("target %s met at step %d, %.1f s after the start", target, step, seconds)
             if target.stop:
-                self.run.request_stop(f"target {target.said()} met")
+                self.run.request_stop(f"target {target} met")
         self.tracker.log(timed, step)
 
     def evaluate_inside(self, state: TrainState, steps_per_epoch: int) -> bool:
@@ -303,7 +305,7 @@ class Engine:
             signalled, failed, requested = self.halting(state.step)
             if signalled or failed:
                 self.halt(state, steps_per_epoch)
-            if requested or 0 < self.control.max_steps <= state.step:
+            if requested or 0 < self.limits.max_steps <= state.step:
                 return
 
     def to_device(self, batch, step: int):
@@ -329,8 +331,10 @@ class Engine:
                 self.tracker.log(self.progress(state, steps_per_epoch), state.step)
                 self.logged = True
             return
-        if self.watch.monitor.phase == "start-up":  # the first window (workers starting, caches, compilation) is over
-            self.watch.monitor.phase = "train"
+        if (
+            self.instruments.monitor.phase == "start-up"
+        ):  # the first window (workers starting, caches, compilation) is over
+            self.instruments.monitor.phase = "train"
         self.guard.read()
         count = int(self.loss_count)  # steps applied (a device count when steps decide on the device)
         train_loss = self.loss_sum.item() / count if count else float("nan")
@@ -338,7 +342,7 @@ class Engine:
         metrics = {
             **shared,
             **self.progress(state, steps_per_epoch),
-            **self.watch.monitor.window(),  # gpu/*, cpu/*: averages of the samples in this window
+            **self.instruments.monitor.window(),  # gpu/*, cpu/*: averages of the samples in this window
             **self.tracker.changed(self.counts()),
         }
         self.loss_sum.zero_()
@@ -354,8 +358,8 @@ class Engine:
             names.TRAIN_LR: self.training.scheduler.get_last_lr()[0],
             names.EPOCH: state.epoch + state.batch_in_epoch / steps_per_epoch,
             names.STEP: state.step,
-            names.PEAK_MB: self.watch.memory(),
-            names.WALL_S: time.perf_counter() - self.control.start_time,
+            names.PEAK_MB: self.instruments.memory(),
+            names.WALL_S: time.perf_counter() - self.limits.start_time,
         }
 
     def counts(self) -> dict[str, float]:
@@ -380,7 +384,7 @@ class Engine:
     def phase(self, name: str):
         """Evaluation or a checkpoint: its time counted apart (RunClock), and the resource
         samples taken meanwhile kept out of the steady state's figures."""
-        monitor = self.watch.monitor
+        monitor = self.instruments.monitor
         before, monitor.phase = monitor.phase, name
         try:
             with self.clock.timing(name):
@@ -392,7 +396,7 @@ class Engine:
         """A preemption signal during evaluation, in one process. (Across ranks the flag is
         agreed at log steps; ranks evaluate different numbers of batches, so a collective
         between them cannot be placed inside evaluation.)"""
-        return self.control.stop.requested is not None and self.dist.world_size == 1
+        return self.limits.stop.requested is not None and self.dist.world_size == 1
 
     def halting(self, step: int) -> tuple[bool, bool, bool]:
         """(a stop signal, too many non-finite steps, a callback's stop request), agreed across
@@ -400,7 +404,7 @@ class Engine:
         steps (the log interval), in one process every step."""
         if step % self.dist.check_every:
             return False, False, False
-        flags = (self.control.stop.requested is not None, self.guard.failed, self.run.stop_reason is not None)
+        flags = (self.limits.stop.requested is not None, self.guard.failed, self.run.stop_reason is not None)
         signalled, failed, asked = self.dist.any_of(flags)
         return signalled, failed, asked
 
@@ -424,11 +428,11 @@ class Engine:
                 self.save(state, {})
             self.dist.barrier()  # no rank leaves before rank 0 has saved
             raise self.guard.error(
-                state.step, self.checkpointer.last_good(), self.control.resume_hint, data=self.nonfinite_data()
+                state.step, self.checkpointer.last_good(), self.limits.resume_hint, data=self.nonfinite_data()
             )
         seconds = self.save(state, {})
         self.dist.barrier()  # torchrun kills the others as soon as one rank exits
-        signum = self.control.stop.requested or signal.SIGTERM  # a rank that heard nothing follows the others
+        signum = self.limits.stop.requested or signal.SIGTERM  # a rank that heard nothing follows the others
         name = signal.Signals(signum).name
         if self.dist.is_main:
             log.warning(
@@ -439,6 +443,6 @@ class Engine:
                 state.batch_in_epoch,
                 self.checkpointer.last_path,
                 seconds,
-                self.control.resume_hint,
+                self.limits.resume_hint,
             )
         raise Preempted(signum)

@@ -47,7 +47,7 @@ def joined(arrays: list):
 
 class Evaluator:
     """A split's evaluation, and when it is due: every `interval`-th epoch, or every `every`
-    optimizer steps (inside the epoch) when that is set; always after the last. `also`: the
+    optimizer steps (inside the epoch) when that is set; always after the last. `test_evaluator`: the
     test split's evaluator, run at every evaluation too (trainer.eval_test)."""
 
     def __init__(
@@ -60,10 +60,10 @@ class Evaluator:
         every: int = 0,
         split: str = "val",
         class_names: list[str] | None = None,
-        also: Evaluator | None = None,
+        test_evaluator: Evaluator | None = None,
     ):
         self.batches, self.precision, self.task, self.interval, self.split = batches, precision, task, interval, split
-        self.every, self.also, self.class_names = every, also, class_names
+        self.every, self.test_evaluator, self.class_names = every, test_evaluator, class_names
         self.matrices: dict[str, torch.Tensor] = {}  # the last evaluation's matrix results (confusion), on the CPU
         self.preview: torch.Tensor | None = None  # images the task drew of the first batch (segmentation), on the CPU
 

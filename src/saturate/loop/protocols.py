@@ -138,7 +138,7 @@ class Evaluation(Protocol):
     preview: Any  # images the task drew of the first batch (a tensor), or None
 
     @property
-    def also(self) -> Evaluation | None:
+    def test_evaluator(self) -> Evaluation | None:
         """A second split evaluated beside this one (test at every evaluation)."""
 
     def due(self, epoch: int, last: bool) -> bool: ...

@@ -29,7 +29,8 @@ class Target:
             return True
         return False
 
-    def said(self) -> str:
+    def __str__(self) -> str:
+        """The aim in words: `val/acc >= 0.95`."""
         return f"{self.metric} {'>=' if self.mode == 'max' else '<='} {self.value:g}"
 
     def metrics(self) -> dict[str, float]:
