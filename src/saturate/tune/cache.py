@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -76,7 +76,7 @@ def _target_runs_valid(runs, medians) -> bool:
 
 
 def cache_key(cfg: DictConfig, tuner: Tuner) -> dict:
-    config = OmegaConf.to_container(cfg, resolve=True)
+    config = cast("dict[str, Any]", OmegaConf.to_container(cfg, resolve=True))  # a DictConfig's is a dict
     for key in ("run_dir", "name"):
         config.pop(key, None)
     config["tune"] = {k: v for k, v in config["tune"].items() if k not in ("enabled", "preset", "cache")}
@@ -115,10 +115,7 @@ def measure_or_reuse(tuner: Tuner, cache: Cache, key: dict, cfg) -> None:
         except KeyboardInterrupt:
             tuner.interrupted = True
             if tuner.best is not None:
-                tuner.rate, tuner.speedup = (
-                    tuner.best.samples_per_s,
-                    tuner.best.samples_per_s / tuner.results[0].samples_per_s,
-                )
+                tuner.rate, tuner.speedup = tuner.best.speed(), tuner.best.speed() / tuner.results[0].speed()
         if tuner.best is None:
             raise UserError("tune: interrupted before the starting config was measured; nothing to write")
         if not tuner.interrupted:

@@ -4,6 +4,7 @@ candidate writes, what a tune may write at all, and override lists merged key by
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 INPUT = ("augmentation", "resident", "num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
 COMPUTE = ("channels_last", "compile", "cudnn", "precision", "batch_size")
@@ -97,7 +98,7 @@ def tunable(change: str, extra: list[str]) -> bool:
     return bool(eq) and (pattern is not None and re.fullmatch(pattern, value) is not None or change in extra)
 
 
-def merged(*override_lists: list[str]) -> list[str]:
+def merged(*override_lists: Iterable[str]) -> list[str]:
     """Override lists applied in order, one entry per key (a later value replaces an
     earlier one in place), so Hydra never sees a key twice."""
     out: dict[str, str] = {}

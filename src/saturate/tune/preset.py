@@ -7,6 +7,7 @@ import os
 import re
 from datetime import datetime
 from pathlib import Path
+from typing import cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
@@ -38,7 +39,8 @@ def preset_path(cfg: DictConfig, invocation: Invocation) -> Path:
 def preset_text(start: list[str], changes: list[str], groups: set[str], header: str) -> str:
     """A `# @package _global_` experiment holding `start` and then `changes` (overrides):
     group choices as defaults-list overrides, keys as values."""
-    defaults, values = [], OmegaConf.create({})
+    defaults: list[str | dict[str, object]] = []
+    values = OmegaConf.create({})
     parser = OverridesParser.create()
     for o in parser.parse_overrides(merged(start, changes)):
         key = o.key_or_group
@@ -115,7 +117,8 @@ def reproduce(preset: Path, searchpath: list[str]) -> str:
     command = "saturate train" if os.environ.get(SCRIPT) == TRAIN_COMMAND else "python train.py"
     if preset.parent.name != "experiment":
         return f"copy it to <a config dir>/experiment/, then {command} experiment={preset.stem}"
-    dirs = [str(d) for o in OverridesParser.create().parse_overrides(searchpath) for d in (o.value() or [])]
+    given = [cast("list[str]", o.value() or []) for o in OverridesParser.create().parse_overrides(searchpath)]
+    dirs = [str(d) for value in given for d in value]  # hydra.searchpath's value is a list
     root = preset.parent.parent.resolve()
     found = (CONF, (Path.cwd() / "conf").resolve())  # saturate's own groups, the project's by convention
     if root not in found and not any(

@@ -74,7 +74,7 @@ def _rows(results: list[Result], start: Result) -> Iterator[str]:
             str(r.number),
             "`" + (" ".join(r.changes) or "(start)") + "`",
             f"{r.samples_per_s:,.0f}" if ok else "-",
-            f"{r.samples_per_s / start.samples_per_s:.2f}x" if ok else "-",
+            f"{r.speed() / start.speed():.2f}x" if ok else "-",
             f"{r.data_wait:.0%}" if ok else "-",
             f"{r.gpu_util:.0f}%" if r.gpu_util is not None else "-",
             f"{r.peak_mb:,.0f}" if r.peak_mb is not None else "-",
@@ -91,6 +91,7 @@ def _to_target_lines(tuner: Tuner) -> list[str]:
     start_s, best_s = tuner.to_target_s
     said = lambda seconds: f"{seconds:.1f} s" if seconds is not None else "not met"  # noqa: E731
     runs = tuner.target_runs
+    assert runs is not None, "the medians to the target come with the runs behind them"
     seeds = ", ".join(map(str, runs["seeds"]))
     each = lambda times: ", ".join(said(t) for t in times)  # noqa: E731
     figures = (

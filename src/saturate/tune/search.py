@@ -70,15 +70,16 @@ class Tuner(Trials):
         machine, and the first ran in a cold process): the speed-up is the median of the
         rounds' ratios (paired: a machine that slows down slows both sides of a round), and a
         winner that does not keep more than `min_gain` of it is dropped."""
-        start = self.results[0]
-        self.rate, self.speedup = self.best.samples_per_s, self.best.samples_per_s / start.samples_per_s
-        if self.best is start:
+        start, best = self.results[0], self.best
+        assert best is not None, "the confirmation follows the search, which measured the start"
+        self.rate, self.speedup = best.speed(), best.speed() / start.speed()
+        if best is start:
             return
-        starts, bests = [start.samples_per_s], [self.best.samples_per_s]
+        starts, bests = [start.speed()], [best.speed()]
         for _ in range(CONFIRM_ROUNDS):
             if not self.affordable(reserve=1):
                 break
-            again = []
+            again: list[Result] = []
             for base in ([], self.changes):  # one after the other; an interrupt in the first stops at once
                 if again and self.stopping():  # the pair's second: none after a stop
                     break
@@ -92,7 +93,7 @@ class Tuner(Trials):
                 break
             for r, rates in zip(again, (starts, bests), strict=True):
                 r.outcome = "again"
-                rates.append(r.samples_per_s)
+                rates.append(r.speed())
         if len(starts) == 1:
             return
         ratios = [b / s for s, b in zip(starts, bests, strict=True)]
@@ -100,13 +101,8 @@ class Tuner(Trials):
         self.speedup, self.confirmed, self.rate = statistics.median(ratios), True, best_rate
         if self.speedup <= 1 + self.tune.min_gain:
             log.info("tune: measured again, the fastest is %.2fx the starting config: not kept", self.speedup)
-            self.best.outcome, self.best, self.changes, self.speedup, self.rate = (
-                "not confirmed",
-                start,
-                [],
-                1.0,
-                start_rate,
-            )
+            best.outcome = "not confirmed"
+            self.best, self.changes, self.speedup, self.rate = start, [], 1.0, start_rate
 
     def to_target(self) -> None:
         """The start and the fastest, each trained to the target (the user's own epochs and
@@ -144,10 +140,11 @@ class Tuner(Trials):
             return
         if best_s is None or (start_s is not None and best_s > start_s):
             log.info("tune: the fastest met the target later than the starting config, or not at all: not kept")
+            assert self.best is not None, "the runs to the target follow the search, which measured the start"
             self.dropped = self.changes
             self.best.outcome = "later to the target" if best_s is not None else "target not met"
             self.best, self.changes = self.results[0], []
-            self.speedup, self.rate = 1.0, self.results[0].samples_per_s
+            self.speedup, self.rate = 1.0, self.results[0].speed()
 
     def holds(self, result: Result, rival: Result | None) -> bool:
         """A candidate that measured faster than `rival` (None: the best config so far) is
@@ -157,7 +154,7 @@ class Tuner(Trials):
         if not self.affordable(reserve=3):
             return True  # no room: one trial decides, as the table's single figures say
         rival_changes = merged(self.changes, rival.changes) if rival is not None else self.changes
-        again = []
+        again: list[Result] = []
         for base in (rival_changes, merged(self.changes, result.changes)):  # an interrupt in the first stops at once
             if again and self.stopping():  # the pair's second: none after a stop
                 return False
@@ -165,12 +162,13 @@ class Tuner(Trials):
             again[-1].outcome = again[-1].outcome or "recheck"
             if again[-1].status != "ok":
                 return False
-        return again[1].samples_per_s > again[0].samples_per_s * (1 + self.tune.min_gain)
+        return again[1].speed() > again[0].speed() * (1 + self.tune.min_gain)
 
     def try_dimension(self, dimension: str, options: list[list[str]]) -> None:
         """Try each option in order on top of the best config; keep the best that pays. An
         ordered dimension stops at the first option that does not beat the one before."""
-        best_here = None
+        assert self.best is not None, "a dimension is tried on top of the best trial so far"
+        best_here: Result | None = None
         for changes in options:
             if not self.affordable():
                 return
@@ -182,7 +180,7 @@ class Tuner(Trials):
                 best_here = result
                 result.outcome = "faster"
             else:
-                slower = result.samples_per_s < self.best.samples_per_s
+                slower = result.speed() < self.best.speed()
                 result.outcome = "not held when measured again" if faster else "slower" if slower else "no gain"
                 if faster and self.interrupted:  # its recheck was cut short by a stop
                     result.outcome = "faster once; stopped before measured again"
@@ -209,6 +207,7 @@ def tune(cfg: DictConfig, invocation: Invocation | None) -> Metrics:
         raise UserError("tune.enabled=true: tune runs its own trials; run it without -m (saturate train tune=true ...)")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("tune.enabled=true: run it as one process (saturate train tune=true), not under torchrun")
+    assert invocation.output_dir is not None, "a command's invocation names its run dir"
     run_dir = Path(invocation.output_dir)
     tuner = Tuner(cfg, invocation, run_dir)
     preset = preset_path(cfg, invocation)

@@ -180,7 +180,7 @@ class Trials:
         perf_counter time), train it to the target instead, stopped there at the latest, with
         `seed` (trainer.seed) when given."""
         number, explicit = len(self.results), base is not None
-        base = base if explicit else self.changes
+        base = base if base is not None else self.changes
         result = Result(number, merged(base, changes) if explicit else changes, seed=seed)
         overrides = merged(self.start_overrides, base, changes, [f"trainer.seed={seed}"] if seed is not None else [])
         trial_dir = self.run_dir / "trials" / f"{number:02d}{_trial_name(result.changes, until is not None, seed)}"
