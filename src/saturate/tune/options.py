@@ -39,8 +39,8 @@ def candidates(dimension: str, facts: dict, *, allow: list[str], cuda: bool) -> 
         if cuda:
             return [[f"loader.num_workers={n}"] for n in more]
         # on a CPU the workers and torch's intra-op threads share the cores: each worker count
-        # is tried with the threads that leave it its core (2 cores: 1 worker beside 2 threads
-        # measured 0.81x; issue 35)
+        # is tried with the threads that leave it its core (a worker beside as many threads as
+        # there are cores slows the step it was meant to feed)
         return [[f"loader.num_workers={n}", f"device.threads={max(1, cpus - n) if n else 'auto'}"] for n in more]
     if dimension == "persistent_workers":
         return [["loader.persistent_workers=true"]] if workers > 0 and not f["persistent_workers"] else []

@@ -109,10 +109,10 @@ class Tuner(Trials):
         evaluations) once per seed of tune.target_seeds (trainer.seed, +1, ...), alternating,
         within the rest of tune.budget_s (both runs of a seed the same cap: an equal share of
         what is left as the pair starts; a run stopped by it counts as never). One run each
-        cannot rank them: the time to a figure moves with the seed (the segmentation example met
-        Dice 0.7 between 24.9 and 52.2 s over five seeds). The fastest is dropped when its median
-        time over the seeds is longer than the start's, a seed that did not meet the target (or
-        failed) counting as never; when neither met it at the median, samples/s decide."""
+        cannot rank them: the time to a figure moves with the seed (twice as long from one seed to
+        another is not rare). The fastest is dropped when its median time over the seeds is
+        longer than the start's, a seed that did not meet the target (or failed) counting as
+        never; when neither met it at the median, samples/s decide."""
         left = lambda: self.tune.budget_s - (time.perf_counter() - self.started)  # noqa: E731
         seeds = [self.seed + i for i in range(self.tune.target_seeds)]
         times: tuple[list, list] = ([], [])  # the start's and the fastest's, per seed
@@ -149,8 +149,8 @@ class Tuner(Trials):
     def holds(self, result: Result, rival: Result | None) -> bool:
         """A candidate that measured faster than `rival` (None: the best config so far) is
         measured again, back to back with it, when the budget allows: one trial can be an
-        outlier on a shared machine (a batch of 128 once measured 3,609 samples/s between
-        sizes at 50 and 341). Kept when the second pair agrees; the rows say "recheck"."""
+        outlier on a shared machine, many times the figures of its neighbours. Kept when the
+        second pair agrees; the rows say "recheck"."""
         if not self.affordable(reserve=3):
             return True  # no room: one trial decides, as the table's single figures say
         rival_changes = merged(self.changes, rival.changes) if rival is not None else self.changes
