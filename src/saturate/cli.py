@@ -51,8 +51,9 @@ def describe(error: CompactHydraException, argv: list[str]) -> str:
     if isinstance(error, OverrideParseException):
         return f"{error.override}: {str(error).strip()}"
     cause = error.__cause__
-    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
-        key, value = cause.full_key, _given(cause.full_key, argv)
+    key = getattr(cause, "full_key", None)  # an OmegaConf error raised before its key was known has none
+    if isinstance(cause, OmegaConfBaseException) and key:
+        value = _given(key, argv)
         if key in REMOVED:
             return str(Problem(key, value, REMOVED[key]))
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):

@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig
@@ -147,16 +148,16 @@ def help_text(argv: list[str]) -> str:
     project = use_project_conf()
     dirs = [conf, *([project] if project is not None else [])]
     for override in OverridesParser.create().parse_overrides([a for a in argv if a.startswith("hydra.searchpath=")]):
-        dirs += [
-            Path(str(d).removeprefix("file://")) for d in (override.value() or []) if not str(d).startswith("pkg://")
-        ]
+        given = cast("list[str]", override.value() or [])  # hydra.searchpath's value is a list
+        dirs += [Path(str(d).removeprefix("file://")) for d in given if not str(d).startswith("pkg://")]
     groups: dict[str, set[str]] = {}
     for folder in dirs:
         for group in (g for g in folder.glob("*") if g.is_dir() and g.name != "hydra"):
             groups.setdefault(group.name, set()).update(f.stem for f in group.glob("*.yaml"))
     listed = "\n".join(f"{name}: {', '.join(sorted(options))}" for name, options in sorted(groups.items()))
     help_cfg = OmegaConf.create({"hydra": {"help": OmegaConf.load(conf / "saturate.yaml").hydra.help}})
-    template = OmegaConf.to_container(help_cfg, resolve=True)["hydra"]["help"]["template"]
+    container = cast("dict[str, Any]", OmegaConf.to_container(help_cfg, resolve=True))  # a DictConfig's is a dict
+    template = container["hydra"]["help"]["template"]
     return string.Template(template).safe_substitute(APP_CONFIG_GROUPS=listed)
 
 
@@ -175,6 +176,7 @@ def task(cfg: DictConfig):
     invocation = from_hydra()  # how this run was started, read once; passed down from here
     project = os.environ.get(PROJECT_ENV)
     log.info("config: %s", f"the project config dir {project}, then saturate's" if project else "saturate's")
+    assert invocation is not None, "task() is a Hydra app's task: Hydra is running"
     try:
         try:
             _check_launcher(invocation)
@@ -219,6 +221,7 @@ def _launched(cfg: DictConfig, count: int, invocation: Invocation):
     )
     if _answering:  # the processes answer mistakes in one line too (run() set HYDRA_FULL_ERROR for itself)
         os.environ.pop("HYDRA_FULL_ERROR", None)
+    assert invocation.output_dir is not None, "Hydra names each job's output dir"
     try:
         metrics = Metrics(launch(count, invocation.command_line(), invocation.output_dir))
     finally:
