@@ -63,7 +63,7 @@ def run(main: Callable[[], object], app: str | None = None) -> None:
     sys.argv[1:] = [shorthand(arg) for arg in sys.argv[1:]]
     single = not {"-m", "--multirun"} & set(sys.argv[1:])
     if single:  # a multirun's parent may wait on a launcher for hours
-        pause_collector()  # no collector passes over the start-up's imports (saturate.started): about 1 s
+        pause_collector()  # no collector passes over the start-up's imports (saturate.started)
     reach("main")  # from here to task(): Hydra's work, the start-up's "hydra" span
     try:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -126,8 +126,8 @@ def _answered(main: Callable[[], object]) -> None:
 
 def _freeze_at_exit() -> None:
     """Spare the interpreter freeing every object one by one at exit: with torch, dynamo,
-    torchmetrics and scipy loaded, about 480k objects; a run's process ended 1.0 s after its
-    last line, 0.4 s with this, on a 2-core CPU. What is already garbage is collected first;
+    torchmetrics and scipy loaded, hundreds of thousands of them, which keeps a finished run's
+    process alive well after its last line. What is already garbage is collected first;
     Python does not promise to finalize objects still alive at exit, and every atexit handler
     still runs."""
     gc.collect()
@@ -137,8 +137,8 @@ def _freeze_at_exit() -> None:
 def help_text(argv: list[str]) -> str:
     """train.py's --help: the template in conf/config.yaml with the config groups and their
     options, read from the config dirs (saturate's conf/ and any hydra.searchpath on the
-    command line). Hydra's own --help builds the same list by composing a config per group
-    (a second on a 2-core CPU); listing the folders takes milliseconds."""
+    command line). Hydra's own --help builds the same list by composing a config per group,
+    which is slow to answer; listing the folders takes milliseconds."""
     import string
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
