@@ -79,14 +79,14 @@ def test_the_working_dir_goes_on_sys_path_only_when_it_holds_a_project(tmp_path,
     import os
     import sys
 
-    from saturate.cli import _project_first
+    from saturate.cli import project_first
     from saturate.config.dirs import PROJECT_ENV
 
     monkeypatch.delenv(PROJECT_ENV, raising=False)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.chdir(tmp_path)
-    _project_first()
+    project_first()
     assert str(tmp_path) not in sys.path and PROJECT_ENV not in os.environ
     (tmp_path / "conf").mkdir()
-    _project_first()
+    project_first()
     assert sys.path[0] == str(tmp_path) and os.environ[PROJECT_ENV] == str((tmp_path / "conf").resolve())

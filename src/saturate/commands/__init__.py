@@ -1,2 +1,3 @@
-"""The `saturate` command's tools besides training, evaluating and exporting: one module a
-command, each with `main(argv)` (saturate.cli.command dispatches to them)."""
+"""The `saturate` command's commands, one module each: train (train.py's too), eval and export (their
+own flags and action; saturate.cli holds what the two share), and the tools, each with `main(argv)`
+(saturate.cli.command dispatches to them)."""

@@ -1,0 +1,24 @@
+"""`saturate eval CHECKPOINT [overrides ...]`: a checkpoint evaluated on the val or test split.
+saturate.cli parses the arguments the checkpoint commands share, composes the config and
+answers a mistake in one line; here are eval's own flags and the evaluation."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--split", choices=["val", "test"], default="val", help="the data's split to evaluate")
+    p.add_argument("--name", default=None, help="the metrics' prefix (a new test set: name/acc); default: split")
+    p.add_argument("--predict", action="store_true", help="also write predictions/<name>.npz (numpy.load)")
+
+
+def run_on(cfg: DictConfig, path: Path, args: argparse.Namespace, out: Path) -> int:
+    """The checkpoint at `path` evaluated with `cfg`; its metrics (and predictions) in `out`."""
+    from saturate.compose.evaluation import evaluate_checkpoint
+
+    evaluate_checkpoint(cfg, path, split=args.split, name=args.name, out=out, predict=args.predict)
+    return 0
