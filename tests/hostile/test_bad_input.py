@@ -807,7 +807,7 @@ import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails with EFBIG, as on a full disk
 resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
 from pathlib import Path
-from saturate.parts.rundir import write_json
+from saturate.record import write_json
 try:
     write_json(Path(sys.argv[1]) / "metrics.json", {"status": "completed", "val/acc": 0.5, "pad": "x" * 200})
 except Exception as e:

@@ -22,7 +22,7 @@ from saturate.observe.monitor import Analysis, analyse, open_nvml, read_gpu, vis
 FIELDS = ["time", "gpu", "util", "mem_used_mb", "power_w", "temp_c", "sm_clock_mhz"]
 
 
-def shown(values: dict, key: str, width: int, spec: str) -> str:
+def cell(values: dict, key: str, width: int, spec: str) -> str:
     """A figure right-aligned in `width`, or '-' where NVML refused it."""
     return format(values[key], spec).rjust(width) if key in values else "-".rjust(width)
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
-    out = open(args.csv, "w", newline="") if args.csv else None
+    out = open(args.csv, "w", newline="") if args.csv else None  # noqa: SIM115 (closed in the finally below)
     writer = csv.DictWriter(out, FIELDS) if out else None
     if writer:
         writer.writeheader()
@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
                 if "util" in v:
                     util[index].append(v["util"])
                 print(
-                    f"{now}  gpu{index}  util {shown(v, 'util', 3, ',.0f')}%  mem "
-                    f"{shown(v, 'mem_used_mb', 8, ',.0f')} MB  power {shown(v, 'power_w', 5, '.0f')} W  temp "
-                    f"{shown(v, 'temp_c', 3, '.0f')} C  sm {shown(v, 'sm_clock_mhz', 5, ',.0f')} "
+                    f"{now}  gpu{index}  util {cell(v, 'util', 3, ',.0f')}%  mem "
+                    f"{cell(v, 'mem_used_mb', 8, ',.0f')} MB  power {cell(v, 'power_w', 5, '.0f')} W  temp "
+                    f"{cell(v, 'temp_c', 3, '.0f')} C  sm {cell(v, 'sm_clock_mhz', 5, ',.0f')} "
                     "MHz",
                     flush=True,
                 )

@@ -25,7 +25,7 @@ from pathlib import Path
 from saturate import record as run_record
 from saturate.config.registration import UNSET_RUN_DIR
 from saturate.errors import ConfigError, UserError, shown
-from saturate.record import RunRecord, write_json  # noqa: F401 (write_json: where callers found it)
+from saturate.record import RunRecord
 from saturate.scale.ranks import rank_zero
 
 log = logging.getLogger(__name__)

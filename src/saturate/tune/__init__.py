@@ -38,8 +38,8 @@ record (the table, tune.md, tune.json and the TensorBoard text).
 # what other modules and the tests import from saturate.tune
 from saturate.tune.cache import valid_entry
 from saturate.tune.options import COMPUTE, candidates, merged, side_order
+from saturate.tune.outputs import _to_target_lines, render
 from saturate.tune.preset import ours, preset_path, preset_text, reproduce
-from saturate.tune.record import _to_target_lines, render
 from saturate.tune.search import Tuner, tune
 from saturate.tune.trials import Measured, Result, fresh_compile_state
 

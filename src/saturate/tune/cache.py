@@ -32,7 +32,7 @@ def valid_entry(entry: dict, extra: list[str]) -> bool:
     that trained, changes a tune can make, and figures that match its confirmation (at least
     one measured pair behind `confirmed`)."""
     fields = {f.name for f in dataclasses.fields(Result)}
-    tunable_list = lambda x: isinstance(x, list) and all(isinstance(c, str) and tunable(c, extra) for c in x)  # noqa: E731
+    tunable_list = lambda x: isinstance(x, list) and all(isinstance(c, str) and tunable(c, extra) for c in x)
     results = entry.get("results")
     if not (isinstance(results, list) and results and all(isinstance(r, dict) and set(r) == fields for r in results)):
         return False
@@ -68,7 +68,7 @@ def _target_runs_valid(runs, medians) -> bool:
     seeds = runs["seeds"]
     if not (isinstance(seeds, list) and seeds and all(isinstance(x, int) and not isinstance(x, bool) for x in seeds)):
         return False
-    time_ok = lambda t: t is None or isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0  # noqa: E731
+    time_ok = lambda t: t is None or isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0
     sides = (runs["start"], runs["fastest"])
     if not all(isinstance(t, list) and len(t) == len(seeds) and all(map(time_ok, t)) for t in sides):
         return False

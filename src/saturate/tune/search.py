@@ -20,8 +20,8 @@ from saturate.errors import UserError
 from saturate.parts.batch_size import Cache
 from saturate.tune.cache import cache_key, measure_or_reuse, valid_entry
 from saturate.tune.options import candidates, merged, side_order
+from saturate.tune.outputs import record_tune
 from saturate.tune.preset import ours, preset_path
-from saturate.tune.record import record_tune
 from saturate.tune.trials import Result, Trials, median_time
 
 log = logging.getLogger("saturate.tune")  # one logger for the whole tune, whichever module writes a line
@@ -113,7 +113,7 @@ class Tuner(Trials):
         another is not rare). The fastest is dropped when its median time over the seeds is
         longer than the start's, a seed that did not meet the target (or failed) counting as
         never; when neither met it at the median, samples/s decide."""
-        left = lambda: self.tune.budget_s - (time.perf_counter() - self.started)  # noqa: E731
+        left = lambda: self.tune.budget_s - (time.perf_counter() - self.started)
         seeds = [self.seed + i for i in range(self.tune.target_seeds)]
         times: tuple[list, list] = ([], [])  # the start's and the fastest's, per seed
         for i, seed in enumerate(seeds):

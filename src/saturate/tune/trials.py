@@ -5,7 +5,6 @@ it measured read back from its run dir."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import shutil
@@ -19,6 +18,7 @@ from hydra import compose
 from omegaconf import DictConfig, open_dict
 
 from saturate import names
+from saturate import record as run_record
 from saturate.compose.build import UserObjects
 from saturate.compose.run import train
 from saturate.config.invocation import Invocation, is_setting, key_of
@@ -26,7 +26,7 @@ from saturate.config.naming import slug
 from saturate.loop.faults import Preempted, StopSignal, TrainingDiverged
 from saturate.observe.report import MIN_STEPS
 from saturate.tune.options import merged
-from saturate.tune.record import write_tensorboard
+from saturate.tune.outputs import write_tensorboard
 
 log = logging.getLogger("saturate.tune")  # one logger for the whole tune, whichever module writes a line
 
@@ -235,7 +235,10 @@ class Trials:
         return result
 
     def _read(self, result: Result, trial_dir: Path, settings: dict) -> None:
-        m = json.loads((trial_dir / "metrics.json").read_text())
+        done = run_record.load(trial_dir)  # Unreadable: the trial failed, with the reason
+        if done is None:
+            raise FileNotFoundError(f"the trial left no {run_record.path(trial_dir)}")
+        m = done.entries
         result.samples_per_s, result.data_wait = m[names.SAMPLES_PER_S], m[names.DATA_WAIT_FRAC]
         result.gpu_util, result.peak_mb = m.get(names.GPU_UTIL_MEAN), m.get(names.PEAK_MB)
         result.verdict, result.facts, result.batch_size = m["verdict"], {**m["facts"], **settings}, m["batch_size"]

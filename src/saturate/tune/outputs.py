@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from saturate.parts.rundir import write_json
+from saturate.record import write_json
 from saturate.tune.preset import reproduce, write_preset
 
 if TYPE_CHECKING:
@@ -89,11 +89,11 @@ def _to_target_lines(tuner: Tuner) -> list[str]:
     if tuner.to_target_s is None:
         return []
     start_s, best_s = tuner.to_target_s
-    said = lambda seconds: f"{seconds:.1f} s" if seconds is not None else "not met"  # noqa: E731
+    said = lambda seconds: f"{seconds:.1f} s" if seconds is not None else "not met"
     runs = tuner.target_runs
     assert runs is not None, "the medians to the target come with the runs behind them"
     seeds = ", ".join(map(str, runs["seeds"]))
-    each = lambda times: ", ".join(said(t) for t in times)  # noqa: E731
+    each = lambda times: ", ".join(said(t) for t in times)
     figures = (
         f"the starting config {each(runs['start'])} (median {said(start_s)}), "
         f"the fastest {each(runs['fastest'])} (median {said(best_s)})"
