@@ -155,7 +155,7 @@ def ctrl_c_reaches_us():
     """Python's own SIGINT handler while the test sends Ctrl-C (to itself, or to a child,
     which then starts with SIGINT at its default): a suite started in the background of a
     non-interactive shell inherits SIGINT ignored, a child process inherits that, and a run
-    keeps an ignored SIGINT ignored (tests/parts/test_resume.py), so the interrupt would
+    keeps an ignored SIGINT ignored (tests/checkpoint/test_resume.py), so the interrupt would
     never arrive."""
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield

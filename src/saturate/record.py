@@ -3,7 +3,7 @@ preempted, diverged), every figure under the names of saturate.names, how the ru
 the verdict and the facts it was judged on, and for a stopped run how it goes on.
 
 This module is the one that writes the file and reads it back: the run (saturate.compose),
-a failure's record (saturate.parts.rundir), `saturate eval`, tune, the sweep report, the
+a failure's record (saturate.checkpoint.rundir), `saturate eval`, tune, the sweep report, the
 launchers and the trackers go through `RunRecord`. The file stays a flat JSON object, its
 keys as docs/outputs.md lists them, so that any tool can read it too.
 """

@@ -18,8 +18,8 @@ import saturate
 from saturate.commands.make_image_folder import write_digits
 from saturate.data.image_folder import load_image_folder
 from saturate.data.shards import load_shards
+from tests.checkpoint.test_resume import EXACT, final_weights, interrupted_then_resumed, step_losses
 from tests.conftest import python, read_metrics
-from tests.parts.test_resume import EXACT, final_weights, interrupted_then_resumed, step_losses
 
 pytest.importorskip("wids")
 

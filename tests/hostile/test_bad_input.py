@@ -370,7 +370,7 @@ def test_cuda_requested_without_cuda(make_cfg):
 
 def test_a_folder_in_a_checkpoints_place_is_named_and_nothing_said_intact(tmp_path):
     """Red team round 4, c108: best.pt a folder said "the previous one is intact"."""
-    from saturate.parts.checkpoint import CheckpointError, atomic_save
+    from saturate.checkpoint.files import CheckpointError, atomic_save
 
     (tmp_path / "best.pt").mkdir()
     with pytest.raises(CheckpointError) as err:
@@ -863,12 +863,12 @@ HOSTILE_CASES = {
         "config/test_invocation.py::test_tune_trials_compose_with_the_users_config_dir",
     ],
     "4 a fresh run into a finished run's dir; a mistake while resuming": [
-        "parts/test_rundir.py::test_a_fresh_run_into_a_finished_runs_dir_is_refused_and_changes_nothing",
-        "parts/test_rundir.py::test_trainer_restart_starts_the_run_over",
-        "parts/test_rundir.py::test_a_mistake_while_resuming_keeps_the_finished_runs_record",
-        "parts/test_rundir.py::test_the_cli_refuses_in_one_line",
+        "checkpoint/test_rundir.py::test_a_fresh_run_into_a_finished_runs_dir_is_refused_and_changes_nothing",
+        "checkpoint/test_rundir.py::test_trainer_restart_starts_the_run_over",
+        "checkpoint/test_rundir.py::test_a_mistake_while_resuming_keeps_the_finished_runs_record",
+        "checkpoint/test_rundir.py::test_the_cli_refuses_in_one_line",
     ],
-    "5 two runs in one dir": ["parts/test_rundir.py::test_a_second_run_into_a_dir_in_use_is_refused"],
+    "5 two runs in one dir": ["checkpoint/test_rundir.py::test_a_second_run_into_a_dir_in_use_is_refused"],
     "6 a broken image in a shard; make_shards' check": [
         "data/test_shards.py::test_a_sample_that_does_not_decode_is_skipped_named_and_left_out_next_time",
         "data/test_shards.py::test_make_shards_refuses_what_the_reader_would",

@@ -138,9 +138,9 @@ def test_divergence_never_writes_non_finite_weights(make_cfg):
 
 
 def test_a_model_holding_nan_is_never_saved(tmp_path, caplog):
+    from saturate.checkpoint.checkpointer import Checkpointer
     from saturate.config.schema import CheckpointConfig
     from saturate.loop.engine import TrainState
-    from saturate.parts.checkpoint import Checkpointer
 
     model = bn_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -392,7 +392,7 @@ def test_a_report_does_not_follow_a_job_dir_or_file_out_of_the_sweep(tmp_path):
     ["model.width=-3", "optim.optimizer.lr=-1"],  # found building the model; building the optimizer
 )
 def test_trainer_restart_with_a_mistake_deletes_nothing(make_cfg, mistake):
-    from tests.parts.test_rundir import finished, unchanged
+    from tests.checkpoint.test_rundir import finished, unchanged
 
     run_dir, saved = finished(make_cfg)
     with pytest.raises(saturate.errors.UserError):
@@ -525,7 +525,7 @@ def test_a_hook_that_swallows_the_interrupt_is_abandoned_at_sigterm(tmp_path):
 def test_ctrl_c_twice_while_a_checkpoint_is_written_leaves_it_whole(tmp_path, monkeypatch, where):
     """The second Ctrl-C (which interrupts at once) arrives inside torch.save, or while the
     checkpoint's state is gathered: it waits for the file to be whole, then interrupts."""
-    import saturate.parts.checkpoint as checkpoint
+    import saturate.checkpoint.checkpointer as checkpoint
     from tests.hostile.test_bad_input import Samples, fit, mlp, windows
 
     module, name = (torch, "save") if where == "torch.save" else (checkpoint, "rng_state")

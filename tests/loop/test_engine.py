@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from saturate.callbacks import Observers, Plan, Run
+from saturate.checkpoint.checkpointer import Checkpointer
 from saturate.config.schema import CheckpointConfig, LoaderConfig, PrecisionConfig
 from saturate.data.base import InMemory
 from saturate.data.loader import PlainPipeline, ResidentLoader
@@ -21,7 +22,6 @@ from saturate.loop.step import TrainStep
 from saturate.observe.monitor import ResourceMonitor
 from saturate.observe.timing import RunClock, StepTimer
 from saturate.observe.tracking import Tracker
-from saturate.parts.checkpoint import Checkpointer
 from saturate.parts.precision import setup_precision
 from saturate.parts.schedule import Schedule
 from saturate.scale.distributed import Dist

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 import saturate
+from saturate.checkpoint import files as checkpoint
 from saturate.errors import DataError
 from saturate.loop.faults import NonFiniteGuard, NotRequeued, Preempted, StopSignal, TrainingDiverged
 from saturate.loop.step import TrainStep
-from saturate.parts import checkpoint
 from saturate.parts.precision import Precision
 from tests.compose.test_run import events
 from tests.conftest import TINY

@@ -12,12 +12,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
 
 import saturate
+from saturate.checkpoint.checkpointer import Checkpointer
 from saturate.data import augment
 from saturate.data.augment import Preview
 from saturate.data.loader import ResidentLoader, ResumableSampler
 from saturate.loop.engine import Engine
 from saturate.loop.evaluate import Evaluator
-from saturate.parts.checkpoint import Checkpointer
 from saturate.tasks.sequence import Sequence
 from tests.conftest import ROOT
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import saturate
+from tests.checkpoint.test_resume import final_weights, step_losses
 from tests.conftest import CONF, ROOT, run_cli
-from tests.parts.test_resume import final_weights, step_losses
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def test_two_processes_one_run_dir_identical_ranks_and_the_single_process_result
     assert len(list(ddp_run.glob("events.out.tfevents.*"))) == 1  # rank 0's TensorBoard events
     assert sorted(p.name for p in ddp_run.iterdir() if not p.name.startswith("events.out.tfevents.")) == [
         ".hydra",
-        ".lock",  # rank 0 holds the run dir (saturate.parts.rundir)
+        ".lock",  # rank 0 holds the run dir (saturate.checkpoint.rundir)
         "checkpoints",
         "metrics.json",
         "report.md",
@@ -443,7 +443,7 @@ def test_dict_batches_with_a_padding_collate_train_under_ddp_and_resume_bit_exac
     """The sign example (dict samples of variable length, pad_collate, CTC) in two gloo
     processes: interrupted in the middle of its second epoch by a signal to both ranks, then
     resumed, it ends as the uninterrupted two-process run, bit for bit."""
-    from tests.parts.test_resume import signal_at
+    from tests.checkpoint.test_resume import signal_at
 
     conf = ROOT / "examples" / "sign" / "conf"
     args = [

@@ -22,8 +22,8 @@ from saturate.config.schema import DeviceConfig
 from saturate.parts.device import setup_device
 from saturate.scale.launch import resume_hint
 from scripts.local_slurm import PARTITION, SlurmCluster
+from tests.checkpoint.test_resume import final_weights
 from tests.conftest import CONF, ROOT, read_metrics, run_cli
-from tests.parts.test_resume import final_weights
 
 
 @pytest.fixture

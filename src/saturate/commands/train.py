@@ -182,7 +182,7 @@ def task(cfg: DictConfig):
             _check_launcher(invocation)
             run = validate(cfg)  # every mistake in the config, before the run builds anything; the typed config
         except UserError as e:
-            from saturate.parts.rundir import record_failure
+            from saturate.checkpoint.rundir import record_failure
 
             record_failure(cfg.run_dir, e)  # for sweep reports: this job failed, and why
             raise

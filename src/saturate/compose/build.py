@@ -23,6 +23,7 @@ import torch
 from hydra.utils import get_method
 from torch import nn
 
+from saturate.checkpoint.checkpointer import Checkpointer
 from saturate.config import data_info
 from saturate.config.instantiate import build
 from saturate.config.invocation import Invocation
@@ -40,7 +41,6 @@ from saturate.observe.costs import COST_SAMPLES, scaling, step_cost
 from saturate.observe.environment import cpu_name
 from saturate.observe.timing import Startup
 from saturate.parts.batch_size import Trial, TrialSetup, choose
-from saturate.parts.checkpoint import Checkpointer
 from saturate.parts.device import autotune_convolutions, untouched_rng
 from saturate.parts.model import Models, load_weights, make, place, setup_model, takes_advice
 from saturate.parts.optim import prime_state, setup_optimizer

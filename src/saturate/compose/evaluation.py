@@ -24,13 +24,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from saturate import record as run_record
+from saturate.checkpoint.files import load
 from saturate.compose.build import Evaluation, build_evaluation
 from saturate.compose.outcome import class_names
 from saturate.config.invocation import Invocation
 from saturate.config.schema import RunConfig, validate
 from saturate.errors import UserError
 from saturate.loop.evaluate import Evaluator
-from saturate.parts.checkpoint import load
 from saturate.parts.device import seeded, setup_device
 from saturate.record import RunRecord
 from saturate.scale.distributed import Dist

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from saturate import names
 from saturate import record as run_record
 from saturate.callbacks import Observers, Run
+from saturate.checkpoint.files import load
 from saturate.compose.build import Parts, UserObjects, advice_checks, step_costs
 from saturate.config.invocation import Invocation
 from saturate.config.schema import RunConfig
@@ -32,7 +33,6 @@ from saturate.observe.monitor import device_memory_mb
 from saturate.observe.report import RunFacts, diagnose, render
 from saturate.observe.timing import Startup
 from saturate.observe.tracking import Tracker, hparams_columns, plain, review_hint
-from saturate.parts.checkpoint import load
 from saturate.parts.precision import emulated
 from saturate.record import RunRecord
 from saturate.scale.distributed import Dist

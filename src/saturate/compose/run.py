@@ -24,6 +24,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from saturate import names
 from saturate.callbacks import CallbackError, Observers, Plan, Run
 from saturate.callbacks.profiler import Profiler
+from saturate.checkpoint.rundir import RunDirTaken, hold, prepare, record_failure
 from saturate.compose.build import Parts, UserObjects, build_checkpointer, build_parts, build_target, make_step
 from saturate.compose.outcome import (
     Metrics,
@@ -52,7 +53,6 @@ from saturate.observe.monitor import ResourceMonitor, peak_memory
 from saturate.observe.timing import RunClock, Startup, StepTimer
 from saturate.observe.tracking import Tracker
 from saturate.parts.device import seeded, setup_device
-from saturate.parts.rundir import RunDirTaken, hold, prepare, record_failure
 from saturate.scale.distributed import Dist, peer_failed, world_size
 from saturate.scale.launch import resume_hint
 

@@ -109,7 +109,7 @@ class StopRequest(Protocol):
 
 
 class Checkpoints(Protocol):
-    """Saving the run (saturate.parts.checkpoint.Checkpointer)."""
+    """Saving the run (saturate.checkpoint.checkpointer.Checkpointer)."""
 
     last_path: Any
     best: float | None

@@ -15,7 +15,7 @@ import torch
 from hydra.errors import CompactHydraException
 
 import saturate
-from saturate.parts.rundir import RunDirTaken
+from saturate.checkpoint.rundir import RunDirTaken
 from tests.conftest import ROOT, TINY, popen, read_metrics, run_cli
 
 

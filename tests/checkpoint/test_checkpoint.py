@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import saturate
+from saturate.checkpoint import checkpointer as checkpoint
+from saturate.checkpoint import files
 from saturate.compose.build import UserObjects
 from saturate.config.schema import CheckpointConfig
-from saturate.parts import checkpoint
 from tests.conftest import read_metrics
 
 
@@ -36,14 +37,14 @@ def at(step: int):
 @pytest.fixture
 def held_writes(monkeypatch):
     """The thread's writes wait for `release.set()` (a slow disk); `started` is set as one begins."""
-    started, release, real = threading.Event(), threading.Event(), checkpoint._atomic_save
+    started, release, real = threading.Event(), threading.Event(), files._atomic_save
 
     def slow(obj, path):
         started.set()
         assert release.wait(30), "the test never released the write"
         real(obj, path)
 
-    monkeypatch.setattr(checkpoint, "_atomic_save", slow)
+    monkeypatch.setattr(files, "_atomic_save", slow)
     yield started, release
     release.set()
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import saturate
+from saturate.checkpoint import files as checkpoint
 from saturate.loop.faults import Preempted
-from saturate.parts import checkpoint
 from tests.compose.test_run import events
 from tests.conftest import popen, read_metrics, run_cli, stopped_after_first_save
 
@@ -60,7 +60,7 @@ class SignalAt:
 def signal_at(step: int, signum: int = signal.SIGUSR1) -> list[str]:
     """The overrides that add a SignalAt callback to a run."""
     return [
-        "+callbacks.signal._target_=tests.parts.test_resume.SignalAt",
+        "+callbacks.signal._target_=tests.checkpoint.test_resume.SignalAt",
         f"+callbacks.signal.step={step}",
         f"+callbacks.signal.signum={int(signum)}",
     ]
@@ -204,7 +204,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(tmp_path, monke
 SAVER = """
 import sys, torch
 from pathlib import Path
-from saturate.parts.checkpoint import atomic_save
+from saturate.checkpoint.files import atomic_save
 out = Path(sys.argv[1])
 big = torch.randn(16, 1024, 1024)  # 64 MB: a save takes long enough to be killed in the middle
 for step in range(1, 10_000):

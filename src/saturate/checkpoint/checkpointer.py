@@ -1,8 +1,5 @@
-"""Checkpoints: one `torch.save` dict per file, written atomically, and resuming from them.
-
-A file is written to a hidden temporary name, flushed and fsynced, then renamed over the old
-one (and the directory fsynced), so a crash or kill during a save leaves the previous
-checkpoint intact, and no partial file ever has a name that is picked up. `last.pt` is
+"""The checkpointer: when a run saves, what it keeps, and resuming from it. Each save is
+one file written atomically (saturate.checkpoint.files). `last.pt` is
 rewritten at every save; `best.pt` when the monitored metric improves; with top_k > 1 the
 k best are also kept as `top-<epoch>-<step>.pt`.
 
@@ -17,308 +14,37 @@ logs it and still saves.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import logging
 import math
-import os
-import pickle
-import random
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
+from saturate.checkpoint.files import (
+    SLOW_SAVE_S,
+    Writer,
+    gist,
+    load,
+    newest,
+    non_finite,
+    rng_state,
+    set_rng_state,
+    signals_held,
+    snapshot,
+    write_files,
+)
+from saturate.checkpoint.resume import (
+    Resumed,
+    apply_hyperparameters,
+    checked_lr_scale,
+    configured_hyperparameters,
+    flat,
+)
 from saturate.config.invocation import is_setting_key
 from saturate.config.schema import CheckpointConfig
-from saturate.errors import CheckpointError, is_number
-from saturate.parts.rundir import OWN_NAMES
-from saturate.scale.ranks import STOP_SIGNALS
+from saturate.errors import CheckpointError
 
 log = logging.getLogger(__name__)
-
-SLOW_SAVE_S = 25.0  # torchrun kills its workers 30 s after forwarding SIGTERM
-
-
-def _os_error(e: BaseException | None) -> OSError | None:
-    """The OSError behind `e`, if any: torch.save reports a failed write (a full disk) as a
-    RuntimeError raised while it cleans up after the OSError."""
-    while e is not None:
-        if isinstance(e, OSError):
-            return e
-        e = e.__cause__ or e.__context__
-    return None
-
-
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """Stop signals that arrive meanwhile wait for the block to end, then reach their handlers
-    in order: a second Ctrl-C (which interrupts at once) inside torch.save would leave a torn
-    file and torch's writer failing on its own state; after the block it finds a whole one."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        for signum in held:  # the handler now in place: the first SIGINT may have installed the second's
-            handler = signal.getsignal(signum)
-            if callable(handler):
-                handler(signum, None)
-            elif handler == signal.SIG_DFL:
-                signal.raise_signal(signum)
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    """`obj` to `path` through a temporary file, fsync and a rename, with stop signals held
-    until the rename is done."""
-    with signals_held():
-        _atomic_save(obj, path)
-
-
-def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # make the rename itself durable
-        finally:
-            os.close(dir_fd)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        cause = _os_error(e)
-        if cause is None:
-            raise
-        # a full disk, a quota, a vanished mount, a folder in its place: the user's to fix; the message names this file
-        kept = (
-            "a folder is in its place: move it away"
-            if path.is_dir()
-            else "the previous one is intact"
-            if path.is_file()
-            else "no earlier one was written"
-        )
-        raise CheckpointError(f"cannot write checkpoint {path}: {cause.strerror or cause}; {kept}") from None
-
-
-def snapshot(obj: Any) -> Any:
-    """A copy of a checkpoint that training can no longer change: every tensor copied to the
-    host (on the CPU: cloned), the containers rebuilt, anything else deep-copied."""
-    from torch.utils._pytree import tree_map
-
-    copied = lambda x: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else copy.deepcopy(x)
-    return tree_map(copied, obj)
-
-
-def write_files(checkpoint: dict, paths: list[Path], removed: list[Path]) -> None:
-    """`paths` written, each atomically, then `removed` deleted: a top-k file that drops out
-    leaves only once the file that replaces it is whole."""
-    for path in paths:
-        _atomic_save(checkpoint, path)
-    for path in removed:
-        path.unlink(missing_ok=True)
-
-
-class Writer:
-    """Checkpoint files written by a thread, one save at a time: `submit` waits for the save
-    before it, `wait` for the one in flight and raises its error, if it failed; `done` is
-    called once a save's files are all written."""
-
-    def __init__(self):
-        self.thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-
-    def submit(self, checkpoint: dict, paths: list[Path], removed: list[Path], done: Callable[[], None]) -> None:
-        self.wait()
-        job = (checkpoint, paths, removed, done)
-        self.thread = threading.Thread(target=self._write, args=job, name="saturate-checkpoint")
-        self.thread.start()
-
-    def _write(self, checkpoint: dict, paths: list[Path], removed: list[Path], done: Callable[[], None]) -> None:
-        start = time.perf_counter()
-        try:
-            write_files(checkpoint, paths, removed)
-        except BaseException as e:  # noqa: BLE001 (raised in the training thread, at its next wait)
-            self.error = e
-            return
-        done()
-        seconds = time.perf_counter() - start
-        if seconds > SLOW_SAVE_S:
-            log.warning(
-                "checkpoint at step %d took %.1fs to write (> %.0fs): a preempted run may be killed before it finishes",
-                checkpoint["step"],
-                seconds,
-                SLOW_SAVE_S,
-            )
-
-    def wait(self) -> None:
-        if self.thread is not None:
-            with signals_held():  # as in a save in the loop: a stop signal meanwhile waits for whole files
-                self.thread.join()
-            self.thread = None
-        error, self.error = self.error, None
-        if error is not None:
-            raise error
-
-
-def rng_state() -> dict[str, Any]:
-    """Every generator's state as tensors and plain values (loadable with weights_only=True)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    numpy_state = [kind, torch.from_numpy(np.array(keys)), pos, has_gauss, gauss]
-    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def load(path: Path, what: str = "trainer.resume") -> dict[str, Any]:
-    """A checkpoint, read with `torch.load(weights_only=True)`: tensors, numbers, strings and
-    containers only (`what`: the key or command
-    reading it, for the messages). A file that would need anything else (arbitrary unpickling, which can
-    run code) is refused, never loaded."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"{what}: no checkpoint at {path}") from None
-    except pickle.UnpicklingError as e:
-        if "global" not in str(e).lower():  # not a refused object: a damaged or foreign file
-            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-            cause = next(
-                (lines[i + 1] for i, line in enumerate(lines[:-1]) if "Unpickler error" in line),
-                lines[-1] if lines else "",
-            )
-            raise CheckpointError(
-                f"{what}: cannot read {path} as a checkpoint (damaged or not a checkpoint: {cause})"
-            ) from None
-        first = next((line.strip() for line in str(e).splitlines() if "global" in line.lower()), "")
-        raise UnsafeCheckpoint(
-            f"{what}: refusing {path}: it holds objects that only arbitrary unpickling could load, which can "
-            f"run code; saturate loads tensors and plain values only ({first})"
-        ) from None
-    except Exception as e:  # noqa: BLE001 (any failure to read it: not a checkpoint)
-        raise CheckpointError(f"{what}: cannot read {path} as a checkpoint ({type(e).__name__}: {e})") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "step" not in ckpt:
-        raise CheckpointError(f"{what}: {path} is not a saturate checkpoint (no model and step in it)")
-    return ckpt
-
-
-class UnsafeCheckpoint(CheckpointError):
-    """A checkpoint file holding objects that only arbitrary unpickling could load."""
-
-
-def newest(directory: Path) -> Path | None:
-    """saturate's own checkpoint (last.pt, best.pt, top-*.pt) with the most steps in
-    `directory` (None if there is none); any other file there is never opened. Files that do
-    not load are passed over with a warning."""
-    best: tuple[int, Path] | None = None
-    for path in sorted({p for pattern in OWN_NAMES for p in directory.glob(pattern)}):
-        try:
-            step = load(path)["step"]
-        except UnsafeCheckpoint:
-            raise  # someone put it there: say so, do not quietly resume from another file
-        except CheckpointError as e:
-            log.warning("passing over %s: %s", path, e)
-            continue
-        if best is None or step > best[0] or (step == best[0] and path.name == "last.pt"):
-            best = (step, path)
-    return best[1] if best else None
-
-
-def non_finite(state_dict: dict[str, torch.Tensor]) -> list[str]:
-    """The names of the floating-point tensors holding NaN or inf (one host read)."""
-    names = [k for k, t in state_dict.items() if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not names:
-        return []
-    finite = torch.stack([torch.isfinite(state_dict[k]).all() for k in names]).tolist()
-    return [k for k, ok in zip(names, finite, strict=True) if not ok]
-
-
-def _gist(error: BaseException) -> str:
-    """An exception's message on one line (load_state_dict puts the facts after line 1)."""
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    text = " ".join(lines) or type(error).__name__
-    return text if len(text) <= 400 else text[:400] + " ..."
-
-
-def _configured(stateful: dict[str, Any]) -> dict | None:
-    """The optimizer's hyperparameters per group (lr apart) and the schedule's base LRs, as
-    the config builds them."""
-    optimizer, scheduler = stateful.get("optimizer"), stateful.get("scheduler")
-    if optimizer is None or scheduler is None:
-        return None
-    groups = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")} for g in optimizer.param_groups]
-    return {"groups": copy.deepcopy(groups), "base_lrs": list(scheduler.base_lrs)}
-
-
-def _apply_hyperparameters(optimizer, scheduler, now: dict, then: dict | None, lr_scale: float) -> list[str]:
-    """After the saved optimizer and schedule are loaded: put back what this run's config
-    changed since the checkpoint's (`then`: its configured hyperparameters; a checkpoint
-    written before they were saved: every configured value that differs from the saved
-    state) -- a changed lr, momentum, weight decay -- and restart the schedule from the new
-    base at the saved step. What a scheduler moves itself (OneCycleLR's momentum, a plateau
-    rule's LR) stays as saved. Returns what changed, in words."""
-    changed = []
-    for i, (group, wanted) in enumerate(zip(optimizer.param_groups, now["groups"], strict=True)):
-        before = then["groups"][i] if then and i < len(then["groups"]) else None
-        for key, value in wanted.items():
-            moved = group.get(key) != value if before is None else before.get(key) != value
-            if moved:
-                changed.append(f"group {i} {key} {group.get(key)!r} -> {value!r}")
-                group[key] = value
-    base_lrs = [lr * lr_scale for lr in now["base_lrs"]]  # the config's, as the callbacks had scaled them
-    saved = then["base_lrs"] if then else scheduler.base_lrs
-    if list(saved) != (base_lrs if then is None else list(now["base_lrs"])):
-        pairs = enumerate(zip(scheduler.base_lrs, base_lrs, strict=True))
-        changed += [f"group {i} lr {old!r} -> {new!r}" for i, (old, new) in pairs if old != new]
-        scheduler.rebase(base_lrs)
-    return changed
-
-
-def _lr_scale(value, path) -> float:
-    if not is_number(value, 0, math.inf, open_low=True, open_high=True):
-        raise CheckpointError(f"trainer.resume: {path}: lr_scale {value!r} is not a number > 0; the file is damaged")
-    return float(value)
-
-
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix[:-1]: tree}
-    return {k: v for key, value in tree.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
-
-
-@dataclass
-class Resumed:
-    """Where a resumed run continues (all zero for a fresh start), and what it had."""
-
-    epoch: int = 0
-    step: int = 0
-    batch_in_epoch: int = 0
-    lr_scale: float = 1.0  # the callbacks' scaling of the configured learning rate (Run.lr_scale)
-    metrics: dict[str, float] = field(default_factory=dict)  # saved with the checkpoint
 
 
 class Checkpointer:
@@ -353,7 +79,7 @@ class Checkpointer:
         self.writer = Writer()
         # the hyperparameters this run's config gives, before any step (a scheduler may move some,
         # e.g. OneCycleLR's momentum): saved, so that a resume applies only what the config changed
-        self.configured = _configured(stateful)
+        self.configured = configured_hyperparameters(stateful)
         if enabled:
             directory.mkdir(parents=True, exist_ok=True)
 
@@ -501,7 +227,7 @@ class Checkpointer:
                 f"trainer.resume: {path} was trained with {saved_kind}, this run's optimizer is {kind}: its state "
                 "(momentum, step counts) cannot carry over; resume with the same optim"
             )
-        lr_scale = _lr_scale(ckpt.get("lr_scale", 1.0), path)
+        lr_scale = checked_lr_scale(ckpt.get("lr_scale", 1.0), path)
         restore = {"model": (self.model, ckpt.get("train_model", ckpt["model"]))}
         entries = {"order": {}, **ckpt}  # a checkpoint from before loader.order: no order drawn
         restore.update({name: (part, entries[name]) for name, part in self.stateful.items() if name != "observers"})
@@ -509,14 +235,14 @@ class Checkpointer:
             try:
                 part.load_state_dict(saved)
             except (RuntimeError, ValueError, KeyError) as e:
-                raise CheckpointError(f"trainer.resume: {path} does not fit this run's {name}: {_gist(e)}") from None
+                raise CheckpointError(f"trainer.resume: {path} does not fit this run's {name}: {gist(e)}") from None
         self.pending = {
             "path": path,
             "eval": ckpt["model"] if "train_model" in ckpt else None,
             "observers": ckpt.get("observers", {}),
         }
         assert self.configured is not None, "resume: an optimizer and a schedule are given"
-        applied = _apply_hyperparameters(optimizer, scheduler, self.configured, ckpt.get("configured"), lr_scale)
+        applied = apply_hyperparameters(optimizer, scheduler, self.configured, ckpt.get("configured"), lr_scale)
         self._warn_changes(ckpt.get("config", {}), ckpt["step"], applied)
         set_rng_state(ckpt["rng"])
         self.best, self.top = ckpt.get("best"), [tuple(t) for t in ckpt.get("top", [])]
@@ -563,13 +289,13 @@ class Checkpointer:
             if "observers" in self.stateful:
                 self.stateful["observers"].load_state_dict(self.pending["observers"])
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"trainer.resume: {path} does not fit this run's callbacks: {_gist(e)}") from None
+            raise CheckpointError(f"trainer.resume: {path} does not fit this run's callbacks: {gist(e)}") from None
         self.pending = {}
 
     def _warn_changes(self, saved: dict, step: int, applied: list[str]) -> None:
         """Every setting that differs from the checkpoint's takes effect from `step` on (the
         run is built from this config); say which, and what became of the optimizer."""
-        before, now = _flat(saved), _flat(self.config)
+        before, now = flat(saved), flat(self.config)
         changed = [
             f"{k}: {before.get(k)!r} -> {now.get(k)!r}"
             for k in sorted(set(before) | set(now))
