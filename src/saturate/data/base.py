@@ -224,7 +224,7 @@ class InMemory(Dataset):
     gathered in one `index_select` per tensor (see `__getitems__`); the resident loader
     keeps them on the device."""
 
-    returns_batches = True  # __getitems__ returns the collated batch (saturate.data.loader)
+    returns_batches = True  # __getitems__ returns the collated batch (saturate.data.streaming)
 
     def __init__(self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None, *, tree=None):
         self.tree = (inputs, targets) if tree is None else tree
@@ -253,7 +253,7 @@ class InMemory(Dataset):
 
     def __getitems__(self, indices: list[int]):
         """A whole batch in one gather per tensor; the DataLoader calls this instead of
-        __getitem__ per sample (and then collates nothing: see saturate.data.loader.StreamLoader)."""
+        __getitem__ per sample (and then collates nothing: see saturate.data.streaming.StreamLoader)."""
         index = torch.tensor(indices)
         return tree_map(lambda t: t.index_select(0, index), self.tree)
 

@@ -39,7 +39,7 @@ class ImageFiles(Dataset):
     and its slot takes the next readable image of the data set: batches keep their shape,
     and the same files give the same batches."""
 
-    returns_batches = True  # __getitems__ returns the collated batch (saturate.data.loader)
+    returns_batches = True  # __getitems__ returns the collated batch (saturate.data.streaming)
 
     def __init__(
         self, folder: Path, index: FolderIndex, chosen: np.ndarray, size: int, channels: int, skipped: Skipped

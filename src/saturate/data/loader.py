@@ -1,5 +1,204 @@
-"""Batches for the loop: the loaders' code moves to saturate.data.resident and its neighbours;
-their names stay importable from here."""
+"""Batches for the loop: host batches from a DataLoader, moved to the device by `to_device`.
 
-from saturate.data.resident import *  # noqa: F403
-from saturate.data.resident import _check_loadable  # noqa: F401
+The engine only sees two calls: `epoch(e, start)` gives the host batches of epoch `e` from
+batch `start` on (so a run resumes mid-epoch in the same order), and `to_device(batch)`
+copies one batch to the device and prepares it there. Where augmentation runs is decided
+when the loader is built, never in the loop.
+
+The loaders are built here, their parts elsewhere: samplers (the order), to_device (host
+batch -> device batch), streaming (DataLoader and its workers), resident (tensors held, index
+slices). Their names stay importable from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from saturate.config.schema import AugmentationConfig, LoaderConfig, TrainerConfig
+from saturate.data.augment import Preview, SampleAugment, Schedule
+from saturate.data.base import DataSpec, materialize
+from saturate.data.mix import MixedPipeline
+from saturate.data.resident import (
+    IN_MEMORY_S,
+    RESIDENT_NOTE,
+    ResidentLoader,
+    memory_budget,
+    read_in_place,
+    resident_bytes,
+    resident_for,
+    room_for_resident,
+)
+from saturate.data.samplers import ONE_PROCESS, EvalShard, ResumableSampler, Shard, batches_per_epoch, epoch_sampler
+from saturate.data.streaming import StreamLoader, already_collated, loader_failure
+from saturate.data.to_device import DevicePipeline, PlainPipeline, build_pipeline, device_augment
+from saturate.errors import UserError
+
+__all__ = [
+    "DevicePipeline",
+    "EvalShard",
+    "Loaders",
+    "PlainPipeline",
+    "ResidentLoader",
+    "ResumableSampler",
+    "Shard",
+    "StreamLoader",
+    "already_collated",
+    "auto_workers",
+    "auto_workers_for",
+    "batches_per_epoch",
+    "build_loaders",
+    "build_pipeline",
+    "cpus_per_process",
+    "device_augment",
+    "epoch_sampler",
+    "loader_failure",
+    "memory_budget",
+    "read_in_place",
+    "resident_bytes",
+    "resident_for",
+    "room_for_resident",
+]
+
+log = logging.getLogger(__name__)
+
+
+def cpus_per_process() -> int:
+    """CPUs this process may use, shared with the other processes on this node."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def auto_workers(per_sample_work: bool, cap: int = 8) -> int:
+    """The `num_workers: auto` rule. Data that is already an in-memory tensor needs no
+    workers: a worker would only add inter-process copies. Otherwise one worker per CPU
+    this process may use, less one for the main process, at most `cap`."""
+    if not per_sample_work:
+        return 0
+    return max(1, min(cap, cpus_per_process() - 1))
+
+
+def auto_workers_for(spec: DataSpec, per_sample_augment: bool) -> tuple[int, str]:
+    """loader.num_workers=auto, and why: 0 for data already in memory (a sample read in
+    micro-seconds: tensors, numpy arrays), else one worker per CPU this process may use, less
+    one for the main process (saturate.data.loader.auto_workers)."""
+    fast = spec.in_memory or (spec.sample_s is not None and spec.sample_s < IN_MEMORY_S)
+    if fast and not per_sample_augment:
+        read = f"{1e6 * spec.sample_s:.0f} us" if spec.sample_s is not None else "no time"
+        return (
+            0,
+            f"num_workers=auto: a sample takes {read} to read, the data is in memory; workers would only add copies",
+        )
+    return auto_workers(per_sample_work=True), ""
+
+
+@dataclass
+class Loaders:
+    """The batches of each split (val and test when the data has them)."""
+
+    train: StreamLoader | ResidentLoader
+    val: StreamLoader | ResidentLoader | None = None
+    test: StreamLoader | ResidentLoader | None = None
+    workers_note: str = ""  # why num_workers=auto chose what it chose
+    resident: bool = False  # the data held as tensors, batches index slices (loader.resident, decided)
+
+    def close(self) -> None:
+        """Every split's worker processes ended (at the end of a run, whatever ended it). A
+        worker's death that torch's SIGCHLD handler raises meanwhile changes nothing then (its
+        shutdown still ends the others)."""
+        for batches in (self.train, self.val, self.test):
+            with contextlib.suppress(RuntimeError, ConnectionError, EOFError):
+                getattr(batches, "close", lambda: None)()
+
+
+def build_loaders(
+    cfg: LoaderConfig,
+    aug: AugmentationConfig,
+    data,
+    spec: DataSpec,
+    *,
+    device: torch.device,
+    trainer: TrainerConfig,
+    shard: Shard = ONE_PROCESS,
+    show_images=None,
+    transforms=None,
+    mix=None,
+) -> Loaders:
+    """Training, validation and test batches (those the data has). Augmentation is placed
+    here, once: per sample in the training dataset (cpu), or on the device in the training
+    pipeline (gpu). `show_images(tag, images, step)` records what the augmentation does
+    (TensorBoard). `data`: saturate.data.Data (its splits and collate)."""
+    train_set = data.train
+    schedule = (transforms or Schedule.from_config(aug)) if aug.placement != "none" else None
+    if aug.placement == "cpu":
+        mask = spec.target_entry if spec.mask_target else None
+        train_set = SampleAugment(train_set, schedule, seed=shard.seed, entry=spec.image_entry, mask_entry=mask)
+    note = ""
+    if cfg.num_workers == "auto":
+        workers, note = auto_workers_for(spec, per_sample_augment=aug.placement == "cpu")
+    else:
+        workers = cfg.num_workers
+    pin = device.type == "cuda" if cfg.pin_memory == "auto" else cfg.pin_memory
+    resident = resident_for(cfg, data, spec, device, workers, aug.placement)
+    note = RESIDENT_NOTE if resident and cfg.resident == "auto" else note
+    cfg = dataclasses.replace(cfg, num_workers=workers, pin_memory=pin, resident=resident)  # the loaders are built so
+    _check_loadable(cfg, spec, len(train_set), shard.world_size)
+
+    pipeline = functools.partial(build_pipeline, cfg, spec, device, trainer)
+    preview = (
+        Preview(show_images, schedule, aug.preview_images)
+        if aug.preview_images and spec.image and show_images
+        else None
+    )
+    # ranks differ
+    train_pipeline = pipeline(
+        augment=device_augment(aug, shard.seed + 1_000_003 * shard.rank, transforms), preview=preview
+    )
+    if mix is not None:  # after the augmentation and normalisation, on the device
+        keys = (spec.image_entry, 1) if spec.structure == "pair" else (spec.input_key, spec.target_key)
+        train_pipeline = MixedPipeline(train_pipeline, mix, input_key=keys[0], target_key=keys[1])
+    if cfg.resident:
+        make = lambda dataset, pipe, **kw: ResidentLoader(materialize(dataset), cfg, pipe, shard=shard, **kw)  # noqa: E731
+    else:
+        make = lambda dataset, pipe, **kw: StreamLoader(dataset, cfg, pipe, shard=shard, collate=data.collate, **kw)  # noqa: E731
+    train = make(train_set, train_pipeline, train=True, limit_batches=trainer.limit_train_batches)
+    evaluation = dict(train=False, limit_batches=trainer.limit_val_batches)
+    val, test = (None if s is None else make(s, pipeline(), **evaluation) for s in (data.val, data.test))
+    if test is not None:  # the test set is evaluated whole, once
+        test.batches_per_epoch = batches_per_epoch(test.sampler.num_samples, cfg.batch_size, False, -1)
+    kind = f"resident on {train.home}" if cfg.resident else f"{workers} workers, pin_memory={pin}"
+    if note:
+        kind += f" ({note})"
+    log.info("loader: batch %d, %s; augmentation: %s %s", cfg.batch_size, kind, aug.placement, _stages(schedule))
+    return Loaders(train, val, test, note, resident=resident)
+
+
+def _check_loadable(cfg: LoaderConfig, spec: DataSpec, samples: int, world_size: int) -> None:
+    """A training batch that fits in the training set; a global order in one process only;
+    resident data of one shape."""
+    if cfg.batch_size * world_size > samples:
+        ranks = f" across {world_size} ranks" if world_size > 1 else ""
+        raise UserError(f"loader.batch_size={cfg.batch_size}: larger than the training set ({samples} samples{ranks})")
+    if cfg.order == "global" and world_size > 1:
+        raise UserError(
+            f"loader.order=global: one process only ({world_size} ranks would each draw an order from their own "
+            "generator, and their shares could overlap); use loader.order=seeded"
+        )
+    if cfg.resident and not spec.fixed:
+        raise UserError(
+            "loader.resident=true: the samples differ in shape (variable length, batched by the data's collate); a "
+            "resident data set holds samples of one shape: use loader=default"
+        )
+
+
+def _stages(schedule) -> str:
+    """The augmentation's stages in words, for the log."""
+    if isinstance(schedule, Schedule):
+        return " -> ".join(f"{p.name} from epoch {e}" for e, p in schedule.stages)
+    return "your transforms" if schedule is not None else ""

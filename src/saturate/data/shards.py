@@ -43,7 +43,7 @@ from saturate.data.skipped import SkipLog, Skipped, fill
 from saturate.errors import ConfigError, DataError, Problem, shown
 
 IMAGE_KEYS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
-OPEN_SHARDS = 10  # per process: the sampler reads from about 4 shards at a time (saturate.data.loader.GROUP_SPAN)
+OPEN_SHARDS = 10  # per process: the sampler reads from about 4 shards at a time (saturate.data.samplers.GROUP_SPAN)
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # pipe:, http:, s3:, file:, ...: anything wids would not just open
 
 
@@ -159,7 +159,7 @@ class ShardImages(Dataset):
     straight into one uint8 tensor as for image folders; a sample that does not decode is
     skipped (its slot takes the next readable one), named and counted."""
 
-    returns_batches = True  # __getitems__ returns the collated batch (saturate.data.loader)
+    returns_batches = True  # __getitems__ returns the collated batch (saturate.data.streaming)
 
     def __init__(self, key: str, index: ShardIndex, size: int, channels: int, notes: dict):
         self.key, self.index, self.size, self.channels, self.notes = key, index, size, channels, notes
