@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from saturate.data.base import InMemory
+from saturate.data.in_memory import InMemory
 from saturate.errors import DataError
 
 FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]

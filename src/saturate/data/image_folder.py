@@ -22,9 +22,11 @@ import torch
 from torch.utils.data import Dataset
 
 from saturate import names
-from saturate.data.base import STATS_SAMPLES, InMemory, channel_stats, fraction, seed
 from saturate.data.decode import batch_tensor, read, read_many, will_read
 from saturate.data.image_index import FolderIndex, IndexCache, default_cache, index_folder
+from saturate.data.image_stats import STATS_SAMPLES, channel_stats
+from saturate.data.in_memory import InMemory
+from saturate.data.options import fraction, seed
 from saturate.data.skipped import Skipped, fill
 from saturate.errors import ConfigError, DataError, Problem, shown
 

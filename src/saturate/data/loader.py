@@ -23,7 +23,7 @@ import torch
 
 from saturate.config.schema import AugmentationConfig, LoaderConfig, TrainerConfig
 from saturate.data.augment import Preview, SampleAugment, Schedule
-from saturate.data.base import DataSpec, materialize
+from saturate.data.in_memory import materialize
 from saturate.data.mix import MixedPipeline
 from saturate.data.resident import (
     IN_MEMORY_S,
@@ -36,6 +36,7 @@ from saturate.data.resident import (
     room_for_resident,
 )
 from saturate.data.samplers import ONE_PROCESS, EvalShard, ResumableSampler, Shard, batches_per_epoch, epoch_sampler
+from saturate.data.spec import DataSpec
 from saturate.data.streaming import StreamLoader, already_collated, loader_failure
 from saturate.data.to_device import DevicePipeline, PlainPipeline, build_pipeline, device_augment
 from saturate.errors import UserError

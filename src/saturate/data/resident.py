@@ -17,8 +17,10 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from saturate.config.schema import LoaderConfig
-from saturate.data.base import DataSpec, InMemory, materialize, stack, tensors_of
+from saturate.data.in_memory import InMemory, materialize, tensors_of
 from saturate.data.samplers import ONE_PROCESS, Shard, batches_per_epoch, drawn_seed, epoch_sampler
+from saturate.data.samples import stack
+from saturate.data.spec import DataSpec
 from saturate.data.to_device import DevicePipeline, HostBatch, PlainPipeline
 from saturate.errors import DataError
 

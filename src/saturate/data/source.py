@@ -112,7 +112,7 @@ def pad_collate(samples: list[dict]) -> dict[str, torch.Tensor]:
     lengths), usable for any dict samples."""
     from torch.nn.utils.rnn import pad_sequence
 
-    from saturate.data.base import as_tensor
+    from saturate.data.samples import as_tensor
 
     if not samples or not all(isinstance(s, dict) for s in samples):
         raise DataError(

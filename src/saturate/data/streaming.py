@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from saturate.config.schema import LoaderConfig
 from saturate.data.augment import SampleAugment
-from saturate.data.base import stack
 from saturate.data.samplers import ONE_PROCESS, Shard, batches_per_epoch, drawn_seed, epoch_sampler
+from saturate.data.samples import stack
 from saturate.data.to_device import DevicePipeline, HostBatch
 from saturate.errors import DataError, UserError
 

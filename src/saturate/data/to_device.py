@@ -8,7 +8,7 @@ from torch.utils._pytree import tree_map
 
 from saturate.config.schema import AugmentationConfig, LoaderConfig, TrainerConfig
 from saturate.data.augment import BatchAugment, Schedule
-from saturate.data.base import DataSpec
+from saturate.data.spec import DataSpec
 
 # what the collate makes: (inputs, targets), a dict, nested; uint8 or float images (B, C, H, W) among them
 HostBatch = object
