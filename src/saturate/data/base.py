@@ -39,6 +39,7 @@ from saturate.data.samples import (
     entries,
     input_keys,
     leaves,
+    length,
     named_leaves,
     sample_of,
     shapes,
@@ -84,9 +85,9 @@ def _read_time(dataset: Dataset, count: int = 16) -> float:
     import time
 
     times = []
-    for i in range(min(count, len(dataset))):
+    for i in range(min(count, length(dataset))):
         start = time.perf_counter()
-        dataset[i * max(1, len(dataset) // count) % len(dataset)]
+        dataset[i * max(1, length(dataset) // count) % length(dataset)]
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

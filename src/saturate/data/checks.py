@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 
 from saturate.data.in_memory import InMemory
-from saturate.data.samples import dtype_name, entries, named_leaves, sample_of
+from saturate.data.samples import dtype_name, entries, length, named_leaves, sample_of
 from saturate.data.spec import DataSpec
 from saturate.errors import DataError
 
@@ -26,7 +26,7 @@ def _all_targets(dataset: Dataset, input_key: str = "input", target_key: str = "
         "data: reading every target once to count the classes (give the dataset a `classes` or `targets` attribute "
         "to skip this)"
     )
-    return torch.stack([entries(dataset[i], "training", input_key, target_key)[1] for i in range(len(dataset))])
+    return torch.stack([entries(dataset[i], "training", input_key, target_key)[1] for i in range(length(dataset))])
 
 
 def _known_targets(dataset: Dataset, target_key: str = "target") -> torch.Tensor | None:
@@ -37,16 +37,17 @@ def _known_targets(dataset: Dataset, target_key: str = "target") -> torch.Tensor
         return dataset.tree[target_key] if isinstance(dataset.tree, dict) else dataset.targets
     for name in ("targets", "labels"):
         found = getattr(dataset, name, None)
-        if isinstance(found, (torch.Tensor, np.ndarray, list, tuple)) and len(found) == len(dataset):
+        if isinstance(found, (torch.Tensor, np.ndarray, list, tuple)) and len(found) == length(dataset):
             return torch.as_tensor(np.asarray(found)) if not isinstance(found, torch.Tensor) else found
     return None
 
 
 def _num_classes(dataset: Dataset, input_key: str = "input", target_key: str = "target") -> int:
-    if isinstance(getattr(dataset, "num_classes", None), int):
-        return dataset.num_classes
-    if isinstance(getattr(dataset, "classes", None), (list, tuple)):
-        return len(dataset.classes)
+    said, names = getattr(dataset, "num_classes", None), getattr(dataset, "classes", None)
+    if isinstance(said, int):
+        return said
+    if isinstance(names, (list, tuple)):
+        return len(names)
     targets = _all_targets(dataset, input_key, target_key)
     if targets.numel() and targets.min() < 0:
         raise DataError(f"data: a class index is {int(targets.min())}; class indices start at 0")
@@ -100,7 +101,7 @@ def differing(dataset: Dataset, what: str, first: tuple, keys: tuple) -> tuple |
     all match (a data set that returns whole batches makes them itself)."""
     if getattr(dataset, "returns_batches", False):
         return None
-    n = len(dataset)
+    n = length(dataset)
     mine = [*named_leaves(first[0], "input"), ("target", first[1])]
     for i in sorted({1, n // 2, n - 1} - {0}):
         if i >= n:
@@ -159,13 +160,16 @@ def check_like_training(other: Dataset, what: str, first: tuple, keys: tuple, *,
 
 def check_values(spec: DataSpec, splits: tuple) -> None:
     """Class indices in range (and at least two classes); in-memory values finite."""
-    if spec.classes and spec.num_classes < 2:
-        raise DataError(f"data: {spec.num_classes} class(es) in the training targets; classification needs at least 2")
+    num_classes = spec.num_classes
+    if spec.classes:
+        assert num_classes is not None, "describe() counts the classes of class targets"
+        if num_classes < 2:
+            raise DataError(f"data: {num_classes} class(es) in the training targets; classification needs at least 2")
     for dataset, what in zip(splits, ("training", "validation", "test"), strict=True):
         if dataset is not None:
             _check_finite(dataset, what)
-            if spec.classes:
-                _check_classes(dataset, what, spec.num_classes, spec.target_key)
+            if spec.classes and num_classes is not None:
+                _check_classes(dataset, what, num_classes, spec.target_key)
 
 
 def classes_of(train: Dataset, y: torch.Tensor, keys: tuple, classes: bool) -> int | None:
@@ -178,6 +182,7 @@ def classes_of(train: Dataset, y: torch.Tensor, keys: tuple, classes: bool) -> i
             "integer class index per sample. For real-valued targets use task=regression"
         )
     num_classes = _num_classes(train, *keys) if classes else getattr(train, "num_classes", None)
-    if num_classes is None and isinstance(getattr(train, "classes", None), (list, tuple)):
-        num_classes = len(train.classes)
+    names = getattr(train, "classes", None)
+    if num_classes is None and isinstance(names, (list, tuple)):
+        num_classes = len(names)
     return num_classes

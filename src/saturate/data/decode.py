@@ -30,8 +30,9 @@ JPEG_MAGIC = b"\xff\xd8\xff"
 
 def _pil(data: bytes, size: int, channels: int) -> np.ndarray:
     mode = "L" if channels == 1 else "RGB"
-    with Image.open(io.BytesIO(data)) as img:
-        img.draft(mode, (size, size))  # JPEG: libjpeg's own downscale by 1/2, 1/4, 1/8 when that stays >= size
+    with Image.open(io.BytesIO(data)) as opened:
+        opened.draft(mode, (size, size))  # JPEG: libjpeg's own downscale by 1/2, 1/4, 1/8 when that stays >= size
+        img: Image.Image = opened
         if img.mode != mode:
             try:
                 img = img.convert(mode)

@@ -3,11 +3,13 @@ and materialize(), which reads any data set of fixed-shape samples into one."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from torch.utils.data import Dataset, Subset, TensorDataset, default_collate
 
-from saturate.data.samples import as_tensor
+from saturate.data.samples import as_tensor, length
 from saturate.errors import DataError
 
 
@@ -18,9 +20,13 @@ class InMemory(Dataset):
     keeps them on the device."""
 
     returns_batches = True  # __getitems__ returns the collated batch (saturate.data.streaming)
+    # what a source may say of its set (the data contract, saturate.data.base): declared, never
+    # defaulted, so that a set that says nothing has no such attribute
+    num_classes: int
+    synthetic: bool
 
     def __init__(self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None, *, tree=None):
-        self.tree = (inputs, targets) if tree is None else tree
+        self.tree: Any = (inputs, targets) if tree is None else tree  # any structure (pytree) of tensors
         sizes = {len(leaf) for leaf in tree_leaves(self.tree)}
         if len(sizes) != 1:
             raise DataError(
@@ -78,7 +84,7 @@ def _as_collated(value) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float64) if isinstance(value, float) else as_tensor(value)
 
 
-def materialize(dataset: Dataset) -> InMemory:
+def materialize(dataset: Dataset | list) -> InMemory:
     """Every sample of `dataset` read once into tensors of the samples' structure, each entry
     in the dtype the DataLoader's default collate gives it (the resident loader trains on what
     the DataLoader would give); samples must have fixed shapes."""
@@ -92,9 +98,9 @@ def materialize(dataset: Dataset) -> InMemory:
         held = [t.detach() if index is None else t.detach().index_select(0, index.to(t.device)) for t in tensors]
         return InMemory(tree=tuple(t.to("cpu", memory_format=torch.contiguous_format, copy=True) for t in held))
     leaves, spec = tree_flatten(tree_map(_as_collated, dataset[0]))
-    stores = [torch.empty((len(dataset), *leaf.shape), dtype=leaf.dtype) for leaf in leaves]
-    for start in range(0, len(dataset), READ_CHUNK):  # a chunk at a time: the samples' copies stay small
-        samples = [dataset[i] for i in range(start, min(start + READ_CHUNK, len(dataset)))]
+    stores = [torch.empty((length(dataset), *leaf.shape), dtype=leaf.dtype) for leaf in leaves]
+    for start in range(0, length(dataset), READ_CHUNK):  # a chunk at a time: the samples' copies stay small
+        samples = [dataset[i] for i in range(start, min(start + READ_CHUNK, length(dataset)))]
         for store, values in zip(stores, _collated(samples, stores, start), strict=True):
             store[start : start + len(samples)] = values
     return InMemory(tree=tree_unflatten(stores, spec))

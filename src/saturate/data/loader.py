@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -138,17 +139,10 @@ def build_loaders(
     train_set = data.train
     schedule = (transforms or Schedule.from_config(aug)) if aug.placement != "none" else None
     if aug.placement == "cpu":
+        assert schedule is not None  # drawn above for every placement but none
         mask = spec.target_entry if spec.mask_target else None
         train_set = SampleAugment(train_set, schedule, seed=shard.seed, entry=spec.image_entry, mask_entry=mask)
-    note = ""
-    if cfg.num_workers == "auto":
-        workers, note = auto_workers_for(spec, per_sample_augment=aug.placement == "cpu")
-    else:
-        workers = cfg.num_workers
-    pin = device.type == "cuda" if cfg.pin_memory == "auto" else cfg.pin_memory
-    resident = resident_for(cfg, data, spec, device, workers, aug.placement)
-    note = RESIDENT_NOTE if resident and cfg.resident == "auto" else note
-    cfg = dataclasses.replace(cfg, num_workers=workers, pin_memory=pin, resident=resident)  # the loaders are built so
+    cfg, note = _decided(cfg, aug, data, spec, device)  # the loaders are built so
     _check_loadable(cfg, spec, len(train_set), shard.world_size)
 
     pipeline = functools.partial(build_pipeline, cfg, spec, device, trainer)
@@ -158,12 +152,13 @@ def build_loaders(
         else None
     )
     # ranks differ
-    train_pipeline = pipeline(
+    train_pipeline: DevicePipeline | PlainPipeline | MixedPipeline = pipeline(
         augment=device_augment(aug, shard.seed + 1_000_003 * shard.rank, transforms), preview=preview
     )
     if mix is not None:  # after the augmentation and normalisation, on the device
         keys = (spec.image_entry, 1) if spec.structure == "pair" else (spec.input_key, spec.target_key)
         train_pipeline = MixedPipeline(train_pipeline, mix, input_key=keys[0], target_key=keys[1])
+    make: Callable[..., StreamLoader | ResidentLoader]
     if cfg.resident:
         make = lambda dataset, pipe, **kw: ResidentLoader(materialize(dataset), cfg, pipe, shard=shard, **kw)  # noqa: E731
     else:
@@ -173,11 +168,30 @@ def build_loaders(
     val, test = (None if s is None else make(s, pipeline(), **evaluation) for s in (data.val, data.test))
     if test is not None:  # the test set is evaluated whole, once
         test.batches_per_epoch = batches_per_epoch(test.sampler.num_samples, cfg.batch_size, False, -1)
-    kind = f"resident on {train.home}" if cfg.resident else f"{workers} workers, pin_memory={pin}"
-    if note:
-        kind += f" ({note})"
-    log.info("loader: batch %d, %s; augmentation: %s %s", cfg.batch_size, kind, aug.placement, _stages(schedule))
-    return Loaders(train, val, test, note, resident=resident)
+    log.info(
+        "loader: batch %d, %s; augmentation: %s %s",
+        cfg.batch_size,
+        _kind(train, cfg, note),
+        aug.placement,
+        _stages(schedule),
+    )
+    return Loaders(train, val, test, note, resident=cfg.resident)
+
+
+def _decided(
+    cfg: LoaderConfig, aug: AugmentationConfig, data, spec: DataSpec, device: torch.device
+) -> tuple[LoaderConfig, str]:
+    """The loader's node with num_workers, pin_memory and resident decided (no "auto"), and
+    why num_workers=auto or resident=auto chose what they chose."""
+    note = ""
+    if cfg.num_workers == "auto":
+        workers, note = auto_workers_for(spec, per_sample_augment=aug.placement == "cpu")
+    else:
+        workers = cfg.num_workers
+    pin = device.type == "cuda" if cfg.pin_memory == "auto" else cfg.pin_memory
+    resident = resident_for(cfg, data, spec, device, workers, aug.placement)
+    note = RESIDENT_NOTE if resident and cfg.resident == "auto" else note
+    return dataclasses.replace(cfg, num_workers=workers, pin_memory=pin, resident=resident), note
 
 
 def _check_loadable(cfg: LoaderConfig, spec: DataSpec, samples: int, world_size: int) -> None:
@@ -196,6 +210,15 @@ def _check_loadable(cfg: LoaderConfig, spec: DataSpec, samples: int, world_size:
             "loader.resident=true: the samples differ in shape (variable length, batched by the data's collate); a "
             "resident data set holds samples of one shape: use loader=default"
         )
+
+
+def _kind(train: StreamLoader | ResidentLoader, cfg: LoaderConfig, note: str) -> str:
+    """How the batches are made, in words, for the log."""
+    if isinstance(train, ResidentLoader):
+        kind = f"resident on {train.home}"
+    else:
+        kind = f"{cfg.num_workers} workers, pin_memory={cfg.pin_memory}"
+    return f"{kind} ({note})" if note else kind
 
 
 def _stages(schedule) -> str:

@@ -11,6 +11,7 @@ import math
 import random
 import time
 from collections.abc import Iterator
+from typing import cast
 
 import numpy as np
 import torch
@@ -169,10 +170,11 @@ def resident_for(cfg: LoaderConfig, data, spec: DataSpec, device: torch.device, 
         return False
     splits = [s for s in (data.train, data.val, data.test) if s is not None]
     reads = [read_in_place(s) for s in splits]
-    if any(r is None for r in reads):
+    known = [r for r in reads if r is not None]
+    if len(known) < len(reads):
         return False
-    seconds = sum(len(s) * r[1] for s, r in zip(splits, reads, strict=True))  # InMemory's: 0
-    nbytes = sum(len(s) * r[0] for s, r in zip(splits, reads, strict=True))
+    seconds = sum(len(s) * r[1] for s, r in zip(splits, known, strict=True))  # InMemory's: 0
+    nbytes = sum(len(s) * r[0] for s, r in zip(splits, known, strict=True))
     return seconds <= READ_ONCE_S and nbytes <= cfg.resident_memory_fraction * memory_budget(device)
 
 
@@ -190,7 +192,8 @@ def read_in_place(dataset) -> tuple[int, float] | None:
     source = tensors_of(dataset)
     if source is not None:  # gathered, not read: no time per sample
         return sum(t[0].nbytes for t in source[0]), 0.0
-    numpy, python, torch_state = np.random.get_state(), random.getstate(), torch.get_rng_state()
+    # get_state()'s default (legacy=True) is the legacy tuple, which numpy's stubs do not single out
+    numpy, python, torch_state = cast(tuple, np.random.get_state()), random.getstate(), torch.get_rng_state()
     try:  # what it draws, put back: the DataLoader's runs must see the streams they would without the probe
         started = time.perf_counter()
         first = [dataset[i] for i in (0, len(dataset) // 2)]
@@ -198,7 +201,7 @@ def read_in_place(dataset) -> tuple[int, float] | None:
         if seconds >= IN_MEMORY_S:  # files to decode
             return None
         again = [dataset[i] for i in (0, len(dataset) // 2)]
-        after = np.random.get_state()
+        after = cast(tuple, np.random.get_state())
         moved = not (
             torch.equal(torch_state, torch.get_rng_state())
             and np.array_equal(numpy[1], after[1])

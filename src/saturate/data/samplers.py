@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 from saturate.config.schema import LoaderConfig
+from saturate.data.samples import length
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class ResumableSampler(DistributedSampler):
         generator = torch.Generator().manual_seed(self.epoch_seed())
         if self.groups:
             return torch.tensor(grouped_permutation(self.groups, generator), dtype=torch.int64)
-        return torch.randperm(len(self.dataset), generator=generator)
+        return torch.randperm(length(self.dataset), generator=generator)
 
     def shard(self, order: torch.Tensor) -> torch.Tensor:
         """This rank's share, as DistributedSampler takes it: equal shares (the order repeated
@@ -159,7 +160,7 @@ def epoch_sampler(dataset: Dataset, cfg: LoaderConfig, *, train: bool, shard: Sh
             keyed=keyed,
             order=cfg.order,
         )
-    return EvalShard(len(dataset), shard.rank, shard.world_size)
+    return EvalShard(length(dataset), shard.rank, shard.world_size)
 
 
 def batches_per_epoch(samples: int, batch_size: int, drop_last: bool, limit: int) -> int:

@@ -4,12 +4,21 @@ names the entry whose shapes differ)."""
 
 from __future__ import annotations
 
+from collections.abc import Sized
+from typing import Any, cast
+
 import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 from torch.utils.data import Dataset, default_collate
 
 from saturate.errors import DataError
+
+
+def length(dataset: Dataset | Sized) -> int:
+    """The samples of a map-style data set: len(), which torch's Dataset leaves to its
+    subclasses to define (a data set without one raises TypeError, as len() does)."""
+    return len(cast(Sized, dataset))
 
 
 def as_tensor(value, what: str = "a sample") -> torch.Tensor:
@@ -56,7 +65,7 @@ def sample_of(
 ) -> tuple[object, torch.Tensor, str]:
     """(input, target, structure) of sample `index`: a pair, or a dict holding both."""
     try:
-        n = len(dataset)
+        n = length(dataset)
     except TypeError:
         raise DataError(
             f"data: the {what} set has no len(); saturate needs a map-style Dataset (__len__ and __getitem__)"
@@ -129,7 +138,7 @@ def stack(samples: list):
     raise DataError("data: samples do not stack into a batch (their shapes differ)")
 
 
-def named_leaves(tree, name: str) -> list[tuple[str, object]]:
+def named_leaves(tree, name: str) -> list[tuple[str, Any]]:
     """A sample's (or an input's) entries by name, in pytree order: `input`, `input[1]`, `input.past`."""
     if isinstance(tree, dict):
         return [pair for k, v in tree.items() for pair in named_leaves(v, f"{name}.{k}" if name else str(k))]

@@ -56,7 +56,8 @@ class Data:
                 )
             data = cls(**result)
         elif hasattr(result, "train"):
-            data = cls(**{k: getattr(result, k, None) for k in KEYS})
+            found: dict[str, Any] = {k: getattr(result, k, None) for k in KEYS}
+            data = cls(**found)
         else:
             raise DataError(
                 f"{where}: returned a {type(result).__name__}; expected (train_dataset, val_dataset) or a mapping "

@@ -26,7 +26,7 @@ class DataSpec:
     notes: dict = field(default_factory=dict)
     has_test: bool = False
     structure: str = "pair"  # pair: (input, target); dict: the input and target under input_key and target_key
-    input_key: str = "input"
+    input_key: str | list[str] = "input"  # several: the inputs the model gets, in order
     target_key: str = "target"
     # float (C, H, W) in [0, 1] (the ToTensor() convention): augmented as images, not normalised
     float_image: bool = False
@@ -64,7 +64,10 @@ class DataSpec:
     @property
     def num_outputs(self) -> int:
         """Values the model predicts per sample: classes, or the target's size."""
-        return self.num_classes if self.classes else int(np.prod(self.target_shape, dtype=np.int64))
+        if self.classes:
+            assert self.num_classes is not None, "describe() counts the classes of class targets"
+            return self.num_classes
+        return int(np.prod(self.target_shape, dtype=np.int64))
 
     def describe(self) -> str:
         if len(self.input_shapes) > 1:

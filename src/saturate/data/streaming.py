@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -67,7 +68,7 @@ class StreamLoader:
         self.batch_size, self.num_workers, self.dataset = cfg.batch_size, workers, dataset
         self.timeout_s = cfg.timeout_s
         self.poll = getattr(dataset, "poll", None)  # e.g. names the files the workers skipped (saturate.data.base)
-        self._workers_iter = None  # the epoch's worker iterator (close() ends its workers)
+        self._workers_iter: Iterator[HostBatch] | None = None  # the epoch's worker iterator (close() ends its workers)
 
     def __len__(self) -> int:
         return self.batches_per_epoch
@@ -94,6 +95,7 @@ class StreamLoader:
         if draws and self.loader._iterator is not None:
             drawn_seed()
         self.loader.generator = None if draws else self.generator
+        batches: Iterator[HostBatch]
         if self.num_workers == 0:
             batches = itertools.islice(self.loader, max(0, self.batches_per_epoch - start))
         else:
@@ -106,7 +108,8 @@ class StreamLoader:
         on: a frozen (SIGSTOPped) worker ignores the SIGTERM DataLoader's shutdown sends,
         and joining it would hang the run that is trying to stop. The workers start at the
         first fetch, inside the loop's timing, as they did without supervision."""
-        workers_iter = self._workers_iter = iter(self.loader)
+        workers_iter: Any = iter(self.loader)  # the workers' iterator: its private state is reached below
+        self._workers_iter = workers_iter
         try:
             yield from watched(itertools.islice(workers_iter, count), self.timeout_s)
         except UserError as e:  # the data set's own words, without the worker's traceback DataLoader adds
@@ -127,7 +130,9 @@ class StreamLoader:
 
 def _polled(batches: Iterator[HostBatch], poll) -> Iterator[HostBatch]:
     """`poll()` as each batch arrives, and once more at the end."""
-    with contextlib.closing(batches) if hasattr(batches, "close") else contextlib.nullcontext():
+    with contextlib.ExitStack() as closing:
+        if hasattr(batches, "close"):
+            closing.callback(batches.close)
         for batch in batches:
             poll()
             yield batch
