@@ -140,8 +140,8 @@ def list_classes(folder: Path, classes: list[str]) -> tuple[FolderIndex, list[st
 
 def _looks_whole(path: str) -> bool:
     """A JPEG with both its markers, or a PNG with its signature, a size PIL will open (its
-    IHDR chunk) and its IEND chunk. Two preads on one descriptor: 5.7 us per file against
-    9.3 us through open() (measured, 64 px JPEGs). A PNG over PIL's decompression-bomb limit
+    IHDR chunk) and its IEND chunk. Two preads on one descriptor: cheaper per file than a
+    Python file object through open(). A PNG over PIL's decompression-bomb limit
     is not whole: the full decode then names it (the reader would refuse it)."""
     try:
         fd = os.open(path, os.O_RDONLY)
