@@ -268,11 +268,11 @@ def test_the_resident_budget_counts_the_allocators_cache_and_the_memory_cap(monk
 
 def test_the_batch_search_runs_with_the_resident_datas_room_taken(monkeypatch):
     from saturate.config.schema import LoaderConfig
-    from saturate.data import loader
+    from saturate.data import resident
     from saturate.data.base import DataSpec
 
     spec = DataSpec("cifar", (3, 32, 32), torch.uint8, (), True, 10)
-    assert loader.resident_bytes(spec, 60_000) == 60_000 * (3 * 32 * 32 + 8)
+    assert resident.resident_bytes(spec, 60_000) == 60_000 * (3 * 32 * 32 + 8)
     taken, real_empty = [], torch.empty
 
     def empty(*args, **kwargs):
@@ -282,15 +282,15 @@ def test_the_batch_search_runs_with_the_resident_datas_room_taken(monkeypatch):
         return real_empty(*args, **kwargs)
 
     monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(loader, "memory_budget", lambda device: 8 * 2**30)
+    monkeypatch.setattr(resident, "memory_budget", lambda device: 8 * 2**30)
     cuda = torch.device("cuda", 0)
-    with loader.room_for_resident(LoaderConfig(resident=True), spec, 60_000, cuda):
+    with resident.room_for_resident(LoaderConfig(resident=True), spec, 60_000, cuda):
         assert taken == [60_000 * 3080]  # held while the search runs
-    with loader.room_for_resident(LoaderConfig(resident=False), spec, 60_000, cuda):
+    with resident.room_for_resident(LoaderConfig(resident=False), spec, 60_000, cuda):
         pass
     # stays in host memory: nothing to keep room for
     big = DataSpec("imagenet", (3, 224, 224), torch.uint8, (), True, 1000)
-    with loader.room_for_resident(LoaderConfig(resident=True), big, 1_281_167, cuda):
+    with resident.room_for_resident(LoaderConfig(resident=True), big, 1_281_167, cuda):
         pass
     assert len(taken) == 1
 

@@ -26,7 +26,7 @@ def write_digits(out: Path, size: int = 32, fmt: str = "png", corrupt: int = 0, 
         img = Image.fromarray(np.rint(pixels.reshape(8, 8) * 255 / 16).astype(np.uint8), mode="L").convert("RGB")
         folder = out / str(label)
         folder.mkdir(parents=True, exist_ok=True)
-        img.resize((size, size), Image.NEAREST).save(folder / f"{i:04d}.{fmt}")
+        img.resize((size, size), Image.Resampling.NEAREST).save(folder / f"{i:04d}.{fmt}")
     for j in range(corrupt):
         folder = out / str(j % 10)
         if j % 2 == 0:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from saturate.config.policy import POLICY_FIELDS, PRESETS, Policy
+from saturate.data.samples import length
 
 __all__ = ["POLICY_FIELDS", "PRESETS", "BatchAugment", "Policy", "Preview", "SampleAugment", "Schedule", "Transforms"]
 
@@ -65,13 +66,13 @@ def _key(*parts: int) -> int:
 # --- batched, on the device -----------------------------------------------------------------
 
 
-def kornia_pipeline(policy: Policy, masks: bool = False) -> torch.nn.Module:
+def kornia_pipeline(policy: Policy, masks: bool = False) -> torch.nn.Module | None:
     """The policy as a Kornia AugmentationSequential over (B, C, H, W) floats in [0, 1]; with
     `masks`, over (images, masks) too: Kornia moves a mask with its image's geometric
     transforms (nearest, for class indices) and leaves it out of the colour ones."""
     import kornia.augmentation as K
 
-    ops: list[torch.nn.Module] = []
+    ops: list[K.AugmentationBase2D] = []
     if policy.hflip:
         ops.append(K.RandomHorizontalFlip(p=policy.hflip))
     if policy.rotation or policy.translate:
@@ -97,7 +98,7 @@ class Transforms:
     def __init__(self, modules: list[torch.nn.Module]):
         self.modules = modules
         self.pipeline = torch.nn.Sequential(*modules)
-        self._with_masks = None
+        self._with_masks: torch.nn.Module | None = None
 
     def with_masks(self) -> torch.nn.Module:
         """The same modules over (images, masks): Kornia's augmentations only, which know
@@ -113,7 +114,8 @@ class Transforms:
                 "targets use kornia.augmentation modules (they know which transforms are geometric)"
             )
         if self._with_masks is None:
-            self._with_masks = K.AugmentationSequential(*self.modules, data_keys=["input", "mask"])
+            kornias: list[Any] = self.modules  # each one Kornia's (checked above); which kind, Kornia checks
+            self._with_masks = K.AugmentationSequential(*kornias, data_keys=["input", "mask"])
         return self._with_masks
 
     def policy(self, epoch: int):
@@ -189,8 +191,9 @@ def _on_device(pipeline: torch.nn.Module, device: torch.device) -> torch.nn.Modu
     (a resumed run would augment differently, and dropout's stream would shift)."""
     pipeline = pipeline.to(device)
     for module in pipeline.modules():
-        if callable(getattr(module, "set_rng_device_and_dtype", None)):
-            module.set_rng_device_and_dtype(torch.device("cpu"), getattr(module, "dtype", torch.get_default_dtype()))
+        keep_on_cpu = getattr(module, "set_rng_device_and_dtype", None)
+        if callable(keep_on_cpu):
+            keep_on_cpu(torch.device("cpu"), getattr(module, "dtype", torch.get_default_dtype()))
     return pipeline
 
 
@@ -205,6 +208,7 @@ class BatchAugment:
 
     def _pipeline(self, policy, device: torch.device, masks: bool):
         if (policy, masks) not in self._pipelines:
+            pipeline: torch.nn.Module | None
             if isinstance(policy, Transforms):
                 pipeline = policy.with_masks() if masks else policy.pipeline
             else:
@@ -312,7 +316,10 @@ def apply_params(x: torch.Tensor, policy: Policy, p: SampleParams, mask: torch.T
         if m is not None:
             m = m.clone()
             m[:, top : top + eh, left : left + ew] = 0
-    return x if mask is None else (x, m[0].round().to(mask.dtype))
+    if mask is None:
+        return x
+    assert m is not None  # the mask's copy, made above
+    return x, m[0].round().to(mask.dtype)
 
 
 def augment_sample(x: torch.Tensor, policy: Policy, rng: random.Random) -> torch.Tensor:
@@ -334,7 +341,7 @@ class SampleAugment(Dataset):
         self.collate_fn = getattr(base, "collate_fn", None)
 
     def __len__(self) -> int:
-        return len(self.base)
+        return length(self.base)
 
     def __getitem__(self, key: tuple[int, int]):
         epoch, index = key

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from saturate.data.base import InMemory
+from saturate.data.in_memory import InMemory
 from saturate.errors import DataError
 
 FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
@@ -58,12 +58,12 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def load_cifar10(*, root: str) -> tuple[InMemory, InMemory]:
     """CIFAR-10 from the standard python-pickle batches under `data.root` (never downloaded):
     the 50,000 training images for training, the 10,000 test images for validation."""
-    root = Path(root).expanduser()
-    folder = find_batches(root)
+    path = Path(root).expanduser()
+    folder = find_batches(path)
     if folder is None:
         raise DataError(
-            f"data.root={str(root)!r}: no CIFAR-10 python batches there (looked for {', '.join(FILES)} in {root} and "
-            f"{root / 'cifar-10-batches-py'}). Download cifar-10-python.tar.gz from "
+            f"data.root={str(path)!r}: no CIFAR-10 python batches there (looked for {', '.join(FILES)} in {path} and "
+            f"{path / 'cifar-10-batches-py'}). Download cifar-10-python.tar.gz from "
             "https://www.cs.toronto.edu/~kriz/cifar.html, extract it, and pass data.root=<the extracted folder>; "
             "saturate downloads nothing."
         )

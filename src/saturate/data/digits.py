@@ -5,7 +5,8 @@ import torch
 from sklearn.datasets import load_digits as sk_digits
 from sklearn.model_selection import train_test_split
 
-from saturate.data.base import InMemory, fraction, seed
+from saturate.data.in_memory import InMemory
+from saturate.data.options import fraction, seed
 
 
 def load_digits(*, val_fraction: float, split_seed: int) -> tuple[InMemory, InMemory]:

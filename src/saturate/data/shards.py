@@ -31,6 +31,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,7 +44,7 @@ from saturate.data.skipped import SkipLog, Skipped, fill
 from saturate.errors import ConfigError, DataError, Problem, shown
 
 IMAGE_KEYS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
-OPEN_SHARDS = 10  # per process: the sampler reads from about 4 shards at a time (saturate.data.loader.GROUP_SPAN)
+OPEN_SHARDS = 10  # per process: the sampler reads from about 4 shards at a time (saturate.data.samplers.GROUP_SPAN)
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # pipe:, http:, s3:, file:, ...: anything wids would not just open
 
 
@@ -104,7 +105,7 @@ def read_index(key: str, given: str, channels: int) -> ShardIndex:
             raise bad(f"shardlist[{i}].nsamples", count, "an integer >= 1 (the samples in the shard)")
         file = path.parent / url  # relative to the index, as wids resolves them; an absolute path stays itself
         if not file.is_file():
-            raise bad(f"shardlist[{i}].url", url, f"an existing shard file (no file at {shown(file)})")
+            raise bad(f"shardlist[{i}].url", url, f"an existing shard file (no file at {shown(str(file))})")
         files.append(str(file))
         counts.append(count)
     classes = index.get("classes")
@@ -159,7 +160,7 @@ class ShardImages(Dataset):
     straight into one uint8 tensor as for image folders; a sample that does not decode is
     skipped (its slot takes the next readable one), named and counted."""
 
-    returns_batches = True  # __getitems__ returns the collated batch (saturate.data.loader)
+    returns_batches = True  # __getitems__ returns the collated batch (saturate.data.streaming)
 
     def __init__(self, key: str, index: ShardIndex, size: int, channels: int, notes: dict):
         self.key, self.index, self.size, self.channels, self.notes = key, index, size, channels, notes
@@ -174,7 +175,7 @@ class ShardImages(Dataset):
         self.skipped = Skipped(index.path.parent, self.names, log_, notes, strict=False, known=set(known))
         self.skipped.files.update(known.values())
         notes[names.SKIPPED_FILES] = notes.get(names.SKIPPED_FILES, 0) + len(known)
-        self._open: OrderedDict[int, object] = OrderedDict()
+        self._open: OrderedDict[int, Any] = OrderedDict()  # wids' readers (an optional library)
         self._pid: int | None = None
 
     def _position(self, name: str) -> int | None:
@@ -208,8 +209,8 @@ class ShardImages(Dataset):
         if len(reader) != count:
             reader.close()
             raise DataError(
-                f"data.{self.key}={shown(self.index.path)}: shardlist[{shard}].nsamples={count}, but {shown(file)} "
-                f"holds {len(reader)} samples; write the index again (saturate make-shards)"
+                f"data.{self.key}={shown(str(self.index.path))}: shardlist[{shard}].nsamples={count}, but "
+                f"{shown(file)} holds {len(reader)} samples; write the index again (saturate make-shards)"
             )
         self._open[shard] = reader
         while len(self._open) > OPEN_SHARDS:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Set
 from pathlib import Path
 
 from saturate import names
@@ -92,7 +93,7 @@ class Skipped:
     is the data set's, shared by its parts (a folder's train/ and val/)."""
 
     def __init__(
-        self, where: Path | str, names, skip_log: SkipLog, notes: dict, *, strict: bool, known: set[str] = frozenset()
+        self, where: Path | str, names, skip_log: SkipLog, notes: dict, *, strict: bool, known: Set[str] = frozenset()
     ):
         self.where, self.names, self.log, self.notes, self.strict = str(where), names, skip_log, notes, strict
         self.files: set[int] = set()  # samples found unreadable in this run

@@ -56,7 +56,8 @@ class Data:
                 )
             data = cls(**result)
         elif hasattr(result, "train"):
-            data = cls(**{k: getattr(result, k, None) for k in KEYS})
+            found: dict[str, Any] = {k: getattr(result, k, None) for k in KEYS}
+            data = cls(**found)
         else:
             raise DataError(
                 f"{where}: returned a {type(result).__name__}; expected (train_dataset, val_dataset) or a mapping "
@@ -112,7 +113,7 @@ def pad_collate(samples: list[dict]) -> dict[str, torch.Tensor]:
     lengths), usable for any dict samples."""
     from torch.nn.utils.rnn import pad_sequence
 
-    from saturate.data.base import as_tensor
+    from saturate.data.samples import as_tensor
 
     if not samples or not all(isinstance(s, dict) for s in samples):
         raise DataError(

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import torch
 
-from saturate.data.base import InMemory, at_least, fits_in_memory
-from saturate.data.base import seed as check_seed
+from saturate.data.in_memory import InMemory
+from saturate.data.options import at_least, fits_in_memory
+from saturate.data.options import seed as check_seed
 
 
 def make_synthetic(
