@@ -37,12 +37,11 @@ from saturate.errors import ConfigError, Problem, UserError
 from saturate.loop.faults import NonFiniteGuard
 from saturate.loop.step import TrainStep
 from saturate.loop.target import Target
-from saturate.observe.costs import COST_SAMPLES, scaling, step_cost
 from saturate.observe.environment import cpu_name
 from saturate.observe.timing import Startup
 from saturate.parts.batch_size import Trial, TrialSetup, choose
 from saturate.parts.device import autotune_convolutions, untouched_rng
-from saturate.parts.model import Models, load_weights, make, place, setup_model, takes_advice
+from saturate.parts.model import Models, make, setup_model
 from saturate.parts.optim import prime_state, setup_optimizer
 from saturate.parts.precision import Precision, setup_precision
 from saturate.parts.schedule import Schedule
@@ -262,15 +261,8 @@ def make_step(
 
 def search_batch_size(ingredients: Ingredients, models: Models, transforms) -> tuple[int, list[Trial]]:
     """loader.batch_size=auto: saturate.parts.batch_size.choose, keyed by what decides the size."""
-    run, data, spec, task, precision, device, dist = (
-        ingredients.run,
-        ingredients.data,
-        ingredients.spec,
-        ingredients.task,
-        ingredients.precision,
-        ingredients.device,
-        ingredients.dist,
-    )
+    run, data, spec, task = ingredients.run, ingredients.data, ingredients.spec, ingredients.task
+    precision, device, dist = ingredients.precision, ingredients.device, ingredients.dist
     cfg = run.batch_search
     key = {
         "model": {
@@ -350,38 +342,6 @@ def _unmarked(name: str) -> None:
     """No start-up clock (a caller that builds parts alone)."""
 
 
-def step_costs(run: RunConfig, parts: Parts, device: torch.device):
-    """A step's FLOPs and launches, and its batch scaling (saturate.observe.costs), or (None,
-    None). Counted after training, for the report: off the way to the first step (the count
-    needs no trained weights, and the timings are steadier with warm caches)."""
-    if not run.monitor.costs:
-        return None, None
-    task, precision, model = parts.task, parts.precision, parts.models.raw
-    # counted on up to COST_SAMPLES real samples, scaled to the batch (conv and matmul FLOPs are
-    # linear in it); the probes run the user's model and task: they draw nothing the run sees
-    with untouched_rng():
-        counted = probe_batch(run, parts, device, COST_SAMPLES)
-        cost = step_cost(model, counted, task, precision, batch=parts.batch_size)
-        return cost, scaling(model, counted, task, precision, device)
-
-
-def probe_batch(run: RunConfig, parts: Parts, device: torch.device, size: int):
-    """Up to `size` real training samples on the device, as a step gets them (for the probes
-    after training)."""
-    with untouched_rng():
-        samples = host_batch(parts.data, range(min(len(parts.data.train), size)))
-        return build_pipeline(run.loader, parts.spec, device, run.trainer)(samples)
-
-
-def advice_checks(run: RunConfig, parts: Parts, device: torch.device) -> tuple[bool, bool]:
-    """(channels_last_ok, amp_ok) of the trained model, for the report and tune (saturate.parts.model.takes_advice)."""
-    batch = probe_batch(run, parts, device, 2)
-    image = parts.spec.image
-    return takes_advice(
-        parts.models.raw, batch, parts.task, parts.precision, image=image, trainer=run.trainer, device=device
-    )
-
-
 def _search(ingredients: Ingredients, models: Models, transforms):
     """loader.batch_size=auto: (the size chosen, the trials, seconds); else (the size, None, 0)."""
     run = ingredients.run
@@ -420,7 +380,7 @@ def _model(ingredients: Ingredients, node: dict | None, values: dict, given):
     )
 
 
-def _data_and_task(run: RunConfig, invocation: Invocation, objects: UserObjects, device: torch.device):
+def data_and_task(run: RunConfig, invocation: Invocation, objects: UserObjects, device: torch.device):
     """The data (the caller's, or built now), what one look at it said, its values for the
     model and task nodes, the nodes as bound, and the task."""
     data = objects.data if objects.data is not None else build_datasets(run.data)
@@ -436,47 +396,6 @@ def _data_and_task(run: RunConfig, invocation: Invocation, objects: UserObjects,
     return data, spec, values, nodes, task
 
 
-@dataclass
-class Evaluation:
-    """What evaluating or exporting a checkpoint needs: the data and its batches (never
-    augmented), the task, the precision policy, and the model holding the checkpoint's
-    weights, on the device, in eval mode."""
-
-    data: Data
-    spec: DataSpec
-    task: Any
-    precision: Precision
-    model: nn.Module
-    loaders: Loaders
-    nodes: dict[str, dict]  # the model and task nodes as built (the data's values bound)
-
-
-def build_evaluation(
-    run: RunConfig, invocation: Invocation, device: torch.device, weights: dict, source: str
-) -> Evaluation:
-    """The parts of a run that evaluation reads, built as build_parts builds them (same data,
-    task, precision, model node and loaders: the same batches in the same order), with the
-    model's weights from `weights` (a checkpoint's `model`; one of another model is refused
-    in one line naming `source`). No optimizer, no batch-size search, no augmentation."""
-    data, spec, values, nodes, task = _data_and_task(run, invocation, UserObjects(), device)
-    precision = setup_precision(run.precision, device)
-    raw = make(nodes["model"], values, None)  # pretrained weights are not loaded: the checkpoint's replace them
-    load_weights(raw, weights, source, node=nodes["model"])
-    model = place(raw, device=device, trainer=run.trainer, dist=Dist(None)).eval()
-    if run.loader.batch_size == "auto":
-        raise ConfigError([Problem("loader.batch_size", "auto", "the batch size to evaluate with (an integer)")])
-    loaders = build_loaders(
-        run.loader,
-        dataclasses.replace(run.augmentation, placement="none"),
-        data,
-        spec,
-        device=device,
-        trainer=run.trainer,
-        shard=Shard(run.trainer.seed, 0, 1),
-    )
-    return Evaluation(data, spec, task, precision, model, loaders, nodes)
-
-
 def build_parts(
     run: RunConfig,
     invocation: Invocation,
@@ -490,7 +409,7 @@ def build_parts(
     """data -> task -> precision -> model -> (batch-size search) -> loaders -> optimizer and
     schedule; each marked on `startup`."""
     mark = startup.mark if startup is not None else _unmarked
-    data, spec, values, nodes, task = _data_and_task(run, invocation, objects, device)
+    data, spec, values, nodes, task = data_and_task(run, invocation, objects, device)
     mark("data")
     checkpointing = run.checkpoint.resolved(task, spec.has_val)  # the monitored metric, its direction
     _check_predict(run, spec)

@@ -1,6 +1,6 @@
 """`saturate eval`: a checkpoint's model evaluated on a split, with the engine's own
 evaluation (saturate.loop.evaluate.Evaluator) over the batches a run would make from the
-same config (saturate.compose.build.build_evaluation).
+same config (build_evaluation, below).
 
 The config comes from conf/ and the command line, composed as for training; the checkpoint
 gives the weights only (read as data: torch.load(weights_only=True)). Reading a run dir's
@@ -12,6 +12,7 @@ refused in one line naming it.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import time
@@ -19,19 +20,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+from torch import nn
 
 from saturate import record as run_record
 from saturate.checkpoint.files import load
-from saturate.compose.build import Evaluation, build_evaluation
+from saturate.compose.build import UserObjects, data_and_task
 from saturate.compose.outcome import class_names
 from saturate.config.invocation import Invocation
 from saturate.config.schema import RunConfig, validate
-from saturate.errors import UserError
+from saturate.data import Data, DataSpec
+from saturate.data.loader import Loaders, Shard, build_loaders
+from saturate.errors import ConfigError, Problem, UserError
 from saturate.loop.evaluate import Evaluator
 from saturate.parts.device import seeded, setup_device
+from saturate.parts.model import load_weights, make, place
+from saturate.parts.precision import Precision, setup_precision
 from saturate.record import RunRecord
 from saturate.scale.distributed import Dist
 
@@ -101,6 +108,47 @@ def find_checkpoint(given: str) -> Path:
     if not path.is_file():
         raise UserError(f"{given}: no such checkpoint file or run dir")
     return path
+
+
+@dataclass
+class Evaluation:
+    """What evaluating or exporting a checkpoint needs: the data and its batches (never
+    augmented), the task, the precision policy, and the model holding the checkpoint's
+    weights, on the device, in eval mode."""
+
+    data: Data
+    spec: DataSpec
+    task: Any
+    precision: Precision
+    model: nn.Module
+    loaders: Loaders
+    nodes: dict[str, dict]  # the model and task nodes as built (the data's values bound)
+
+
+def build_evaluation(
+    run: RunConfig, invocation: Invocation, device: torch.device, weights: dict, source: str
+) -> Evaluation:
+    """The parts of a run that evaluation reads, built as build_parts builds them (same data,
+    task, precision, model node and loaders: the same batches in the same order), with the
+    model's weights from `weights` (a checkpoint's `model`; one of another model is refused
+    in one line naming `source`). No optimizer, no batch-size search, no augmentation."""
+    data, spec, values, nodes, task = data_and_task(run, invocation, UserObjects(), device)
+    precision = setup_precision(run.precision, device)
+    raw = make(nodes["model"], values, None)  # pretrained weights are not loaded: the checkpoint's replace them
+    load_weights(raw, weights, source, node=nodes["model"])
+    model = place(raw, device=device, trainer=run.trainer, dist=Dist(None)).eval()
+    if run.loader.batch_size == "auto":
+        raise ConfigError([Problem("loader.batch_size", "auto", "the batch size to evaluate with (an integer)")])
+    loaders = build_loaders(
+        run.loader,
+        dataclasses.replace(run.augmentation, placement="none"),
+        data,
+        spec,
+        device=device,
+        trainer=run.trainer,
+        shard=Shard(run.trainer.seed, 0, 1),
+    )
+    return Evaluation(data, spec, task, precision, model, loaders, nodes)
 
 
 @dataclass

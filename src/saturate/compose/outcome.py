@@ -22,17 +22,20 @@ from saturate import names
 from saturate import record as run_record
 from saturate.callbacks import Observers, Run
 from saturate.checkpoint.files import load
-from saturate.compose.build import Parts, UserObjects, advice_checks, step_costs
+from saturate.compose.build import Parts, UserObjects, host_batch
 from saturate.config.invocation import Invocation
 from saturate.config.schema import RunConfig
 from saturate.data import Data
-from saturate.data.loader import cpus_per_process
+from saturate.data.loader import build_pipeline, cpus_per_process
 from saturate.loop.engine import Engine, Summary, TrainState
 from saturate.loop.evaluate import Evaluator
+from saturate.observe.costs import COST_SAMPLES, scaling, step_cost
 from saturate.observe.monitor import device_memory_mb
 from saturate.observe.report import RunFacts, diagnose, render
 from saturate.observe.timing import Startup
 from saturate.observe.tracking import Tracker, hparams_columns, plain, review_hint
+from saturate.parts.device import untouched_rng
+from saturate.parts.model import takes_advice
 from saturate.parts.precision import emulated
 from saturate.record import RunRecord
 from saturate.scale.distributed import Dist
@@ -398,3 +401,35 @@ def setup_record(parts: Parts, monitor: str, started_at: str, overrides: list[st
     if parts.trials is not None:  # loader.batch_size=auto: what was tried, and how long it took
         outcome["batch_search"] = {"seconds": parts.search_s, "trials": [dataclasses.asdict(t) for t in parts.trials]}
     return outcome
+
+
+def step_costs(run: RunConfig, parts: Parts, device: torch.device):
+    """A step's FLOPs and launches, and its batch scaling (saturate.observe.costs), or (None,
+    None). Counted after training, for the report: off the way to the first step (the count
+    needs no trained weights, and the timings are steadier with warm caches)."""
+    if not run.monitor.costs:
+        return None, None
+    task, precision, model = parts.task, parts.precision, parts.models.raw
+    # counted on up to COST_SAMPLES real samples, scaled to the batch (conv and matmul FLOPs are
+    # linear in it); the probes run the user's model and task: they draw nothing the run sees
+    with untouched_rng():
+        counted = probe_batch(run, parts, device, COST_SAMPLES)
+        cost = step_cost(model, counted, task, precision, batch=parts.batch_size)
+        return cost, scaling(model, counted, task, precision, device)
+
+
+def probe_batch(run: RunConfig, parts: Parts, device: torch.device, size: int):
+    """Up to `size` real training samples on the device, as a step gets them (for the probes
+    after training)."""
+    with untouched_rng():
+        samples = host_batch(parts.data, range(min(len(parts.data.train), size)))
+        return build_pipeline(run.loader, parts.spec, device, run.trainer)(samples)
+
+
+def advice_checks(run: RunConfig, parts: Parts, device: torch.device) -> tuple[bool, bool]:
+    """(channels_last_ok, amp_ok) of the trained model, for the report and tune (saturate.parts.model.takes_advice)."""
+    batch = probe_batch(run, parts, device, 2)
+    image = parts.spec.image
+    return takes_advice(
+        parts.models.raw, batch, parts.task, parts.precision, image=image, trainer=run.trainer, device=device
+    )

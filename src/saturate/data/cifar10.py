@@ -51,7 +51,7 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
         return np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32), np.asarray(
             batch["labels"], dtype=np.int64
         )
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 (any failure to unpickle it: not a CIFAR-10 batch)
         raise DataError(f"data.root: {path} is not a CIFAR-10 python batch ({type(e).__name__}: {e})") from None
 
 

@@ -28,7 +28,7 @@ from saturate.data.image_stats import STATS_SAMPLES, channel_stats
 from saturate.data.in_memory import InMemory
 from saturate.data.options import fraction, seed
 from saturate.data.skipped import Skipped, fill
-from saturate.errors import ConfigError, DataError, Problem, shown
+from saturate.errors import ConfigError, DataError, Problem, is_integer, shown
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def _stats(dataset: ImageFiles, index: FolderIndex, split: str) -> None:
 
 
 def _check_args(root, image_size, channels, val_fraction, split_seed, strict, check) -> None:
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
+    if not is_integer(image_size, 1):
         raise ConfigError([Problem("data.image_size", image_size, "an integer >= 1")])
     if channels not in (1, 3):
         raise ConfigError([Problem("data.channels", channels, "one of 1, 3")])

@@ -160,9 +160,9 @@ def build_loaders(
         train_pipeline = MixedPipeline(train_pipeline, mix, input_key=keys[0], target_key=keys[1])
     make: Callable[..., StreamLoader | ResidentLoader]
     if cfg.resident:
-        make = lambda dataset, pipe, **kw: ResidentLoader(materialize(dataset), cfg, pipe, shard=shard, **kw)  # noqa: E731
+        make = lambda dataset, pipe, **kw: ResidentLoader(materialize(dataset), cfg, pipe, shard=shard, **kw)
     else:
-        make = lambda dataset, pipe, **kw: StreamLoader(dataset, cfg, pipe, shard=shard, collate=data.collate, **kw)  # noqa: E731
+        make = lambda dataset, pipe, **kw: StreamLoader(dataset, cfg, pipe, shard=shard, collate=data.collate, **kw)
     train = make(train_set, train_pipeline, train=True, limit_batches=trainer.limit_train_batches)
     evaluation = dict(train=False, limit_batches=trainer.limit_val_batches)
     val, test = (None if s is None else make(s, pipeline(), **evaluation) for s in (data.val, data.test))

@@ -80,7 +80,7 @@ class BatchMix:
         batch size kept."""
         try:
             out = self.transform(inputs, targets)
-        except Exception as e:  # noqa: BLE001 (the user's function: its error, named, in one line)
+        except Exception as e:
             name = getattr(self.transform, "__qualname__", type(self.transform).__name__)
             raise UserError(f"mix.transform: {name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
         if not (isinstance(out, (tuple, list)) and len(out) == 2):

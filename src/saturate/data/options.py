@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from saturate.errors import ConfigError, DataError, Problem
+from saturate.errors import ConfigError, DataError, Problem, is_integer, is_number
 
 
 def fraction(key: str, value) -> None:
     """A built-in data option's check: `data.<key>` is a number in (0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+    if not is_number(value, 0, 1, open_low=True, open_high=True):
         raise ConfigError([Problem(f"data.{key}", value, "a number in (0, 1)")])
 
 
 def seed(key: str, value) -> None:
     """A built-in data option's check: `data.<key>` is a seed every generator accepts."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**32 - 1:
+    if not is_integer(value, 0, 2**32 - 1):
         raise ConfigError([Problem(f"data.{key}", value, "an integer in [0, 4294967295]")])
 
 
@@ -31,5 +31,5 @@ def fits_in_memory(what: str, nbytes: int) -> None:
 
 def at_least(key: str, value, low: int) -> None:
     """A built-in data option's check: `data.<key>` is an integer >= low."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    if not is_integer(value, low):
         raise ConfigError([Problem(f"data.{key}", value, f"an integer >= {low}")])

@@ -41,7 +41,7 @@ from saturate import names
 from saturate.data.decode import batch_tensor
 from saturate.data.image_index import default_cache
 from saturate.data.skipped import SkipLog, Skipped, fill
-from saturate.errors import ConfigError, DataError, Problem, shown
+from saturate.errors import ConfigError, DataError, Problem, is_integer, shown
 
 IMAGE_KEYS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 OPEN_SHARDS = 10  # per process: the sampler reads from about 4 shards at a time (saturate.data.samplers.GROUP_SPAN)
@@ -101,7 +101,7 @@ def read_index(key: str, given: str, channels: int) -> ShardIndex:
                 "a local file path relative to the index: saturate opens local files only, never a URL, "
                 "a scheme or a command",
             )
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        if not is_integer(count, 1):
             raise bad(f"shardlist[{i}].nsamples", count, "an integer >= 1 (the samples in the shard)")
         file = path.parent / url  # relative to the index, as wids resolves them; an absolute path stays itself
         if not file.is_file():
@@ -280,7 +280,7 @@ def load_shards(
     *, train: str, val: str | None, image_size: int, channels: int
 ) -> tuple[ShardImages, ShardImages | None]:
     """The training (and validation) shards named by their wids index files."""
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
+    if not is_integer(image_size, 1):
         raise ConfigError([Problem("data.image_size", image_size, "an integer >= 1")])
     if channels not in (1, 3):
         raise ConfigError([Problem("data.channels", channels, "one of 1, 3")])

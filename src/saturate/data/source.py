@@ -85,7 +85,7 @@ class UserCollate:
             return self.fn(samples)
         except UserError:
             raise
-        except Exception as e:  # noqa: BLE001 (the user's function: its error, named, in one line)
+        except Exception as e:
             raise DataError(
                 f"data: the collate function {self.name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]} "
                 f"(batching {len(samples)} samples)"
