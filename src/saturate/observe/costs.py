@@ -12,7 +12,7 @@ on a real batch before training, and what that makes of the measured step time.
   never another card's peak; a figure over 100 % means the count or the peak is wrong, and is
   reported as that, not as a result.
 - On the CPU: achieved FLOP/s, and how a step's time grows with the batch (forward and
-  backward timed on one sample and on COST_SAMPLES at start-up): the arithmetic is what
+  backward timed on one sample and on COST_SAMPLES, after training): the arithmetic is what
   grows; the rest of the measured step compute (operator dispatch, Python, module calls, the
   optimizer's update) is the fixed cost per step, and its share is the CPU's
   launch-boundness.

@@ -77,7 +77,7 @@ class RunFacts:
     launch_frac: float | None = None
     launches: int | None = None  # operator launches per step
     # the model computed two real samples in channels-last layout / under autocast (its
-    # probe at start-up): what is not proposed otherwise
+    # probe after training): what is not proposed otherwise
     channels_last_ok: bool = True
     amp_ok: bool = True
     cpu_bf16: bool = False  # a CPU with native bf16 kernels (AVX512-BF16, AMX): bf16 autocast may pay there
@@ -118,7 +118,7 @@ def _input_fixes(f: RunFacts) -> list[tuple[str, str]]:
 
 def _host_busy(f: RunFacts) -> bool:
     """On the CPU, other processes take at least OTHER_BUSY % of the host: the step's timings
-    are stretched by their load, and no longer compare with the start-up's."""
+    are stretched by their load, and no longer compare with the cost probes' after training."""
     return f.device != "cuda" and f.other_cpu is not None and f.other_cpu >= OTHER_BUSY
 
 
