@@ -46,6 +46,7 @@ from saturate.parts.optim import prime_state, setup_optimizer
 from saturate.parts.precision import Precision, setup_precision
 from saturate.parts.schedule import Schedule
 from saturate.scale.distributed import Dist
+from saturate.tasks.base import TaskProtocol
 
 log = logging.getLogger("saturate")
 
@@ -56,7 +57,7 @@ class UserObjects:
 
     model: Any = None  # an nn.Module, or a factory building one after seeding
     data: Data | None = None
-    task: Any = None  # a task object (saturate.tasks.base)
+    task: TaskProtocol | None = None  # a task object (saturate.tasks.base)
     loss: Callable | None = None
     callbacks: dict[str, Any] = field(default_factory=dict)  # {name: object}
     loggers: dict[str, Any] = field(default_factory=dict)
@@ -74,7 +75,7 @@ class Parts:
 
     data: Data
     spec: DataSpec
-    task: Any
+    task: TaskProtocol
     precision: Precision
     models: Models
     loaders: Loaders
@@ -96,7 +97,7 @@ class Ingredients:
     run: RunConfig
     data: Data
     spec: DataSpec
-    task: Any
+    task: TaskProtocol
     precision: Precision
     device: torch.device
     dist: Dist
@@ -127,10 +128,10 @@ def build_task(node: dict | None, values: dict, objects: UserObjects):
             node["_target_"],
         )
     task = build(node, "task", **arguments)
-    for method in ("forward", "metrics", "update", "better"):
+    for method in ("forward", "metrics", "update", "better", "names"):
         if not callable(getattr(task, method, None)):
             raise UserError(
-                f"task: {type(task).__name__} has no {method}(); a task has forward, metrics, update and better "
+                f"task: {type(task).__name__} has no {method}(); a task has forward, metrics, update, better and names "
                 "(saturate.tasks.base)"
             )
     _check_directions(task)

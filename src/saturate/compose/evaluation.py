@@ -41,6 +41,7 @@ from saturate.parts.model import load_weights, make, place
 from saturate.parts.precision import Precision, setup_precision
 from saturate.record import RunRecord
 from saturate.scale.distributed import Dist
+from saturate.tasks.base import TaskProtocol
 
 log = logging.getLogger("saturate")
 
@@ -118,7 +119,7 @@ class Evaluation:
 
     data: Data
     spec: DataSpec
-    task: Any
+    task: TaskProtocol
     precision: Precision
     model: nn.Module
     loaders: Loaders

@@ -11,6 +11,7 @@ ask which task runs: they call these, and nothing else.
   are summed across DDP ranks by `compute()`.
 - `update(metrics, outputs, batch)`: feed them one batch.
 - `better(name) -> "max" | "min"`: which way `name` improves (`loss` is always "min").
+- `names() -> (name, ...)`: the names `metrics()` logs (without `loss`).
 - `main`: the metric a run is judged by when `checkpoint.monitor=auto` (e.g. `acc`), or None
   for the validation loss.
 - `predictions(outputs, batch) -> {name: tensor}` (optional): per-sample values for
@@ -18,21 +19,38 @@ ask which task runs: they call these, and nothing else.
 - `host_keys` (optional): the dict entries of a batch that the task reads on the host (CTC's
   lengths); the loaders leave them there instead of copying them to the device.
 
-A user's task is any object with these (a `_target_` in the `task` group, or an object given
-to `saturate.fit`); subclassing `Task` gives the user's metrics, the pair-or-dict batch
-access and the directions for free.
+A user's task is any object with these (`TaskProtocol`; a `_target_` in the `task` group, or
+an object given to `saturate.fit`); subclassing `Task` gives the user's metrics, the
+pair-or-dict batch access, the names and the directions for free.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from saturate.errors import ConfigError, Problem
+
+
+class TaskProtocol(Protocol):
+    """What saturate calls on a task (the module's docstring says what each is for)."""
+
+    main: str | None
+
+    def forward(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, Any]: ...
+
+    def metrics(self) -> dict[str, Any]: ...
+
+    def update(self, metrics: dict[str, Any], outputs: Any, batch: Any) -> None: ...
+
+    def better(self, name: str) -> str: ...
+
+    def names(self) -> tuple[str, ...]: ...
+
 
 # Metrics whose direction torchmetrics does not say (higher_is_better is None), by name.
 LOWER_IS_BETTER = ("loss", "mae", "rmse", "mse", "mape", "wer", "cer", "ter", "error", "err")
