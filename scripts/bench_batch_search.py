@@ -20,8 +20,8 @@ from hydra import compose, initialize_config_dir
 
 import saturate
 from saturate import names
+from saturate.components.batch_size import Trial, table
 from saturate.config.dirs import CONF
-from saturate.parts.batch_size import Trial, table
 
 saturate.register()  # the schema and resolvers, before composing conf/
 

@@ -140,7 +140,7 @@ def test_no_function_in_saturate_is_over_60_lines_and_the_composition_root_is_sh
                 size = node.end_lineno - node.lineno + 1
                 long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({size} lines)")
     assert long == []
-    assert len((SRC / "compose" / "run.py").read_text().splitlines()) <= 300
+    assert len((SRC / "trainer" / "run.py").read_text().splitlines()) <= 300
 
 
 def test_no_test_or_script_patches_a_saturate_module_to_reach_a_hook():

@@ -273,9 +273,9 @@ def test_the_collector_is_left_alone_by_python_calls_a_users_off_switch_and_a_mu
     hours) keeps its collector on."""
     import saturate
     from saturate.cli import run
-    from saturate.compose.build import UserObjects
     from saturate.config.invocation import SCRIPT
     from saturate.started import pause_collector, resume_collector
+    from saturate.trainer.build import UserObjects
 
     probe = CollectorProbe()
     saturate.train(make_cfg(), objects=UserObjects(callbacks={"probe": probe}))

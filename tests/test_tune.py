@@ -22,7 +22,7 @@ from saturate.errors import ConfigError
 from saturate.tune import COMPUTE, candidates, merged, preset_text, side_order
 from tests.conftest import CONF, ROOT, compose_config, run_cli
 
-# what the bottleneck report records of a run (saturate.observe.report.RunFacts), plus the loader's prefetch
+# what the bottleneck report records of a run (saturate.diagnostics.report.RunFacts), plus the loader's prefetch
 FACTS = {
     "device": "cpu",
     "batch_size": 128,
@@ -427,7 +427,7 @@ def test_the_preset_goes_to_the_users_config_dir_else_to_conf_in_the_working_dir
 
 def test_a_trial_stops_once_its_steady_state_is_measured(make_cfg):
     import saturate
-    from saturate.compose.build import UserObjects
+    from saturate.trainer.build import UserObjects
     from saturate.tune import Measured
     from tests.conftest import read_metrics
 
@@ -532,7 +532,7 @@ def test_a_tune_cache_entry_is_checked_before_it_is_used():
     "content", ["[]", '"a string"', "7", '{"k": 5}', '{"k": []}', "[" * 50_000 + "]" * 50_000, "{ not json"]
 )
 def test_a_cache_file_of_any_shape_is_measured_again_with_a_warning(tmp_path, caplog, content):
-    from saturate.parts.batch_size import Cache, valid_choice
+    from saturate.components.batch_size import Cache, valid_choice
 
     path = tmp_path / "cache.json"
     path.write_text(content)

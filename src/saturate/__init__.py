@@ -18,7 +18,7 @@ def __getattr__(name: str):
     """`train`, `fit` and `Metrics` are imported when first asked for: `import saturate` (and
     train.py's --help, and a config's mistakes) stay free of torch's start-up time."""
     if name in ("Metrics", "train"):
-        from saturate.compose import run
+        from saturate.trainer import run
 
         return getattr(run, name)
     if name == "fit":

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
@@ -19,6 +19,12 @@ from saturate.config.registration import register
 from saturate.errors import UserError
 from saturate.tasks import BUILT_IN
 
+if TYPE_CHECKING:  # torch is imported by the run, not by this module's import
+    from torch import nn
+    from torch.utils.data import Dataset
+
+    from saturate.trainer.outcome import Metrics
+
 
 def config_dir() -> Path:
     """saturate's own config groups, in the package (saturate.config.dirs.CONF)."""
@@ -26,11 +32,11 @@ def config_dir() -> Path:
 
 
 def fit(
-    model,
-    train_data,
-    val_data=None,
+    model: nn.Module | Callable[..., nn.Module],
+    train_data: Dataset,
+    val_data: Dataset | None = None,
     *,
-    test_data=None,
+    test_data: Dataset | None = None,
     task: str | Any = "classification",
     loss: Callable | str | None = None,
     overrides: Sequence[str] = (),
@@ -39,7 +45,7 @@ def fit(
     loggers: Sequence[Any] | dict = (),
     collate: Callable | None = None,
     target_inverse: Callable | None = None,
-):
+) -> Metrics:
     """Train `model` on `train_data` (validated on `val_data`, tested with best.pt on
     `test_data`, if given) with saturate's engine and config groups: `overrides` as on the
     command line (`["precision=amp", "loader.batch_size=64", "trainer.max_epochs=5"]`).
@@ -56,10 +62,10 @@ def fit(
     - `target_inverse`: takes targets back to their units (regression metrics `*_raw`).
 
     Writes the same run dir as train.py (default: outputs/runs/<date>/<time>) and returns the
-    final metrics (saturate.compose.run.Metrics)."""
-    from saturate.compose.build import UserObjects
-    from saturate.compose.run import train
+    final metrics (saturate.trainer.run.Metrics)."""
     from saturate.data import Data
+    from saturate.trainer.build import UserObjects
+    from saturate.trainer.run import train
 
     register()
     overrides, loss = _fit_arguments(overrides, loss, task)

@@ -177,7 +177,7 @@ def checkpoint_command(name: str, argv: list[str]) -> int:
     project_first()  # a project's config dir and package, as for saturate train in the same folder
     out = Path(args.out or Path("outputs") / name / datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")).absolute()
     try:
-        from saturate.compose.evaluation import find_checkpoint
+        from saturate.trainer.evaluation import find_checkpoint
 
         path = find_checkpoint(args.checkpoint)
         cfg = _checkpoint_config(args, path, out)
@@ -206,7 +206,7 @@ def _checkpoint_config(args: argparse.Namespace, path: Path, out: Path) -> DictC
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         if not args.run_saved_config:
             return compose("config", overrides=[*args.overrides, f"run_dir={out}"])
-        from saturate.compose.evaluation import saved_config
+        from saturate.trainer.evaluation import saved_config
 
         base = compose("config", overrides=hydra_args)
     run_dir = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else path.parent.parent

@@ -73,7 +73,7 @@ class CheckpointError(UserError):
     """A checkpoint that cannot be read or does not fit this run."""
 
 
-def shown(text: object) -> str:
+def printable(text: object) -> str:
     """A file name (or text holding one) that can always be printed and logged: bytes that
     are not UTF-8 (os.listdir hands them over as surrogates, which no log file or terminal
     can encode) are written as escapes, e.g. `\\xff`."""

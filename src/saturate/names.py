@@ -69,7 +69,7 @@ OTHER_UTIL_MEAN = "cpu/other_util_mean"
 RSS_MB = "cpu/rss_mb"
 WORKERS_RSS_MB = "cpu/workers_rss_mb"
 
-# -- a step's cost, counted once after training (saturate.observe.costs)
+# -- a step's cost, counted once after training (saturate.diagnostics.costs)
 FLOPS_PER_STEP = "cost/flops_per_step"
 LAUNCHES_PER_STEP = "cost/launches_per_step"
 FLOPS_PER_LAUNCH = "cost/flops_per_launch"

@@ -2,7 +2,7 @@
 preempted, diverged), every figure under the names of saturate.names, how the run was set up,
 the verdict and the facts it was judged on, and for a stopped run how it goes on.
 
-This module is the one that writes the file and reads it back: the run (saturate.compose),
+This module is the one that writes the file and reads it back: the run (saturate.trainer),
 a failure's record (saturate.checkpoint.rundir), `saturate eval`, tune, the sweep report, the
 launchers and the trackers go through `RunRecord`. The file stays a flat JSON object, its
 keys as docs/outputs.md lists them, so that any tool can read it too.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from saturate.errors import UserError, shown
+from saturate.errors import UserError, printable
 
 FILE = "metrics.json"
 MAX_BYTES = 64 << 20  # a run's record is a few KB; past this a file is not a run's
@@ -66,7 +66,7 @@ class RunRecord:
 
     @property
     def facts(self) -> dict[str, Any]:
-        """What the verdict was judged on (saturate.observe.report.RunFacts, as a dict)."""
+        """What the verdict was judged on (saturate.diagnostics.report.RunFacts, as a dict)."""
         value = self.entries.get("facts")
         return value if isinstance(value, dict) else {}
 
@@ -146,4 +146,4 @@ def write_json(path: Path, data: dict) -> None:
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write {shown(path)}: {e.strerror or e}") from None
+        raise UserError(f"cannot write {printable(path)}: {e.strerror or e}") from None

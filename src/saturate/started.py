@@ -61,7 +61,7 @@ def process_age() -> float:
         return max(0.0, time.time() - psutil.Process().create_time())
 
 
-def reach(point: str) -> None:
+def mark_reached(point: str) -> None:
     """This process reached `point` ("main", "task"); the first time counts."""
     REACHED.setdefault(point, time.perf_counter())
 

@@ -15,8 +15,8 @@ import torch
 import saturate
 from saturate.loop.faults import Preempted
 from tests.checkpoint.test_resume import EXACT, final_weights, signal_at, step_losses
-from tests.compose.test_run import events
 from tests.conftest import ROOT, TINY, read_metrics, run_cli
+from tests.trainer.test_run import events
 
 # min_delta 1.0: accuracy can never improve by more than 1, so the first evaluation is the best
 # and the run stops after `patience` more (training itself is untouched)

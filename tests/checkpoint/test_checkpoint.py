@@ -14,8 +14,8 @@ import torch
 import saturate
 from saturate.checkpoint import checkpointer as checkpoint
 from saturate.checkpoint import files
-from saturate.compose.build import UserObjects
 from saturate.config.schema import CheckpointConfig
+from saturate.trainer.build import UserObjects
 from tests.conftest import read_metrics
 
 

@@ -16,8 +16,8 @@ import torch
 import saturate
 from saturate.checkpoint import files as checkpoint
 from saturate.loop.faults import Preempted
-from tests.compose.test_run import events
 from tests.conftest import popen, read_metrics, run_cli, stopped_after_first_save
+from tests.trainer.test_run import events
 
 # digits, 11 steps per epoch, every step's loss logged; a narrow small_cnn (width 8): what a resume restores is the
 # same, its arithmetic a sixteenth

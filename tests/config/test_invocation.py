@@ -17,8 +17,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from saturate.compose.run import resume_hint
 from saturate.config.invocation import from_hydra
+from saturate.trainer.run import resume_hint
 from tests.conftest import CONF, ROOT, TINY, read_metrics, run_cli, stopped_after_first_save
 
 

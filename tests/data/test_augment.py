@@ -23,8 +23,8 @@ from saturate.data.augment import (
 )
 from saturate.data.base import ImageTensors
 from saturate.data.loader import ResumableSampler
-from tests.compose.test_run import events
 from tests.conftest import TINY
+from tests.trainer.test_run import events
 
 EVERYTHING = Policy("everything", hflip=0.5, rotation=25, brightness=0.3, contrast=0.3, translate=0.2, erasing=0.7)
 

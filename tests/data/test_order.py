@@ -19,8 +19,8 @@ from saturate.config.schema import LoaderConfig
 from saturate.data.base import materialize
 from saturate.data.loader import PlainPipeline, ResidentLoader, Shard, StreamLoader, _check_loadable
 from saturate.errors import ConfigError, UserError
-from tests.compose.test_same_result import Noisy, _digits
 from tests.conftest import TINY, run_cli
+from tests.trainer.test_same_result import Noisy, _digits
 
 CPU = PlainPipeline(torch.device("cpu"), non_blocking=False)
 

@@ -25,10 +25,10 @@ from saturate.data.loader import (
     read_in_place,
     resident_for,
 )
+from saturate.diagnostics.report import RunFacts, diagnose, render
 from saturate.errors import ConfigError, DataError
-from saturate.observe.report import RunFacts, diagnose, render
-from tests.compose.test_run import events
 from tests.conftest import read_metrics, run_cli
+from tests.trainer.test_run import events
 
 LOADERS = ["default", "fast", "debug", "resident"]
 

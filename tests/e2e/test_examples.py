@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.compose.test_run import events
 from tests.conftest import ROOT, TINY, python, read_metrics, run_cli
 from tests.scale.test_distributed import torchrun
+from tests.trainer.test_run import events
 
 EXAMPLES = [  # (folder, experiment, task, a metric it logs, a test metric it logs or None)
     ("timeseries", "co2", "regression", "val/rmse", None),

@@ -18,8 +18,8 @@ from torch.utils.data import Dataset
 
 import saturate
 from saturate.errors import ConfigError, DataError, UserError
-from tests.compose.test_run import events
 from tests.conftest import ROOT, TINY, compose_config, read_metrics, run_cli
+from tests.trainer.test_run import events
 
 PACKAGE = {
     "sensorpkg/__init__.py": "",

@@ -23,8 +23,8 @@ from torch.utils.data import Dataset
 import saturate
 from saturate.errors import CheckpointError, DataError
 from saturate.loop.faults import TrainingDiverged
-from tests.compose.test_run import events
 from tests.conftest import ROOT, TINY, python, read_metrics, run_cli
+from tests.trainer.test_run import events
 
 
 class Payload:

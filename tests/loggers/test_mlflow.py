@@ -15,7 +15,7 @@ import pytest
 
 import saturate
 from tests.conftest import TINY, compose_config, run_cli
-from tests.observe.test_sweep import QUICK, sweep_dir
+from tests.diagnostics.test_sweep import QUICK, sweep_dir
 
 # find_spec, not importorskip: collecting (every xdist worker does) should not pay for importing mlflow
 pytestmark = pytest.mark.skipif(

@@ -1,5 +1,5 @@
 """logger=mlflow as a user sees it in MLflow's own UI, in a real browser (Debian's chromium driven
-by Playwright, as tests/observe/test_tensorboard_browser.py): a real 3-job `python train.py -m`
+by Playwright, as tests/diagnostics/test_tensorboard_browser.py): a real 3-job `python train.py -m`
 with logger=[tensorboard,mlflow], then `mlflow ui` over the store it made. The runs table lists
 the sweep as one parent run whose three jobs unfold under it, each with its final val/acc; the
 compare view of the three jobs sets their swept param side by side. Needs the full `mlflow`
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CHROMIUM, run_cli
-from tests.observe.test_sweep import QUICK, sweep_dir
-from tests.observe.test_tensorboard_browser import shot
+from tests.diagnostics.test_sweep import QUICK, sweep_dir
+from tests.diagnostics.test_tensorboard_browser import shot
 
 
 def _no_ui() -> str | None:

@@ -1,6 +1,6 @@
 """TensorBoard shows each run once: its scalars and its HParams session in the same event
 files (no `tb/hparams` sub-run), read back as `tensorboard --logdir` reads a folder of runs.
-(A real run's: tests/compose/test_run.py, test_hparams_hold_the_values_used_and_the_compared_metrics.)"""
+(A real run's: tests/trainer/test_run.py, test_hparams_hold_the_values_used_and_the_compared_metrics.)"""
 
 from __future__ import annotations
 

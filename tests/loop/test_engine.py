@@ -12,18 +12,18 @@ from torch import nn
 
 from saturate.callbacks import Observers, Plan, Run
 from saturate.checkpoint.checkpointer import Checkpointer
+from saturate.components.precision import setup_precision
+from saturate.components.schedule import Schedule
 from saturate.config.schema import CheckpointConfig, LoaderConfig, PrecisionConfig
 from saturate.data.base import InMemory
 from saturate.data.loader import PlainPipeline, ResidentLoader
+from saturate.diagnostics.monitor import ResourceMonitor
+from saturate.diagnostics.timing import RunClock, StepTimer
+from saturate.diagnostics.tracking import Tracker
 from saturate.loop.engine import Engine, Instruments, Limits, Training, TrainState
 from saturate.loop.evaluate import Evaluator
 from saturate.loop.faults import NonFiniteGuard, StopSignal
 from saturate.loop.step import TrainStep
-from saturate.observe.monitor import ResourceMonitor
-from saturate.observe.timing import RunClock, StepTimer
-from saturate.observe.tracking import Tracker
-from saturate.parts.precision import setup_precision
-from saturate.parts.schedule import Schedule
 from saturate.scale.distributed import Dist
 from saturate.tasks.classification import Classification
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import saturate
-from tests.compose.test_run import events
 from tests.conftest import read_metrics
+from tests.trainer.test_run import events
 
 # digits: 1437 training samples, batch 128 (11 steps per epoch, the last partial one dropped)
 STEPS = [

@@ -18,12 +18,12 @@ import torch.nn.functional as F
 
 import saturate
 from saturate.checkpoint import files as checkpoint
+from saturate.components.precision import Precision
 from saturate.errors import DataError
 from saturate.loop.faults import NonFiniteGuard, NotRequeued, Preempted, StopSignal, TrainingDiverged
 from saturate.loop.step import TrainStep
-from saturate.parts.precision import Precision
-from tests.compose.test_run import events
 from tests.conftest import TINY
+from tests.trainer.test_run import events
 
 
 class Snapshots:
@@ -359,8 +359,8 @@ def test_a_skipped_first_step_leaves_the_optimizer_as_new(name, kind, determinis
     """Step 1 non-finite and skipped (on the device for a fused optimizer, by the host read
     otherwise), then step 2: weights and optimizer state exactly those of a new optimizer
     that only ever took step 2."""
+    from saturate.components.optim import setup_optimizer
     from saturate.config.schema import OptimConfig
-    from saturate.parts.optim import setup_optimizer
 
     def build():
         torch.manual_seed(0)
@@ -431,8 +431,8 @@ def test_a_run_whose_first_step_is_skipped_trains_on(make_cfg, deterministic):
 def test_an_fp16_overflow_at_the_first_step_leaves_fused_sgd_momentum_clean(deterministic):
     """fp16's first step overflows in most runs (GradScaler starts at 2^16); GradScaler hands a
     fused optimizer `found_inf` on the device, the same path as the guard's."""
+    from saturate.components.optim import setup_optimizer
     from saturate.config.schema import OptimConfig
-    from saturate.parts.optim import setup_optimizer
 
     with deterministic_mode(deterministic):
         torch.manual_seed(0)

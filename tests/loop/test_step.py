@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from saturate.components.precision import setup_precision
 from saturate.config.schema import PrecisionConfig
 from saturate.loop.faults import NonFiniteGuard
 from saturate.loop.step import TrainStep
-from saturate.parts.precision import setup_precision
 
 CPU = torch.device("cpu")
 
@@ -143,7 +143,7 @@ def test_the_device_decided_guard_adds_a_handful_of_operators_on_a_batchnorm_mod
 )
 def test_a_step_announces_its_host_reads_to_whoever_times_it(skip, fused, fp16, reads):
     """The step timer judges launch-boundness by what was launched before the step waited for
-    the device (saturate.observe.timing): the step calls `on_host_read` before each read."""
+    the device (saturate.diagnostics.timing): the step calls `on_host_read` before each read."""
     model, batch = model_and_batch()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, fused=fused)
     guard = NonFiniteGuard(skip=skip, check_grads=not fp16, max_consecutive=3, device=CPU)

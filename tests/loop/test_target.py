@@ -164,7 +164,7 @@ def test_the_process_is_split_where_both_points_came_in_order_and_else_is_one_sp
     import time
 
     from saturate import started
-    from saturate.observe import timing
+    from saturate.diagnostics import timing
 
     now = time.perf_counter()
     cases = [
@@ -194,7 +194,7 @@ def test_a_process_that_began_as_a_shell_counts_from_saturates_import():
     keeps the shell's start time, before pip ran (the first quick-start run said "interpreter
     and imports 76.61 s"). A start more than PROCESS_SLACK_S before saturate's import is not
     the interpreter's: the clock starts at the import."""
-    from saturate.observe.timing import process_origin
+    from saturate.diagnostics.timing import process_origin
     from saturate.started import IMPORTED_AT
 
     assert process_origin(IMPORTED_AT - 76.0) == IMPORTED_AT  # pip install ran first

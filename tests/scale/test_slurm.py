@@ -17,9 +17,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
+from saturate.components.device import setup_device
 from saturate.config.invocation import SCRIPT, from_hydra
 from saturate.config.schema import DeviceConfig
-from saturate.parts.device import setup_device
 from saturate.scale.launch import resume_hint
 from scripts.local_slurm import PARTITION, SlurmCluster
 from tests.checkpoint.test_resume import final_weights

@@ -17,8 +17,8 @@ import saturate
 from saturate.data.augment import PRESETS, BatchAugment, SampleAugment, Schedule, Transforms, kornia_pipeline
 from saturate.errors import UserError
 from saturate.tasks import Segmentation
-from tests.compose.test_run import events
 from tests.conftest import TINY, read_metrics
+from tests.trainer.test_run import events
 
 
 def hand_dice(preds: torch.Tensor, masks: torch.Tensor, classes: list[int]) -> tuple[float, dict[int, float]]:
@@ -183,7 +183,7 @@ def test_previews_are_logged_at_the_first_evaluation_then_at_most_every_few_seco
     """Each preview costs a PNG and TensorBoard's pure-Python CRC of it: with an evaluation every
     step (8 here), the images come at the first, then once tracking.PICTURES_EVERY_S has passed
     (never here, with 1e9 s; every time with 0), and at the last step; the metrics at every one."""
-    from saturate.observe import tracking
+    from saturate.diagnostics import tracking
 
     monkeypatch.setattr(tracking, "PICTURES_EVERY_S", every_s)
     overrides = [*SEGMENT, "trainer.limit_train_batches=4", "trainer.max_epochs=2", "trainer.eval_every=1"]
@@ -210,7 +210,7 @@ class StopsAt:
 def test_a_run_stopped_at_an_evaluation_logs_its_images_there(tmp_path, monkeypatch):
     """The last evaluation's images are logged however the run ends: a stop asked for at an
     evaluation (early stopping, the target) makes it the last."""
-    from saturate.observe import tracking
+    from saturate.diagnostics import tracking
 
     monkeypatch.setattr(tracking, "PICTURES_EVERY_S", 1e9)
     overrides = [*SEGMENT, "trainer.limit_train_batches=4", "trainer.max_epochs=2", "trainer.eval_every=1"]

@@ -17,9 +17,9 @@ from saturate.data import pad_collate
 from saturate.errors import UserError
 from saturate.loop.evaluate import joined
 from saturate.tasks.base import Task
-from tests.compose.test_run import events
 from tests.conftest import TINY, read_metrics, run_cli
 from tests.hostile.test_bad_input import Samples, fit, mlp, windows
+from tests.trainer.test_run import events
 
 
 def digits_like(n: int = 256, seed: int = 0) -> TensorDataset:
@@ -392,11 +392,11 @@ class DeviceLengths(TorchDispatchMode):
 def test_ctc_lengths_stay_on_the_host_so_the_loss_copies_nothing_back(make_cfg):
     """The run's pipeline (built from the run's data description, for a `meta` device) leaves
     the lengths CTC reads on the host; the loss then copies nothing from the device."""
-    from saturate.compose.build import UserObjects, build_parts
     from saturate.config.invocation import Invocation
     from saturate.config.schema import validate
     from saturate.data.loader import build_pipeline
     from saturate.scale.distributed import Dist
+    from saturate.trainer.build import UserObjects, build_parts
     from tests.loop.test_hygiene import example
 
     run = validate(make_cfg(*example("sign"), "monitor.costs=false"))

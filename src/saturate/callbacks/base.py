@@ -18,12 +18,17 @@ restored on resume, so a resumed run behaves as an uninterrupted one.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saturate import names
 from saturate.errors import ConfigError, Problem, is_number
+
+if TYPE_CHECKING:  # this module is the protocol, light to import: torch only for the types
+    import torch
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -45,10 +50,19 @@ class Run:
     """What a callback sees of the run, and the requests it may make. Built by the run from
     its plan, the objects it trains with, and where the loop is (`position`: its `step` and
     `epoch`, which the loop keeps current; `timer`: the step timer's steady-state windows,
-    saturate.observe.timing.StepTimer, read-only)."""
+    saturate.diagnostics.timing.StepTimer, read-only)."""
 
     def __init__(
-        self, plan: Plan, *, model, optimizer, scheduler, position, timer=None, lr_scale: float = 1.0, direction=None
+        self,
+        plan: Plan,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        position: Any,
+        timer: Any = None,
+        lr_scale: float = 1.0,
+        direction: Callable[[str], str] | None = None,
     ):
         self.run_dir, self.monitor, self.mode = Path(plan.run_dir), plan.monitor, plan.mode
         self.total_steps, self.rank, self.world_size = plan.total_steps, plan.rank, plan.world_size
@@ -99,12 +113,12 @@ class Run:
         self.scheduler.scale(factor)
 
     @property
-    def eval_model(self):
+    def eval_model(self) -> nn.Module:
         """What is evaluated and saved as the run's weights (a callback may set an average)."""
         return self._eval_model
 
     @eval_model.setter
-    def eval_model(self, model) -> None:
+    def eval_model(self, model: nn.Module) -> None:
         import torch  # here: this module is the protocol, light to import
 
         if not isinstance(model, torch.nn.Module):
@@ -129,7 +143,7 @@ class Callback:
     def on_run_start(self, run: Run) -> None:
         """After set-up, before the first step (run.step is where a resumed run continues)."""
 
-    def on_train_batch_end(self, run: Run, loss) -> None:
+    def on_train_batch_end(self, run: Run, loss: torch.Tensor) -> None:
         """After each training step: `loss` is the step's loss on the device (do not read it)."""
 
     def on_after_optimizer_step(self, run: Run) -> None:
@@ -151,7 +165,7 @@ class Callback:
     def on_text(self, run: Run, tag: str, text: str, step: int) -> None:
         """A text (Markdown) to record: the report, the config."""
 
-    def on_images(self, run: Run, tag: str, images, step: int) -> None:
+    def on_images(self, run: Run, tag: str, images: torch.Tensor, step: int) -> None:
         """A batch of images (N, C, H, W) in [0, 1] on the CPU: what the augmentation does."""
 
     def on_layout(self, run: Run, charts: dict[str, list[str]]) -> None:

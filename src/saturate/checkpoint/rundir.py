@@ -24,7 +24,7 @@ from pathlib import Path
 
 from saturate import record as run_record
 from saturate.config.registration import UNSET_RUN_DIR
-from saturate.errors import ConfigError, UserError, shown
+from saturate.errors import ConfigError, UserError, printable
 from saturate.record import RunRecord
 from saturate.scale.ranks import rank_zero
 
@@ -98,8 +98,8 @@ def _start_over(run_dir: Path) -> None:
     log.warning(
         "trainer.restart=true: deleted the earlier run's %d file(s) in %s: %s",
         len(deleted),
-        shown(run_dir),
-        ", ".join(shown(p.relative_to(run_dir)) for p in deleted),
+        printable(run_dir),
+        ", ".join(printable(p.relative_to(run_dir)) for p in deleted),
     )
 
 
@@ -112,7 +112,7 @@ def _check(run_dir: Path, resume: str | None, restart: bool) -> RunDirTaken | bo
     if restart:
         return True
     return RunDirTaken(
-        f"run_dir: {shown(run_dir)} holds the checkpoints of an earlier run ({_earlier_run(run_dir)}); continue it "
+        f"run_dir: {printable(run_dir)} holds the checkpoints of an earlier run ({_earlier_run(run_dir)}); continue it "
         "with trainer.resume=auto, start it over with trainer.restart=true (deletes what it wrote: checkpoints, "
         "TensorBoard events, predictions, metrics), or give this run its own hydra.run.dir"
     )
@@ -148,8 +148,8 @@ def hold(
             lock.close()
             lock = None
             refused = RunDirTaken(
-                f"run_dir: {shown(run_dir)} is in use by another run ({holder}); wait for it to end, or give this run "
-                "its own hydra.run.dir"
+                f"run_dir: {printable(run_dir)} is in use by another run ({holder}); wait for it to end, or give this "
+                "run its own hydra.run.dir"
             )
         else:
             lock.truncate(0)

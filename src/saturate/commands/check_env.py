@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from saturate.observe.doctor import choose_device, run_checks, suggestions
+from saturate.diagnostics.doctor import choose_device, run_checks, suggestions
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_on(cfg: DictConfig, path: Path, args: argparse.Namespace, out: Path) -> int:
     """The checkpoint at `path` evaluated with `cfg`; its metrics (and predictions) in `out`."""
-    from saturate.compose.evaluation import evaluate_checkpoint
+    from saturate.trainer.evaluation import evaluate_checkpoint
 
     evaluate_checkpoint(cfg, path, split=args.split, name=args.name, out=out, predict=args.predict)
     return 0

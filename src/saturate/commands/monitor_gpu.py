@@ -17,7 +17,7 @@ import sys
 import time
 from datetime import datetime
 
-from saturate.observe.monitor import Analysis, analyse, open_nvml, read_gpu, visible_nvml_handles
+from saturate.diagnostics.monitor import Analysis, analyse, open_nvml, read_gpu, visible_nvml_handles
 
 FIELDS = ["time", "gpu", "util", "mem_used_mb", "power_w", "temp_c", "sm_clock_mhz"]
 

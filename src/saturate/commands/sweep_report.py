@@ -16,15 +16,15 @@ import sys
 from pathlib import Path
 
 from saturate import record as run_record
-from saturate.observe.sweep import (
+from saturate.diagnostics.sweep import (
     Refused,
     cell,
     common_overrides,
+    escaped,
     markdown,
     plot,
     read_jobs,
     rows,
-    shown,
     write_atomic,
     write_csv,
 )
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     text = "\n".join(
         [
-            f"# Sweep {shown(args.sweep_dir)}",
+            f"# Sweep {escaped(args.sweep_dir)}",
             "",
             f"{len(jobs)} jobs, {len(jobs) - len(failed)} completed; common overrides: {common}",
             "",
@@ -86,5 +86,5 @@ def main(argv: list[str] | None = None) -> int:
         plots = "; no plots: matplotlib is not installed (pip install -e '.[report]')"
     for problem in refused:
         print(f"sweep_report: {problem}", file=sys.stderr)
-    print(f"wrote {', '.join(written) or 'nothing'} in {shown(args.sweep_dir)}{plots}")
+    print(f"wrote {', '.join(written) or 'nothing'} in {escaped(args.sweep_dir)}{plots}")
     return 1 if refused else 0

@@ -26,8 +26,8 @@ from saturate.config.dirs import CONF, PROJECT_ENV, use_project_conf
 from saturate.config.invocation import SCRIPT, Invocation, from_hydra
 from saturate.config.registration import register
 from saturate.config.schema import validate
-from saturate.errors import UserError, shown
-from saturate.started import pause_collector, reach, resume_collector
+from saturate.errors import UserError, printable
+from saturate.started import mark_reached, pause_collector, resume_collector
 
 log = logging.getLogger("saturate")
 _answering = False  # run() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
@@ -64,7 +64,7 @@ def run(main: Callable[[], object], app: str | None = None) -> None:
     single = not {"-m", "--multirun"} & set(sys.argv[1:])
     if single:  # a multirun's parent may wait on a launcher for hours
         pause_collector()  # no collector passes over the start-up's imports (saturate.started)
-    reach("main")  # from here to task(): Hydra's work, the start-up's "hydra" span
+    mark_reached("main")  # from here to task(): Hydra's work, the start-up's "hydra" span
     try:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             main()
@@ -98,7 +98,7 @@ def _answered(main: Callable[[], object]) -> None:
                 raise
             e = e.__cause__
         if e.errno == errno.ENAMETOOLONG:
-            name = shown(str(e.filename or "the run dir"))
+            name = printable(str(e.filename or "the run dir"))
             sys.exit(
                 f"error: cannot create {name[:120]}{'...' if len(name) > 120 else ''}: a name in it is over the file "
                 "system's limit (255 bytes); give a shorter hydra.run.dir or name="
@@ -114,7 +114,7 @@ def _answered(main: Callable[[], object]) -> None:
             errno.EISDIR,
         ):
             raise
-        what = shown(e.filename) if e.filename else "the run dir"
+        what = printable(e.filename) if e.filename else "the run dir"
         sys.exit(
             f"error: cannot write {what} ({e.strerror}); run from a writable folder or set hydra.run.dir=<writable "
             "folder>"
@@ -172,7 +172,7 @@ def task(cfg: DictConfig):
     for (saturate.scale.launch). In a single run a UserError leaves at once, as a SystemExit, so
     that Hydra adds nothing to its message; in a multirun it is raised as usual: the job is
     recorded as failed and the sweep goes on."""
-    reach("task")
+    mark_reached("task")
     invocation = from_hydra()  # how this run was started, read once; passed down from here
     project = os.environ.get(PROJECT_ENV)
     log.info("config: %s", f"the project config dir {project}, then saturate's" if project else "saturate's")
@@ -187,8 +187,8 @@ def task(cfg: DictConfig):
             record_failure(cfg.run_dir, e)  # for sweep reports: this job failed, and why
             raise
 
-        from saturate.compose.run import train
         from saturate.scale.launch import processes
+        from saturate.trainer.run import train
         from saturate.tune import tune
 
         resume_collector(freeze=True)  # the imports are done: what they built is frozen (saturate.started)
@@ -209,8 +209,8 @@ def _launched(cfg: DictConfig, count: int, invocation: Invocation):
     """The run in `count` processes through torch's elastic launcher; rank 0's metrics."""
     import torch
 
-    from saturate.compose.run import Metrics
     from saturate.scale.launch import launch
+    from saturate.trainer.run import Metrics
 
     what = "one per CUDA device" if cfg.device.type != "cpu" and torch.cuda.is_available() else "gloo on the CPU"
     log.info(

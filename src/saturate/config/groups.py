@@ -28,7 +28,7 @@ class DeviceConfig:
     tf32: bool = True  # TF32 matmuls and convolutions on Ampere and newer
     cudnn_benchmark: Any = "auto"  # true/false, or "auto": when the samples have fixed shapes (no retuning per length)
     memory_fraction: float = 1.0  # cap on this process's share of device memory
-    # glibc malloc keeps freed blocks up to 32 MiB (no page faults per step; saturate.parts.device)
+    # glibc malloc keeps freed blocks up to 32 MiB (no page faults per step; saturate.components.device)
     keep_host_memory: bool = True
     threads: Any = "auto"  # torch's intra-op CPU threads: an integer, or auto (SLURM's CPUs per task, else torch's)
 
@@ -287,7 +287,7 @@ class MonitorConfig:
 
 @dataclass
 class BatchSearchConfig:
-    """How loader.batch_size=auto searches (see saturate.parts.batch_size)."""
+    """How loader.batch_size=auto searches (see saturate.components.batch_size)."""
 
     min: int = 16  # first candidate
     max: int = 4096  # never above this, nor above the training set

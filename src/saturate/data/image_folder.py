@@ -28,7 +28,7 @@ from saturate.data.image_stats import STATS_SAMPLES, channel_stats
 from saturate.data.in_memory import InMemory
 from saturate.data.options import fraction, seed
 from saturate.data.skipped import Skipped, fill
-from saturate.errors import ConfigError, DataError, Problem, is_integer, shown
+from saturate.errors import ConfigError, DataError, Problem, is_integer, printable
 
 log = logging.getLogger(__name__)
 
@@ -163,11 +163,11 @@ def _classes(given: str, root: Path, base: Path) -> list[str]:
     try:
         classes = sorted(p.name for p in base.iterdir() if p.is_dir())
     except OSError as e:
-        raise DataError(f"data.root={shown(given)!r}: cannot read {shown(str(base))} ({e.strerror})") from None
+        raise DataError(f"data.root={printable(given)!r}: cannot read {printable(str(base))} ({e.strerror})") from None
     if len(classes) < 2:
         raise DataError(
-            f"data.root={shown(given)!r}: found {len(classes)} class sub-folder(s) in {shown(str(base))}; need at "
-            "least 2"
+            f"data.root={printable(given)!r}: found {len(classes)} class sub-folder(s) in {printable(str(base))}; "
+            "need at least 2"
         )
     return classes
 

@@ -34,7 +34,7 @@ import numpy as np
 from PIL import Image
 
 from saturate.data.skipped import SkipLog
-from saturate.errors import DataError, shown
+from saturate.errors import DataError, printable
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,9 @@ class FolderIndex:
 
 
 def _unlisted(path: str, error: OSError) -> DataError:
-    return DataError(f"data.root: cannot read the folder {shown(path)} ({error.strerror}); its images would be lost")
+    return DataError(
+        f"data.root: cannot read the folder {printable(path)} ({error.strerror}); its images would be lost"
+    )
 
 
 def _walk(folder: str, relative: str, names: list[str], directories: dict[str, int]) -> None:
@@ -132,7 +134,8 @@ def list_classes(folder: Path, classes: list[str]) -> tuple[FolderIndex, list[st
         _walk(str(folder), name, names, directories)
         if len(names) == before:
             raise DataError(
-                f"data.root: the class folder {shown(str(folder / name))} holds no files; remove it or add its images"
+                f"data.root: the class folder {printable(str(folder / name))} holds no files; remove it or add its "
+                "images"
             )
         labels += [label] * (len(names) - before)
     return FolderIndex(PathTable.of(names), np.asarray(labels, dtype=np.int64), directories=directories), names
@@ -216,7 +219,9 @@ class IndexCache:
         if problem is None:
             return index
         log.warning(
-            "image index cache %s is damaged (%s); checking the folder again", shown(str(self.path)), shown(problem)
+            "image index cache %s is damaged (%s); checking the folder again",
+            printable(str(self.path)),
+            printable(problem),
         )
         return None
 
@@ -328,7 +333,7 @@ def index_folder(
     if cached is not None and len(cached.labels) and cached.labels.max() >= len(classes):
         log.warning(
             "image index cache %s is damaged (labels: a class index >= %d classes); checking the folder again",
-            shown(str(cache.path)),
+            printable(str(cache.path)),
             len(classes),
         )
         cached = None
@@ -355,7 +360,9 @@ def index_folder(
                 index.mark_bad(position[name], reason)
     if strict:
         for name, reason in sorted(index.bad.items())[:1]:
-            raise DataError(f"data.strict=true: {shown(os.path.join(folder, name))} is not a readable image ({reason})")
+            raise DataError(
+                f"data.strict=true: {printable(os.path.join(folder, name))} is not a readable image ({reason})"
+            )
     if strict or check:
         mode = "L" if channels == 1 else "RGB"
         assert index.checked is not None  # marked above, or loaded with the index
@@ -369,8 +376,8 @@ def index_folder(
             if strict:
                 cache.store(index)  # what was checked so far is kept
                 raise DataError(
-                    f"data.strict=true: {shown(os.path.join(folder, name))} is not a readable image ({problem})"
+                    f"data.strict=true: {printable(os.path.join(folder, name))} is not a readable image ({problem})"
                 )
     for name, reason in sorted(index.bad.items()):
-        log.warning("skipping %s: not a readable image (%s)", shown(os.path.join(folder, name)), shown(reason))
+        log.warning("skipping %s: not a readable image (%s)", printable(os.path.join(folder, name)), printable(reason))
     return index

@@ -41,7 +41,7 @@ from saturate import names
 from saturate.data.decode import batch_tensor
 from saturate.data.image_index import default_cache
 from saturate.data.skipped import SkipLog, Skipped, fill
-from saturate.errors import ConfigError, DataError, Problem, is_integer, shown
+from saturate.errors import ConfigError, DataError, Problem, is_integer, printable
 
 IMAGE_KEYS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 OPEN_SHARDS = 10  # per process: the sampler reads from about 4 shards at a time (saturate.data.samplers.GROUP_SPAN)
@@ -68,7 +68,7 @@ def read_index(key: str, given: str, channels: int) -> ShardIndex:
     """The index at `given` (data.<key>), every field checked; one DataError naming the file
     and the field otherwise. Nothing it names is opened here but a stat of each shard."""
     path = Path(given).expanduser()
-    where = f"data.{key}={shown(given)!r}"
+    where = f"data.{key}={printable(given)!r}"
 
     def bad(field: str, value, allowed: str) -> DataError:
         text = repr(value)
@@ -105,7 +105,7 @@ def read_index(key: str, given: str, channels: int) -> ShardIndex:
             raise bad(f"shardlist[{i}].nsamples", count, "an integer >= 1 (the samples in the shard)")
         file = path.parent / url  # relative to the index, as wids resolves them; an absolute path stays itself
         if not file.is_file():
-            raise bad(f"shardlist[{i}].url", url, f"an existing shard file (no file at {shown(str(file))})")
+            raise bad(f"shardlist[{i}].url", url, f"an existing shard file (no file at {printable(str(file))})")
         files.append(str(file))
         counts.append(count)
     classes = index.get("classes")
@@ -209,8 +209,8 @@ class ShardImages(Dataset):
         if len(reader) != count:
             reader.close()
             raise DataError(
-                f"data.{self.key}={shown(str(self.index.path))}: shardlist[{shard}].nsamples={count}, but "
-                f"{shown(file)} holds {len(reader)} samples; write the index again (saturate make-shards)"
+                f"data.{self.key}={printable(str(self.index.path))}: shardlist[{shard}].nsamples={count}, but "
+                f"{printable(file)} holds {len(reader)} samples; write the index again (saturate make-shards)"
             )
         self._open[shard] = reader
         while len(self._open) > OPEN_SHARDS:
@@ -221,7 +221,7 @@ class ShardImages(Dataset):
         """(image bytes, or why they cannot be read; class index) of sample `i`. A shard that
         cannot be opened or a sample without an image or a class is an error naming it."""
         shard, inner = self.names.locate(i)
-        where = f"data.{self.key}: sample {shown(self.names[i])}"
+        where = f"data.{self.key}: sample {printable(self.names[i])}"
         try:
             sample = self._shard(shard)[inner]
         except DataError:

@@ -22,7 +22,7 @@ from collections.abc import Set
 from pathlib import Path
 
 from saturate import names
-from saturate.errors import DataError, shown
+from saturate.errors import DataError, printable
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +108,14 @@ class Skipped:
         reason = why(error)
         if self.strict:
             raise DataError(
-                f"cannot read {shown(self.path(index))} ({reason}); it was whole at start-up (data.strict=true): "
+                f"cannot read {printable(self.path(index))} ({reason}); it was whole at start-up (data.strict=true): "
                 "remove or replace it"
             )
         self.files.add(index)
         if not self.log.append(index, self.names[index], reason):
             raise DataError(
-                f"cannot read {shown(self.path(index))} ({reason}), and cannot record it as skipped "
-                f"({shown(self.log.path)} is not writable): remove or replace it"
+                f"cannot read {printable(self.path(index))} ({reason}), and cannot record it as skipped "
+                f"({printable(self.log.path)} is not writable): remove or replace it"
             )
 
     def poll(self) -> None:
@@ -126,7 +126,9 @@ class Skipped:
             self.named.add(name)
             if 0 <= index < len(self.names) and self.names[index] == name:
                 self.files.add(index)
-            log.warning("skipping %s: not a readable image (%s)", shown(os.path.join(self.where, name)), shown(reason))
+            log.warning(
+                "skipping %s: not a readable image (%s)", printable(os.path.join(self.where, name)), printable(reason)
+            )
             self.notes[names.SKIPPED_FILES] = self.notes.get(names.SKIPPED_FILES, 0) + 1
 
 
@@ -178,4 +180,6 @@ def _next_readable(position: int, slot, *, skipped: Skipped, file_of, fetch, len
         except UNREADABLE as e:
             data = e
         skipped.record(file, data)
-    raise DataError(f"none of the {length} images in {shown(skipped.where)} can be read (skipped: see the warnings)")
+    raise DataError(
+        f"none of the {length} images in {printable(skipped.where)} can be read (skipped: see the warnings)"
+    )

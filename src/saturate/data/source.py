@@ -80,7 +80,7 @@ class UserCollate:
     def __init__(self, fn: Callable):
         self.fn, self.name = fn, getattr(fn, "__qualname__", type(fn).__name__)
 
-    def __call__(self, samples: list):
+    def __call__(self, samples: list) -> Any:
         try:
             return self.fn(samples)
         except UserError:

@@ -10,7 +10,7 @@ the PyTorch model on real validation batches.
 - `safetensors`: the weights alone, model.safetensors (safetensors.torch.load_file).
 
 The model is built from the config composed as for training, with the checkpoint's weights
-(saturate.compose.evaluation.open_checkpoint). Its inputs are what the task passes it on the
+(saturate.trainer.evaluation.open_checkpoint). Its inputs are what the task passes it on the
 validation batches (recorded at the model's call), so an export takes what `forward` takes:
 normalised images, a padded sequence. The first dimension of each input is the batch and is
 dynamic; any other dimension that differs between validation batches (a padded sequence's
@@ -30,10 +30,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from saturate.compose.evaluation import Opened, open_checkpoint
 from saturate.errors import UserError
 from saturate.export import formats
 from saturate.export.why import ExportFailed
+from saturate.trainer.evaluation import Opened, open_checkpoint
 
 FORMATS = {
     "onnx": formats.to_onnx,

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from saturate import names
+from saturate.components.device import OutOfMemory, free_device_memory, is_oom
 from saturate.loop.faults import Preempted
 from saturate.loop.protocols import (
     Batches,
@@ -47,7 +48,6 @@ from saturate.loop.protocols import (
 )
 from saturate.loop.step import TrainStep
 from saturate.loop.target import Target
-from saturate.parts.device import OutOfMemory, free_device_memory, is_oom
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
+from saturate.components.precision import Precision
 from saturate.errors import UserError
 from saturate.loop.step import batch_size
-from saturate.parts.precision import Precision
 
 
 class EvaluationError(UserError):

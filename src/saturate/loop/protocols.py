@@ -27,7 +27,7 @@ class Batches(Protocol):
 
 
 class Schedule(Protocol):
-    """The learning rate over the run (saturate.parts.schedule.Schedule)."""
+    """The learning rate over the run (saturate.components.schedule.Schedule)."""
 
     def step(self) -> None:
         """After an optimizer step that moved the weights."""
@@ -40,7 +40,7 @@ class Schedule(Protocol):
 
 
 class Tracker(Protocol):
-    """Where metrics go (saturate.observe.tracking.Tracker)."""
+    """Where metrics go (saturate.diagnostics.tracking.Tracker)."""
 
     latest: dict[str, float]
 
@@ -64,7 +64,7 @@ class Tracker(Protocol):
 
 
 class Timer(Protocol):
-    """Where each step's time goes (saturate.observe.timing.StepTimer)."""
+    """Where each step's time goes (saturate.diagnostics.timing.StepTimer)."""
 
     first_step_at: float | None  # perf_counter at the end of the first step (host time)
 
@@ -83,7 +83,7 @@ class Timer(Protocol):
 
 
 class Monitor(AbstractContextManager, Protocol):
-    """Resource sampling in the background (saturate.observe.monitor.ResourceMonitor)."""
+    """Resource sampling in the background (saturate.diagnostics.monitor.ResourceMonitor)."""
 
     phase: str
 
@@ -95,7 +95,7 @@ class Monitor(AbstractContextManager, Protocol):
 
 
 class Clock(Protocol):
-    """The loop's time besides the steps (saturate.observe.timing.RunClock)."""
+    """The loop's time besides the steps (saturate.diagnostics.timing.RunClock)."""
 
     def timing(self, name: str) -> AbstractContextManager: ...
 

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from saturate.components.device import OutOfMemory, free_device_memory, is_oom
 from saturate.errors import named_parts
-from saturate.parts.device import OutOfMemory, free_device_memory, is_oom
 from saturate.scale.distributed import no_sync
 
 log = logging.getLogger(__name__)

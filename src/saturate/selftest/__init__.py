@@ -73,7 +73,7 @@ def machine(device: str) -> dict:
     if device == "cuda":
         facts["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         facts["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
-        from saturate.observe.environment import nvidia_driver
+        from saturate.diagnostics.environment import nvidia_driver
 
         facts["driver"] = nvidia_driver()
     return facts

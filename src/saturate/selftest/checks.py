@@ -135,7 +135,7 @@ def augmentation_cpu(ctx: Context) -> str:
 @check(
     "out-of-memory",
     "a real CUDA out-of-memory mid-training (memory capped by device.memory_fraction), recovered in micro-batches",
-    needs_cuda="a CPU's memory is not capped: a real out-of-memory needs a GPU (tests/parts/test_batch_size.py "
+    needs_cuda="a CPU's memory is not capped: a real out-of-memory needs a GPU (tests/components/test_batch_size.py "
     "covers the recovery logic with a simulated one)",
     timeout_s=300,
 )
@@ -233,7 +233,7 @@ NO_NVIDIA_GPU = "NVML is NVIDIA's driver library: there is no NVIDIA GPU here"
     needs_cuda=NO_NVIDIA_GPU,
 )
 def nvml(ctx: Context) -> str:
-    from saturate.observe.monitor import Gpm, open_nvml, read_gpu, visible_nvml_handles
+    from saturate.diagnostics.monitor import Gpm, open_nvml, read_gpu, visible_nvml_handles
 
     pynvml, why = open_nvml()
     expect(pynvml is not None, f"NVML did not start: {why}")

@@ -147,7 +147,7 @@ def ddp_agreement_check(ctx: Context):
     needs_cuda="NVML is NVIDIA's driver library: there is no NVIDIA GPU here",
 )
 def nvml_uuids_check(ctx: Context):
-    from saturate.observe.monitor import cuda_uuids, open_nvml
+    from saturate.diagnostics.monitor import cuda_uuids, open_nvml
 
     pynvml, why = open_nvml()
     expect(pynvml is not None, f"NVML did not start: {why}")

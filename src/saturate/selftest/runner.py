@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from saturate.errors import shown
+from saturate.errors import printable
 from saturate.selftest.base import REGISTRY, Check, Context, Failed, Skip
 
 
@@ -66,7 +66,7 @@ def end_leftovers() -> None:
 
 def one_line(detail) -> str:
     """A check's detail as one table line: control characters escaped, at most 300 characters."""
-    text = shown(" ".join(str(detail).split()))
+    text = printable(" ".join(str(detail).split()))
     return text if len(text) <= 300 else text[:299] + "…"
 
 

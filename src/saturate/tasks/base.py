@@ -95,7 +95,7 @@ class Task:
 
     # -- batches
 
-    def input(self, batch):
+    def input(self, batch: Any) -> Any:
         """The model's input: a pair's first entry, or the dict's `input_key` entry (a list of
         keys: those entries, in order)."""
         if not isinstance(batch, dict):
@@ -104,7 +104,7 @@ class Task:
             return tuple(batch[k] for k in self.input_key)
         return batch[self.input_key]
 
-    def output(self, outputs):
+    def output(self, outputs: Any) -> Any:
         """The output the metrics (and the task's own loss) read: all of them, or the
         `output_key` one of a tuple or dict (a model with several heads)."""
         if self.output_key is None:
@@ -117,7 +117,7 @@ class Task:
                 [Problem("task.output_key", self.output_key, f"an index or key of the outputs ({kind})")]
             ) from None
 
-    def target(self, batch):
+    def target(self, batch: Any) -> Any:
         return batch[self.target_key] if isinstance(batch, dict) else batch[1]
 
     # -- metrics
@@ -150,16 +150,16 @@ class Task:
         bare = name.split("/")[0].removesuffix("_raw")
         return "min" if bare in LOWER_IS_BETTER or bare.endswith(("_error", "_loss")) else "max"
 
-    def update(self, metrics: dict[str, Any], outputs, batch) -> None:
+    def update(self, metrics: dict[str, Any], outputs: Any, batch: Any) -> None:
         preds, target = self.metric_inputs(outputs, batch)
         for metric in metrics.values():
             metric.update(preds, target)
 
-    def metric_inputs(self, outputs, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def metric_inputs(self, outputs: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(predictions, targets) as the metrics take them."""
         return outputs.float(), self.target(batch)
 
-    def predictions(self, outputs, batch) -> dict[str, torch.Tensor]:
+    def predictions(self, outputs: Any, batch: Any) -> dict[str, torch.Tensor]:
         preds, target = self.metric_inputs(outputs, batch)
         return {"output": preds, "target": target}
 

@@ -73,7 +73,7 @@ class Classification(Task):
 
     def own_metrics(self) -> dict:
         # validate_args=False: torchmetrics' checks read the device per batch; the targets were
-        # checked at start-up (saturate.parts.model) and the outputs' shape in forward
+        # checked at start-up (saturate.components.model) and the outputs' shape in forward
         metrics: dict[str, Metric] = {"acc": MulticlassAccuracy(self.num_classes, average="micro", validate_args=False)}
         if self.top_k:
             metrics[f"top{self.top_k}"] = MulticlassAccuracy(

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from saturate.components.batch_size import Cache
 from saturate.data.loader import cpus_per_process
+from saturate.diagnostics.environment import cpu_name
 from saturate.errors import UserError
 from saturate.loop.faults import StopSignal
-from saturate.observe.environment import cpu_name
-from saturate.parts.batch_size import Cache
 from saturate.tune.options import tunable
 from saturate.tune.trials import Result, median_time
 

@@ -19,7 +19,7 @@ def side_order(verdict: str) -> tuple[str, ...]:
 
 def candidates(dimension: str, facts: dict, *, allow: list[str], cuda: bool) -> list[list[str]]:
     """The override sets to try for `dimension`, given the facts of the best run so far
-    (saturate.observe.report.RunFacts as a dict); [] when it does not apply. Ordered: a
+    (saturate.diagnostics.report.RunFacts as a dict); [] when it does not apply. Ordered: a
     dimension with several values stops at the first that does not pay."""
     f = facts
     workers, resident, placement = f["num_workers"], f["resident"], f["placement"]

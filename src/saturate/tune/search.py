@@ -14,10 +14,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from saturate import names
-from saturate.compose.run import Metrics
+from saturate.components.batch_size import Cache
 from saturate.config.invocation import Invocation
 from saturate.errors import UserError
-from saturate.parts.batch_size import Cache
+from saturate.trainer.run import Metrics
 from saturate.tune.cache import cache_key, measure_or_reuse, valid_entry
 from saturate.tune.options import candidates, merged, side_order
 from saturate.tune.outputs import record_tune

@@ -19,12 +19,12 @@ from omegaconf import DictConfig, open_dict
 
 from saturate import names
 from saturate import record as run_record
-from saturate.compose.build import UserObjects
-from saturate.compose.run import train
 from saturate.config.invocation import Invocation, is_setting, key_of
 from saturate.config.naming import slug
+from saturate.diagnostics.report import MIN_STEPS
 from saturate.loop.faults import Preempted, StopSignal, TrainingDiverged
-from saturate.observe.report import MIN_STEPS
+from saturate.trainer.build import UserObjects
+from saturate.trainer.run import train
 from saturate.tune.options import merged
 from saturate.tune.outputs import write_tensorboard
 
