@@ -555,21 +555,21 @@ def test_a_cache_file_of_any_shape_is_measured_again_with_a_warning(tmp_path, ca
 
 def test_a_preset_never_overwrites_a_file_tune_did_not_write(tmp_path):
     from saturate.errors import UserError
-    from saturate.tune import ours, preset_text
+    from saturate.tune import check_overwritable, preset_text
 
-    ours(tmp_path / "new.yaml")  # new: fine
+    check_overwritable(tmp_path / "new.yaml")  # new: fine
     earlier = tmp_path / "tuned_a.yaml"
     earlier.write_text(
         preset_text(["model.width=8"], [], {"model"}, "# Written by saturate's tune on 2026-11-26: ...\n")
     )
-    ours(earlier)  # an earlier tune's preset: replaced
+    check_overwritable(earlier)  # an earlier tune's preset: replaced
     for victim in (CONF / "config.yaml", tmp_path / "notes.yaml", tmp_path):
         if victim.suffix:
             victim.exists() or victim.write_text("mine: 1\n")
         with pytest.raises(
             UserError, match="exists and is not a preset saturate's tune wrote; it is never overwritten"
         ):
-            ours(victim)
+            check_overwritable(victim)
 
 
 def test_tune_refuses_a_preset_path_that_is_not_its_own_before_any_trial(tmp_path):

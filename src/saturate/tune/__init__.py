@@ -39,7 +39,7 @@ record (the table, tune.md, tune.json and the TensorBoard text).
 from saturate.tune.cache import valid_entry
 from saturate.tune.options import COMPUTE, candidates, merged, side_order
 from saturate.tune.outputs import _to_target_lines, render
-from saturate.tune.preset import ours, preset_path, preset_text, reproduce
+from saturate.tune.preset import check_overwritable, preset_path, preset_text, reproduce
 from saturate.tune.search import Tuner, tune
 from saturate.tune.trials import Measured, Result, fresh_compile_state
 
@@ -52,7 +52,7 @@ __all__ = [
     "candidates",
     "fresh_compile_state",
     "merged",
-    "ours",
+    "check_overwritable",
     "preset_path",
     "preset_text",
     "render",

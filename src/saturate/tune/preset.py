@@ -62,7 +62,7 @@ def preset_text(start: list[str], changes: list[str], groups: set[str], header: 
 PRESET_MARK = "# @package _global_\n# Written by saturate's tune"  # how a preset this module wrote begins
 
 
-def ours(path: Path) -> None:
+def check_overwritable(path: Path) -> None:
     """`path` is new, or a preset an earlier tune wrote; anything else (saturate's own
     config.yaml, a user's file) is refused, never overwritten."""
     if not path.exists():
@@ -94,7 +94,7 @@ def write_preset(
 ) -> None:
     """The preset `path`: `start` then `changes` (`groups`: the config groups, whose
     overrides become defaults-list entries)."""
-    ours(path)
+    check_overwritable(path)
     how = "" if confirmed or not changes else " (one trial each, not confirmed)"
     header = (
         f"# Written by saturate's tune on {datetime.now():%Y-%m-%d %H:%M}: {rate:,.0f} samples/s, {speedup:.2f}x the "

@@ -21,7 +21,7 @@ from saturate.trainer.run import Metrics
 from saturate.tune.cache import cache_key, measure_or_reuse, valid_entry
 from saturate.tune.options import candidates, merged, side_order
 from saturate.tune.outputs import record_tune
-from saturate.tune.preset import ours, preset_path
+from saturate.tune.preset import check_overwritable, preset_path
 from saturate.tune.trials import Result, Trials, median_time
 
 log = logging.getLogger("saturate.tune")  # one logger for the whole tune, whichever module writes a line
@@ -211,7 +211,7 @@ def tune(cfg: DictConfig, invocation: Invocation | None) -> Metrics:
     run_dir = Path(invocation.output_dir)
     tuner = Tuner(cfg, invocation, run_dir)
     preset = preset_path(cfg, invocation)
-    ours(preset)  # before the trials: a preset that cannot be written is found now, not after the budget
+    check_overwritable(preset)  # before the trials: a preset that cannot be written is found now, not after the budget
     key = cache_key(cfg, tuner)
     extra = [part for text in cfg.tune.extra for part in str(text).split()]
     cache = Cache(cfg.tune.cache, what="tune.cache", valid=lambda entry: valid_entry(entry, extra))
