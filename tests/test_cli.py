@@ -203,16 +203,16 @@ def test_help_lists_the_groups_of_a_users_config_dir_too(tmp_path):
 def test_at_exit_the_heap_is_frozen_after_the_handlers_registered_during_the_run(tmp_path):
     """A finished run's process does not free its ~480k objects one by one at exit (1.0 s of a
     2-core CPU's process end with torch, dynamo, torchmetrics and scipy loaded, 0.4 s frozen;
-    scripts/bench_examples.py measures whole processes): run() registers an atexit handler that
+    scripts/bench_examples.py measures whole processes): run_hydra_app() registers an atexit handler that
     collects what is already garbage, then freezes the rest. Handlers that libraries register
-    during the run (MLflow's, wandb's) still run before it, and handlers registered before run()
+    during the run (MLflow's, wandb's) still run before it, and handlers registered before run_hydra_app()
     after it: what Python guarantees at exit is kept."""
     script = tmp_path / "script.py"
     script.write_text(
         "import atexit, gc\n"
-        "from saturate.cli import run\n"
+        "from saturate.cli import run_hydra_app\n"
         "atexit.register(lambda: print('before run():', gc.get_freeze_count() > 0))\n"
-        "run(lambda: atexit.register(lambda: print('during the run:', gc.get_freeze_count() > 0)))\n"
+        "run_hydra_app(lambda: atexit.register(lambda: print('during the run:', gc.get_freeze_count() > 0)))\n"
         "unclosed = open('unclosed.txt', 'w')\n"
         "unclosed.write('kept')  # a file nothing closes, held by a module: still flushed\n"
     )
@@ -272,7 +272,7 @@ def test_the_collector_is_left_alone_by_python_calls_a_users_off_switch_and_a_mu
     off stays off and nothing is frozen; a multirun's parent (which may wait on a launcher for
     hours) keeps its collector on."""
     import saturate
-    from saturate.cli import run
+    from saturate.cli import run_hydra_app
     from saturate.config.invocation import SCRIPT
     from saturate.started import pause_collector, resume_collector
     from saturate.trainer.build import UserObjects
@@ -289,10 +289,10 @@ def test_the_collector_is_left_alone_by_python_calls_a_users_off_switch_and_a_mu
     finally:
         gc.enable()
 
-    monkeypatch.setattr(sys, "argv", ["train.py", "-m", "trainer.seed=1,2"])  # as train.py's run() sees them
-    monkeypatch.setenv(SCRIPT, "unset")  # run() sets it: undone after the test
+    monkeypatch.setattr(sys, "argv", ["train.py", "-m", "trainer.seed=1,2"])  # as run_hydra_app() sees them
+    monkeypatch.setenv(SCRIPT, "unset")  # run_hydra_app() sets it: undone after the test
     on = []
-    run(lambda: on.append(gc.isenabled()))
+    run_hydra_app(lambda: on.append(gc.isenabled()))
     assert on == [True] and gc.isenabled() and gc.get_freeze_count() == 0
 
 

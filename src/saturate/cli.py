@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 # train.py, a project's own scripts and the docs reach these as saturate.cli.<name>
-from saturate.commands.train import run, task, train_command
+from saturate.commands.train import run_hydra_app, task, train_command
 from saturate.config.dirs import project_pythonpath, use_project_conf
 from saturate.config.invocation import TRAIN_COMMAND
 from saturate.config.registration import register
@@ -28,7 +28,16 @@ from saturate.errors import Problem
 if TYPE_CHECKING:
     import argparse
 
-__all__ = ["COMMANDS", "checkpoint_command", "command", "describe", "project_first", "run", "task", "train_command"]
+__all__ = [
+    "COMMANDS",
+    "checkpoint_command",
+    "command",
+    "describe",
+    "project_first",
+    "run_hydra_app",
+    "task",
+    "train_command",
+]
 
 
 def project_first() -> None:

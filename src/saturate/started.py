@@ -8,9 +8,9 @@ keeps its own start time, minutes earlier).
 The collector: importing torch, torch._dynamo, torchmetrics, Hydra and the rest allocates some
 700k objects that live as long as the process, and the collector walks the growing heap again
 and again while they load (docs/benchmarks.md, "Start-up"). In train.py's process (a single
-run: cli.run) the collector is off from the command to the end of those imports
-(`pause_collector`), which then freezes everything alive and turns it back on
-(`resume_collector(freeze=True)`, in cli.task): its later passes skip the frozen objects (so
+run: commands.train.run_hydra_app) the collector is off from the command to the end of those
+imports (`pause_collector`), which then freezes everything alive and turns it back on
+(`resume_collector(freeze=True)`, in commands.train.task): its later passes skip the frozen objects (so
 does the one at exit; in DataLoader workers forked after it, they no longer touch those pages:
 gc.freeze's documented use). Nothing the run builds is frozen: the data, the model and DDP's
 reducer are freed as before. What the imports left as garbage in reference cycles (some 30k
@@ -27,8 +27,9 @@ import time
 
 IMPORTED_AT = time.perf_counter()
 IMPORTS: dict[str, float] = {}  # seconds each heavy dependency took to import in this process (import_timed)
-# time.perf_counter() when this process first reached each point of train.py's way to a run: "main" (saturate.cli.run
-# calls the Hydra app) and "task" (Hydra calls saturate.cli.task); between them, Hydra's work (the start-up's "hydra")
+# time.perf_counter() when this process first reached each point of train.py's way to a run: "main"
+# (run_hydra_app calls the Hydra app) and "task" (Hydra calls saturate.commands.train.task); between
+# them, Hydra's work (the start-up's "hydra")
 REACHED: dict[str, float] = {}
 
 _paused = False  # pause_collector turned the collector off; the start-up is not over

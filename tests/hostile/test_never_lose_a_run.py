@@ -573,13 +573,13 @@ def test_ctrl_c_twice_during_an_evaluation_is_recorded_not_a_hooks_failure(tmp_p
 
 def test_an_interrupt_the_run_did_not_catch_is_one_line_and_exit_130(capsys):
     """SIGINT while torch is imported (before the run's own handler): no traceback."""
-    from saturate.cli import run
+    from saturate.cli import run_hydra_app
 
     def main():
         raise KeyboardInterrupt
 
     with pytest.raises(SystemExit) as exited:
-        run(main)
+        run_hydra_app(main)
     assert exited.value.code == 130
     err = capsys.readouterr().err
     assert err.strip().startswith("interrupted (Ctrl-C): stopped at once") and "Traceback" not in err
@@ -646,10 +646,10 @@ def test_a_hook_that_changes_its_metrics_changes_nothing_recorded(tmp_path):
 
 
 def test_run_leaves_the_process_environment_as_it_found_it(capsys, monkeypatch):
-    """cli.run() sets HYDRA_FULL_ERROR for itself: left set in a process that goes on, every
+    """run_hydra_app() sets HYDRA_FULL_ERROR for itself: left set in a process that goes on, every
     train.py started from it after showed Hydra's traceback instead of one line (seen as 7 CLI
     tests failing after this file's interrupt test ran in the same pytest worker)."""
-    from saturate.cli import run
+    from saturate.cli import run_hydra_app
 
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
 
@@ -657,5 +657,5 @@ def test_run_leaves_the_process_environment_as_it_found_it(capsys, monkeypatch):
         raise KeyboardInterrupt
 
     with pytest.raises(SystemExit):
-        run(main)
+        run_hydra_app(main)
     assert "HYDRA_FULL_ERROR" not in os.environ

@@ -30,7 +30,7 @@ from saturate.errors import UserError, printable
 from saturate.started import mark_reached, pause_collector, resume_collector
 
 log = logging.getLogger("saturate")
-_answering = False  # run() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
+_answering = False  # run_hydra_app() is answering mistakes (the user did not ask for HYDRA_FULL_ERROR)
 
 
 def train_command(app: str) -> None:
@@ -44,10 +44,10 @@ def train_command(app: str) -> None:
 
     project_first()
     main = hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")(task)
-    run(main, app=app)
+    run_hydra_app(main, app=app)
 
 
-def run(main: Callable[[], object], app: str | None = None) -> None:
+def run_hydra_app(main: Callable[[], object], app: str | None = None) -> None:
     """Call a `@hydra.main` function; exit 1 with one message for a user's mistake. `app`: the
     command as resume hints and ranks name it (default: this script). For a single run the
     garbage collector is off until task() has done its imports (saturate.started): a `main`
@@ -119,7 +119,7 @@ def _answered(main: Callable[[], object]) -> None:
             f"error: cannot write {what} ({e.strerror}); run from a writable folder or set hydra.run.dir=<writable "
             "folder>"
         )
-    finally:  # run() called in a process that goes on (a test, a notebook): its processes after it answer as before
+    finally:  # called in a process that goes on (a test, a notebook): its processes after it answer as before
         os.environ.pop("HYDRA_FULL_ERROR", None)
         _answering = False
 
@@ -219,7 +219,7 @@ def _launched(cfg: DictConfig, count: int, invocation: Invocation):
         count,
         what,
     )
-    if _answering:  # the processes answer mistakes in one line too (run() set HYDRA_FULL_ERROR for itself)
+    if _answering:  # the processes answer mistakes in one line too (run_hydra_app() set HYDRA_FULL_ERROR for itself)
         os.environ.pop("HYDRA_FULL_ERROR", None)
     assert invocation.output_dir is not None, "Hydra names each job's output dir"
     try:
