@@ -393,7 +393,7 @@ def accepts(model: nn.Module, batch, task, *, autocast=None, channels_last=None,
         return False
     finally:
         if convert:
-            model.to(memory_format=torch.contiguous_format if channels_last else torch.channels_last)  # type: ignore[call-overload]
+            model.to(memory_format=torch.contiguous_format if channels_last else torch.channels_last)  # type: ignore[call-overload]  # as above
         model.train(was_training)
 
 

@@ -126,7 +126,7 @@ def validate(cfg: DictConfig, *, given: tuple[str, ...] = ()) -> RunConfig:
     import nothing, so that a mistaken number is answered at once; the `_target_` nodes, whose
     check imports their modules (torch with the data's), only once the values are right."""
     try:
-        run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+        run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # a structured config's object: its dataclass
     except OmegaConfBaseException as e:  # an interpolation that does not resolve, a node removed with ~
         key = getattr(e, "full_key", None) or "config"
         raise ConfigError(

@@ -49,7 +49,7 @@ class WandbLogger:
             sweep = run.info.get("sweep")
             self.run = wandb.init(
                 dir=str(run.run_dir),
-                mode=self.mode,  # type: ignore[arg-type]  # checked against wandb's modes when the logger is made
+                mode=self.mode,  # type: ignore[arg-type]  # the config's text: wandb.init refuses a mode it does not know
                 project=self.project or run.info.get("app") or "saturate",
                 entity=self.entity,
                 name=run.info.get("name") or run.run_dir.name,
