@@ -59,7 +59,7 @@ def _earlier_run(run_dir: Path) -> str:
     unreadable = f"its {run_record.FILE} says nothing readable"
     done = run_record.read(run_dir)
     best = done.best if done is not None else None
-    if done is None or best is None:
+    if done is None or done.status is None or best is None:
         return unreadable
     try:
         return f"{done.status}, best {best['metric']} {float(best['value']):.4f} at step {int(best['step'])}"

@@ -13,7 +13,7 @@ refused in one line naming it.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import importlib
 import logging
 import time
 from dataclasses import dataclass
@@ -46,17 +46,30 @@ from saturate.trainer.outcome import class_names
 log = logging.getLogger("saturate")
 
 
+def _exists(target: str) -> bool:
+    """Whether a dotted name resolves: each part an attribute of the one before, or a module
+    under it (saturate's own package: importing it runs nothing of the run dir's)."""
+    parts = target.split(".")
+    found: Any = importlib.import_module(parts[0])
+    for i in range(1, len(parts)):
+        try:
+            found = getattr(found, parts[i])
+        except AttributeError:
+            try:
+                found = importlib.import_module(".".join(parts[: i + 1]))
+            except ImportError:
+                return False
+    return True
+
+
 def _missing_module(tree: Any) -> str | None:
-    """The first `_target_` in `tree` whose module cannot be found, if any."""
+    """The first `_target_` in `tree` under saturate's own package that this saturate does not
+    have (a config saved by another version), if any. A user's own targets are checked as any
+    config's are, by validate()."""
     if isinstance(tree, dict):
         target = tree.get("_target_")
-        if isinstance(target, str) and "." in target:
-            module = target.rpartition(".")[0]
-            try:
-                found = importlib.util.find_spec(module) is not None
-            except (ImportError, ValueError):  # a parent that is not a package, or no parent at all
-                found = False
-            if not found:
+        if isinstance(target, str) and target.startswith("saturate."):
+            if not _exists(target):
                 return target
         children = list(tree.values())
     elif isinstance(tree, list):
@@ -79,9 +92,8 @@ def saved_config(run_dir: Path, overrides: list[str], base: DictConfig) -> DictC
     missing = _missing_module(saved)
     if missing is not None:
         raise UserError(
-            f"--run-saved-config: {path} names {missing}, and this saturate has no module "
-            f"{missing.rpartition('.')[0]} (a config saved by another version); evaluate without --run-saved-config, "
-            "giving the overrides the run was trained with"
+            f"--run-saved-config: {path} names {missing}, which this saturate does not have (a config saved by "
+            "another version); evaluate without --run-saved-config, giving the overrides the run was trained with"
         )
     saved.pop("run_dir", None)  # the eval's own dir is given by the caller
     cfg = base.copy()

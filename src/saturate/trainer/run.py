@@ -86,7 +86,7 @@ def train(
             )
             record_failure(cfg.run_dir, e)
             raise e from None
-        if not attempt.recorded:
+        if attempt.recorded is not e:
             record_failure(cfg.run_dir, e, trained=attempt.trained)
         raise
 
@@ -94,11 +94,11 @@ def train(
 @dataclass
 class Attempt:
     """How far this attempt got, for the record of its failure: whether it trained (its own
-    failure then replaces an earlier attempt's record) and whether the failure is recorded
-    already (with the run's progress, where it was caught)."""
+    failure then replaces an earlier attempt's record), and the failure recorded already with
+    the run's progress where it was caught (another raised after it is recorded as usual)."""
 
     trained: bool = False
-    recorded: bool = False
+    recorded: BaseException | None = None
 
 
 TUNE_BY_COMMAND = (
@@ -218,7 +218,7 @@ def _fit(session: Session, state: TrainState, attempt: Attempt) -> Metrics:
         session.engine.save(state, {})
         record = {**session.tracker.latest, **session.outcome, "status": "failed", "error": f"{type(e).__name__}: {e}"}
         write(session, record)
-        attempt.recorded = True
+        attempt.recorded = e
         raise e.with_traceback(None) from None
     except (RuntimeError, ConnectionError, EOFError) as e:  # a DataLoader worker that hung or died
         failure = loader_failure(e, session.config.loader.timeout_s, session.parts.loaders.train.num_workers)
@@ -231,7 +231,7 @@ def _fit(session: Session, state: TrainState, attempt: Attempt) -> Metrics:
         )
         record = {**session.tracker.latest, **session.outcome, "status": "failed", "error": f"DataError: {failure}"}
         write(session, record)  # this run's progress, with the error (train() would keep an earlier attempt's record)
-        attempt.recorded = True
+        attempt.recorded = failure
     finally:
         session.engine.checkpointer.close()  # a save in flight, on disk before the process can end
         session.parts.loaders.close()
@@ -244,7 +244,7 @@ def _fit(session: Session, state: TrainState, attempt: Attempt) -> Metrics:
             if record is not None:
                 why = f"CallbackError: {e} (after the run {record['status']}: its checkpoints and metrics are whole)"
                 write(session, {**record, "status": "failed", "error": why})
-                attempt.recorded = True
+                attempt.recorded = e
             raise
         if record is not None and record["status"] == "completed":
             session.dist.barrier()  # the ranks leave together: one tearing gloo down as another writes can abort

@@ -32,7 +32,7 @@ it. Tunes are cached per (config, hardware) in `tune.cache`.
 The modules, by concern: options (what a verdict asks to try, as overrides), trials (one
 trial run and read back), search (the Tuner, and `tune()` that runs it), cache (the key and
 what a cached entry must hold), preset (the yaml a tune writes and how to reproduce it),
-record (the table, tune.md, tune.json and the TensorBoard text).
+outputs (the table, tune.md, tune.json and the TensorBoard text).
 """
 
 # what other modules and the tests import from saturate.tune
