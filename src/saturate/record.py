@@ -33,9 +33,6 @@ class RunRecord:
 
     entries: dict[str, Any] = field(default_factory=dict)
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.entries.get(key, default)
-
     def _text(self, key: str) -> str | None:
         value = self.entries.get(key)
         return value if isinstance(value, str) else None
@@ -65,20 +62,10 @@ class RunRecord:
         return self._text("verdict")
 
     @property
-    def facts(self) -> dict[str, Any]:
-        """What the verdict was judged on (saturate.diagnostics.report.RunFacts, as a dict)."""
-        value = self.entries.get("facts")
-        return value if isinstance(value, dict) else {}
-
-    @property
     def best(self) -> dict[str, Any] | None:
         """The best checkpoint's metric, value, epoch and step."""
         value = self.entries.get("best")
         return value if isinstance(value, dict) else None
-
-    def figures(self) -> dict[str, float]:
-        """Every number in the record (a bool is not one)."""
-        return {k: float(v) for k, v in self.entries.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def path(run_dir: str | Path) -> Path:
