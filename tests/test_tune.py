@@ -240,7 +240,7 @@ def test_tune_keeps_the_resident_loader_for_in_memory_data_and_skips_failing_tri
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "tune" / "tune.json").read_text())
     # kept only when it measured faster by more than min_gain, which a loaded host may not show
-    resident = [r for r in result["results"] if r["changes"] == ["loader.resident=true"]]
+    resident = [r for r in result["results"] if "loader.resident=true" in r["changes"]]  # its trial comes first
     assert resident and resident[0]["status"] == "ok", result
     if "loader.resident=true" in result["changes"]:
         assert result["speedup"] > 1.05, result
