@@ -83,7 +83,7 @@ def test_every_import_between_parts_is_an_arrow_the_drawing_allows():
 
 def test_a_handful_of_top_level_modules_and_no_folder_holds_a_third_of_the_source():
     top = sorted(p.name for p in SRC.glob("*.py"))
-    assert len(top) <= 8, top
+    assert len(top) <= 9, top
     lines = {p: len(p.read_text().splitlines()) for p in SRC.rglob("*.py")}
     total = sum(lines.values())
     for folder in (d for d in SRC.iterdir() if d.is_dir() and d.name != "__pycache__"):

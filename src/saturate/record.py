@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from saturate.errors import UserError, printable
+from saturate import files
 
 FILE = "metrics.json"
 MAX_BYTES = 64 << 20  # a run's record is a few KB; past this a file is not a run's
@@ -124,13 +124,7 @@ def write(run_dir: str | Path, record: RunRecord) -> None:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Write JSON atomically: a reader sees the old file or the new one, never half (each
-    process through its own temporary file). A write the disk refuses (full, a quota) is one
-    message naming the file, and leaves no temporary file behind."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write {printable(path)}: {e.strerror or e}") from None
+    """Write JSON atomically and without following a link (saturate.files.write_text): a
+    reader sees the old file or the new one, never half. A write the disk refuses (full, a
+    quota) is one message naming the file, and leaves no temporary file behind."""
+    files.write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
