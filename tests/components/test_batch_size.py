@@ -363,3 +363,17 @@ def test_under_compile_the_search_graphs_are_dropped_before_the_run(make_cfg, mo
         )
     )
     assert resets == [1]  # nothing compiled, nothing to drop
+
+
+def test_a_cache_that_cannot_be_written_is_never_said_to_hold_the_choice(make_cfg, tmp_path, caplog):
+    """batch_search.cache names a folder: the search's choice is used, the warning says the
+    file cannot be written, and no line claims the choice was cached there."""
+    folder = tmp_path / "cache.json"
+    folder.mkdir()
+    assert Cache(str(folder)).put({"model": "a"}, {"batch_size": 16, "trials": []}) is False
+    searched = ["loader.batch_size=auto", f"batch_search.cache={folder}", "batch_search.steps=1", "batch_search.max=32"]
+    with caplog.at_level(logging.INFO, logger="saturate"):
+        saturate.train(make_cfg(*searched, "trainer.limit_train_batches=1", "trainer.limit_val_batches=1"))
+    said = [r.getMessage() for r in caplog.records]
+    assert any("cannot write" in m and str(folder) in m for m in said), said
+    assert any("loader.batch_size=auto:" in m for m in said) and not any("cached in" in m for m in said), said

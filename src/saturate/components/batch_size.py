@@ -212,14 +212,13 @@ def choose(cfg, *, key: dict, samples: int, trial: TrialSetup, model: torch.nn.M
     chosen = dist.minimum(chosen)
     if compiled:  # each trial's size was a new shape: from the second on, a graph with a dynamic batch dimension
         torch.compiler.reset()  # dropped, so the run compiles once for the size it trains with (in its warm-up window)
-    if dist.is_main:
-        cache.put(key, {"batch_size": chosen, "trials": [dataclasses.asdict(t) for t in trials]})
+    cached = dist.is_main and cache.put(key, {"batch_size": chosen, "trials": [dataclasses.asdict(t) for t in trials]})
     log.info(
         "loader.batch_size=auto: %d after %d trials in %.1fs%s\n%s",
         chosen,
         len(trials),
         time.perf_counter() - start,
-        f" (cached in {cfg.cache})" if cfg.cache else "",
+        f" (cached in {cfg.cache})" if cached else "",
         table(trials, chosen),
     )
     return chosen, trials
@@ -285,9 +284,11 @@ class Cache:
             return None
         return entry
 
-    def put(self, key: dict, entry: dict) -> None:
+    def put(self, key: dict, entry: dict) -> bool:
+        """Add `entry` under `key`; whether the file now holds it (a write the disk refuses is
+        a warning: the cache is a convenience, the run goes on)."""
         if self.path is None:
-            return
+            return False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -297,11 +298,13 @@ class Cache:
             try:
                 tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
                 os.replace(tmp, self.path)
-            except OSError as e:  # a full disk: the cache is a convenience, the run goes on
+            except OSError as e:  # a full disk, a folder in its place
                 tmp.unlink(missing_ok=True)
                 log.warning(
                     "%s: cannot write %s (%s); the next run measures again", self.what, self.path, e.strerror or e
                 )
+                return False
+        return True
 
 
 def valid_choice(entry: dict) -> bool:
