@@ -10,6 +10,11 @@ too, with the commands that continue it (`trainer.resume=auto`) or start it over
 is the last thing before training: `hold` only grants it, and the run calls `start_over()`
 once its whole configuration is validated and its parts are built, so a mistake in the same
 command (a negative width, a bad learning rate) deletes nothing.
+
+How the run was started (`.hydra/config.yaml`, `hydra.yaml`, `overrides.yaml`: what
+`saturate eval --run-saved-config` and sweep reports read) is saved by saturate, not by Hydra
+before the run starts, and only once the directory is this run's: a run refused for another
+run's directory replaces nothing of that run.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from pathlib import Path
 
 from saturate import record as run_record
 from saturate.config.registration import UNSET_RUN_DIR
+from saturate.config.secrets import masked
 from saturate.errors import ConfigError, UserError, printable
+from saturate.files import write_text
 from saturate.record import RunRecord
 from saturate.scale.ranks import rank_zero
 
@@ -32,6 +39,40 @@ log = logging.getLogger(__name__)
 
 LOCK = ".lock"
 OWN_NAMES = ("last.pt", "best.pt", "top-*.pt")  # saturate's checkpoint files: the only ones resume looks at in a folder
+
+
+HYDRA_SUBDIR = ".hydra"
+_started: tuple[Path, dict[str, str]] | None = None  # the record of how the run in a dir was started, not yet saved
+
+
+def save_when_claimed(run_dir: str | Path, files: dict[str, str]) -> None:
+    """Save `files` (name -> text) in `run_dir`/.hydra once the run holds its directory
+    (`hold`; trainer.restart: once the earlier run's files are deleted), or once it fails
+    there without another run's files in the way (`record_failure`)."""
+    global _started
+    _started = (Path(run_dir).resolve(), files) if files and run_dir else None
+
+
+def _save_started(run_dir: Path) -> None:
+    global _started
+    if _started is None or _started[0] != run_dir.resolve():
+        return
+    files, _started = _started[1], None
+    (run_dir / HYDRA_SUBDIR).mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        write_text(run_dir / HYDRA_SUBDIR / name, text)
+
+
+def _free(run_dir: Path) -> bool:
+    """Whether no other run is in `run_dir`: none holds it, none left its checkpoints there."""
+    if _own_checkpoints(run_dir):
+        return False
+    try:
+        with open(run_dir / LOCK, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
 
 
 class RunDirTaken(UserError):
@@ -129,6 +170,7 @@ class Held:
         if self.restart:
             self.restart = False
             _start_over(self.run_dir)
+            _save_started(self.run_dir)
 
 
 @contextlib.contextmanager
@@ -157,6 +199,8 @@ def hold(
             lock.flush()
             checked = _check(run_dir, resume, restart)
             refused, over = (checked, False) if isinstance(checked, RunDirTaken) else (None, checked)
+            if refused is None and not over:
+                _save_started(run_dir)
     try:
         if not agree(refused is None):
             raise refused or RunDirTaken("run_dir: refused on rank 0 (its message says why)")
@@ -178,6 +222,9 @@ def record_failure(run_dir: str, error: Exception, *, trained: bool = False) -> 
         directory.mkdir(parents=True, exist_ok=True)
     except Exception:  # noqa: BLE001 (no run dir to write to (an unresolvable config, a read-only disk))
         return
+    with contextlib.suppress(UserError):  # a full disk: the failure is still recorded below
+        if _free(directory):
+            _save_started(directory)
     found = run_record.read(directory)
     earlier = found.status if found is not None else None
     if earlier not in (None, "failed") and not trained:
@@ -191,7 +238,7 @@ def record_failure(run_dir: str, error: Exception, *, trained: bool = False) -> 
         why = "; ".join(str(p) for p in error.problems)
     else:
         why = " ".join(line.strip() for line in str(error).strip().splitlines()[:3])
-    run_record.write(directory, RunRecord({"status": "failed", "error": f"{type(error).__name__}: {why}"}))
+    run_record.write(directory, RunRecord({"status": "failed", "error": masked(f"{type(error).__name__}: {why}")}))
 
 
 def prepare(run) -> Path:

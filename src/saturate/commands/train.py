@@ -19,13 +19,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+import yaml
 from hydra.errors import CompactHydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from saturate.config.dirs import CONF, PROJECT_ENV, use_project_conf
-from saturate.config.invocation import SCRIPT, Invocation, from_hydra
+from saturate.config.invocation import SCRIPT, Invocation, from_hydra, refuse_oversized, saved_record
 from saturate.config.registration import register
 from saturate.config.schema import validate
+from saturate.config.secrets import masked, record_env_reads
+from saturate.config.yaml_bombs import refuse_alias_bombs
 from saturate.errors import UserError, printable
 from saturate.started import mark_reached, pause_collector, resume_collector
 
@@ -53,10 +57,16 @@ def run_hydra_app(main: Callable[[], object], app: str | None = None) -> None:
     garbage collector is off until task() has done its imports (saturate.started): a `main`
     that does long work of its own before calling task(), or instead of it, does it without
     the collector."""
+    try:
+        refuse_oversized(sys.argv[1:])  # before Hydra's parser, which takes hours over a huge value
+        refuse_alias_bombs(sys.argv[1:])  # before Hydra's composition, which would expand one
+    except UserError as e:
+        sys.exit(f"error: {e}")
     if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
         print(help_text(sys.argv[1:]))
         return
     register()
+    record_env_reads()  # what ${oc.env:...} reads is written as the interpolation in every record (config.secrets)
     atexit.unregister(_freeze_at_exit)  # once, however many runs a process starts (a test, a notebook):
     atexit.register(_freeze_at_exit)  # after the handlers registered during this (the last) run
     os.environ[SCRIPT] = app or os.path.abspath(sys.argv[0])  # SLURM jobs inherit it: their resume command names it
@@ -92,6 +102,10 @@ def _answered(main: Callable[[], object]) -> None:
         from saturate.cli import describe  # here: saturate.cli imports this module
 
         sys.exit(f"error: {describe(e, sys.argv[1:])}")
+    except InterpolationResolutionError as e:  # in Hydra's own keys (hydra.run.dir), resolved outside a composition
+        sys.exit(f"error: {_unresolved(e)}")
+    except yaml.YAMLError as e:  # a config file Hydra's loader refuses (a python tag, broken YAML)
+        sys.exit(f"error: {_unreadable_yaml(e)}")
     except (OSError, ValueError) as e:  # Hydra creating the run dir or its log on a read-only or full disk
         if isinstance(e, ValueError):  # logging's "Unable to configure handler 'file'", from the OSError behind it
             if not isinstance(e.__cause__, OSError) or "configure handler" not in str(e):
@@ -122,6 +136,23 @@ def _answered(main: Callable[[], object]) -> None:
     finally:  # called in a process that goes on (a test, a notebook): its processes after it answer as before
         os.environ.pop("HYDRA_FULL_ERROR", None)
         _answering = False
+
+
+def _unresolved(error: InterpolationResolutionError) -> str:
+    """`key=<value given>: why it does not resolve`, in one line."""
+    key = error.full_key or "the config"
+    given = next((a.partition("=")[2] for a in sys.argv[1:] if a.lstrip("+~").partition("=")[0] == key), None)
+    why = str(error.msg).splitlines()[0].removeprefix("KeyError raised while resolving interpolation: ")
+    return printable(f"{key}{'=' + given if given is not None else ''}: cannot resolve it: {why}")
+
+
+def _unreadable_yaml(error: yaml.YAMLError) -> str:
+    """`<file>, line N: what is wrong`, in one line: a tag that would build a Python object is
+    one YAML that Hydra's loader refuses."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"{mark.name}, line {mark.line + 1}" if mark is not None else "a config file"
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return printable(f"{where}: not a config saturate reads: {problem}")
 
 
 def _freeze_at_exit() -> None:
@@ -174,6 +205,10 @@ def task(cfg: DictConfig):
     recorded as failed and the sweep goes on."""
     mark_reached("task")
     invocation = from_hydra()  # how this run was started, read once; passed down from here
+    from saturate.checkpoint.rundir import save_when_claimed
+
+    run_dir = OmegaConf.select(cfg, "run_dir", default=None, throw_on_resolution_failure=False)
+    save_when_claimed(run_dir or "", saved_record(cfg))  # .hydra/, once the run dir is this run's
     project = os.environ.get(PROJECT_ENV)
     log.info("config: %s", f"the project config dir {project}, then saturate's" if project else "saturate's")
     assert invocation is not None, "task() is a Hydra app's task: Hydra is running"
@@ -201,7 +236,7 @@ def task(cfg: DictConfig):
         return train(run, invocation)
     except UserError as e:
         if _answering and not invocation.multirun:
-            raise SystemExit(f"error: {e}") from None
+            raise SystemExit(f"error: {masked(str(e))}") from None  # a CI log is a record too
         raise
 
 

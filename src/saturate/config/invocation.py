@@ -31,6 +31,55 @@ SCRIPT = "SATURATE_SCRIPT"
 TRAIN_COMMAND = "saturate train"  # SCRIPT's value for the installed command (else train.py's path)
 
 
+# Hydra's override parser takes time quadratic in a value's elements (1,000: 0.2 s; 4,000: 2 s; 60,000:
+# hours), and OmegaConf recurses once per level of nesting: a value past either bound is refused unparsed
+MAX_ELEMENTS = 1000
+MAX_DEPTH = 32
+
+
+def _shape(value: str) -> tuple[int, int]:
+    """(elements, deepest nesting) of an override's value, read as Hydra's grammar reads it:
+    commas and brackets inside quotes are text."""
+    commas = depth = deepest = 0
+    quote, escaped = "", False
+    for char in value:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+        elif char == ",":
+            commas += 1
+    return commas + 1, deepest
+
+
+def refuse_oversized(argv: Iterable[str]) -> None:
+    """A UserError for the first override whose value holds more than MAX_ELEMENTS elements or
+    nests deeper than MAX_DEPTH: read before Hydra parses anything."""
+    from saturate.errors import UserError
+
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or arg.startswith("-"):
+            continue
+        elements, deepest = _shape(value)
+        if deepest > MAX_DEPTH:
+            raise UserError(f"{key}: nested deeper than {MAX_DEPTH} levels ({deepest}); give such data in a file")
+        if elements > MAX_ELEMENTS:
+            raise UserError(
+                f"{key}: a list or dict of more than {MAX_ELEMENTS:,} elements, or a sweep of more values ({elements:,}"
+                " given); give such data in a file"
+            )
+
+
 def key_of(override: str) -> str:
     """The key (or group) an override sets: `+a.b=1` -> `a.b`."""
     return override.lstrip("+~").partition("=")[0]
@@ -113,6 +162,27 @@ def from_hydra() -> Invocation | None:
         app=script,
         sweep_dir=os.path.join(cwd, str(hydra_cfg.sweep.dir)) if multirun else None,
     )
+
+
+def saved_record(task_cfg) -> dict[str, str]:
+    """What Hydra saves of a run in `<run dir>/.hydra` (the config, Hydra's config, the
+    overrides), as Hydra writes them, for saturate to save once the run dir is the run's own
+    (saturate.checkpoint.rundir): saturate's conf/ sets hydra.output_subdir to null, so a run
+    refused for another run's dir replaces nothing there. {} outside a Hydra app, and where
+    Hydra saves them itself (a user's own app: its hydra.output_subdir is set)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig, OmegaConf
+
+    if not HydraConfig.initialized():
+        return {}
+    full = cast(DictConfig, HydraConfig.instance().cfg)  # {hydra: ...}, as Hydra saves it
+    if full is None or full.hydra.output_subdir is not None:
+        return {}
+    return {
+        "config.yaml": OmegaConf.to_yaml(task_cfg),
+        "hydra.yaml": OmegaConf.to_yaml(full),
+        "overrides.yaml": OmegaConf.to_yaml(full.hydra.overrides.task),
+    }
 
 
 def config_dirs(sources) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from typing import Any
 from tqdm import tqdm
 
 from saturate import names
+from saturate.config.secrets import masked
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +238,7 @@ def hparams_columns(run, invocation, ran: dict[str, Any]) -> dict[str, Any]:
     aug = run.augmentation
     preset = "+".join(x.preset for x in aug.schedule) or aug.preset
     preset = "none" if aug.placement == "none" else ("transforms" if aug.transforms else preset)
-    resolved = plain(run)
+    resolved = masked(plain(run))
     return {
         "overrides": identity(invocation),
         **settings(resolved),

@@ -27,6 +27,7 @@ from saturate.components.model import takes_advice
 from saturate.components.precision import emulated
 from saturate.config.invocation import Invocation
 from saturate.config.schema import RunConfig
+from saturate.config.secrets import masked
 from saturate.data import Data
 from saturate.data.loader import build_pipeline, cpus_per_process
 from saturate.diagnostics.costs import COST_SAMPLES, scaling, step_cost
@@ -34,6 +35,7 @@ from saturate.diagnostics.monitor import device_memory_mb
 from saturate.diagnostics.report import RunFacts, diagnose, render
 from saturate.diagnostics.timing import Startup
 from saturate.diagnostics.tracking import Tracker, hparams_columns, plain, review_hint
+from saturate.files import write_text
 from saturate.loop.engine import Engine, Summary, TrainState
 from saturate.loop.evaluate import Evaluator
 from saturate.record import RunRecord
@@ -74,7 +76,7 @@ class Session:
 
 def write(session: Session, record: dict) -> None:
     if session.dist.is_main:
-        run_record.write(session.config.run_dir, RunRecord(record))
+        run_record.write(session.config.run_dir, RunRecord(masked(record)))
 
 
 def finish(session: Session, summary: Summary) -> Metrics:
@@ -134,7 +136,7 @@ def record(session: Session, summary: Summary, metrics: dict, stopped: dict) -> 
     best = {"best": {"metric": monitor, "value": summary.best, "epoch": best_at[0], "step": best_at[1]}}
     advice = {"verdict": verdict.kind, "suggestions": [override for override, _ in verdict.suggestions], "facts": facts}
     record = {**metrics, **session.outcome, **used, **best, **stopped, "status": "completed", **advice}
-    run_record.write(session.config.run_dir, RunRecord(record))
+    run_record.write(session.config.run_dir, RunRecord(masked(record)))
 
 
 def _say_done(session: Session, metrics: dict) -> None:
@@ -304,7 +306,8 @@ def report(session: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, di
         stopped=session.view.stop_reason,
         notes=[parts.loaders.workers_note, _target_note(session, metrics)],
     )
-    (Path(run.run_dir) / "report.md").write_text(text)
+    text = masked(text)
+    write_text(Path(run.run_dir) / "report.md", text)  # a link planted there is replaced, never written through
     session.tracker.text("bottleneck_report", text)  # TensorBoard sorts text by tag: the report before the config
     # one line per sweep job; the report is in its dir
     if session.invocation.multirun:
@@ -326,7 +329,7 @@ def recorded_config(run: RunConfig, parts: Parts, objects: UserObjects) -> dict:
     for key, obj in (("model", objects.model), ("data", objects.data), ("task", objects.task)):
         if obj is not None:
             resolved[key] = {"object": f"{type(obj).__module__}.{type(obj).__qualname__}"}
-    return resolved
+    return masked(resolved)  # a value read from the environment is recorded as the ${oc.env:...} that read it
 
 
 def start_records(
