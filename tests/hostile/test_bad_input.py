@@ -227,7 +227,7 @@ BAD_INPUTS = [
     (
         "impossible optimizer value",
         ["optim.optimizer.lr=-1"],
-        "optim.optimizer: cannot build torch.optim.SGD: Invalid learning rate",
+        "optim.optimizer.lr=-1: expected a value torch.optim.SGD takes (Invalid learning rate: -1",
     ),
     (
         "misspelt model argument",

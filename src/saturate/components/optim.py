@@ -38,15 +38,14 @@ def param_groups(model: nn.Module, weight_decay: float, configured: Sequence[dic
     does not set `weight_decay` leaves its norms and biases undecayed. Frozen parameters
     (requires_grad false) are in no group: they get no optimizer state."""
     remaining = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    groups = []
+    groups: list[dict] = []
+    owner: dict[str, int] = {}  # each parameter's group, by name
     for i, spec in enumerate(configured):
         patterns = [spec["params"]] if isinstance(spec["params"], str) else list(spec["params"])
         taken = [(n, p) for n, p in remaining if any(fnmatch.fnmatchcase(n, pat) for pat in patterns)]
         if not taken:
-            names = ", ".join(n for n, _ in model.named_parameters())
-            shown = names if len(names) < 300 else names[:300] + " ..."
-            allowed = f"a pattern matching some of {type(model).__name__}'s trainable parameters ({shown})"
-            raise ConfigError([Problem(f"optim.param_groups[{i}].params", spec["params"], allowed)])
+            raise ConfigError([_matches_nothing(model, i, spec["params"], patterns, owner)])
+        owner.update((n, i) for n, _ in taken)
         ids = {id(p) for _, p in taken}
         remaining = [(n, p) for n, p in remaining if id(p) not in ids]
         extra = {k: v for k, v in spec.items() if k != "params"}
@@ -55,6 +54,28 @@ def param_groups(model: nn.Module, weight_decay: float, configured: Sequence[dic
         else:
             groups += _split_decay(taken, weight_decay, extra)
     return groups + _split_decay(remaining, weight_decay, {})
+
+
+def _matches_nothing(model: nn.Module, i: int, given, patterns: list[str], owner: dict[str, int]) -> Problem:
+    """Why group `i` got no parameters: earlier groups took those its patterns match (a
+    parameter is in the first group that matches it), they are frozen, or none is named so."""
+    matched = [n for n, _ in model.named_parameters() if any(fnmatch.fnmatchcase(n, pat) for pat in patterns)]
+    earlier = sorted({owner[n] for n in matched if n in owner})
+    key = f"optim.param_groups[{i}].params"
+    if earlier:
+        took = ", ".join(f"optim.param_groups[{j}]" for j in earlier)
+        allowed = (
+            f"a pattern matching parameters no earlier group takes: {took} took them (each parameter is in the "
+            "first group that matches it; put the narrower pattern first)"
+        )
+        return Problem(key, given, allowed)
+    if matched:
+        return Problem(
+            key, given, f"a pattern matching trainable parameters: those it matches are frozen ({matched[0]})"
+        )
+    names = ", ".join(n for n, _ in model.named_parameters())
+    shown = names if len(names) < 300 else names[:300] + " ..."
+    return Problem(key, given, f"a pattern matching some of {type(model).__name__}'s trainable parameters ({shown})")
 
 
 def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -132,8 +153,25 @@ def setup_optimizer(
         )
         return optimizer, Schedule(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor))
     inner = _scheduler(cfg.scheduler, optimizer, monitor)
+    planned = total_steps if cfg.scheduler_interval == "step" else math.ceil(total_steps / max(1, steps_per_epoch))
+    _check_cycle(inner, dict(cfg.scheduler), planned, cfg.scheduler_interval)
     name = monitor[0] if monitor else None
     return optimizer, Schedule(optimizer, inner, interval=cfg.scheduler_interval, warmup_steps=warmup, monitor=name)
+
+
+def _check_cycle(inner, node: dict, planned: int, interval: str) -> None:
+    """A schedule of a fixed length (OneCycleLR's total_steps) covers the run's scheduler steps:
+    torch raises at the step past its end, in the middle of the run."""
+    length = getattr(inner, "total_steps", None)
+    if not isinstance(inner, torch.optim.lr_scheduler.OneCycleLR) or not isinstance(length, int) or length >= planned:
+        return
+    per = "one per optimizer step" if interval == "step" else "one per epoch"
+    key = "total_steps" if "total_steps" in node else "epochs"
+    allowed = (
+        f"at least the run's {planned} scheduler steps ({per}, optim.scheduler_interval={interval}); "
+        f"OneCycleLR raises past its total_steps ({length})"
+    )
+    raise ConfigError([Problem(f"optim.scheduler.{key}", node.get(key, length), allowed)])
 
 
 def _scheduler(node: dict, optimizer, monitor):

@@ -17,8 +17,16 @@ the warm-up's position) is checkpointed with `state_dict()`.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau
+
+from saturate.errors import UserError
+
+
+class ScheduleError(UserError):
+    """optim.scheduler raised at a step, or set a learning rate that is negative or not finite."""
 
 
 class Schedule:
@@ -66,10 +74,31 @@ class Schedule:
         return 0.1 + 0.9 * self.steps / self.warmup_steps
 
     def _inner_step(self, *value: float) -> None:
+        """The scheduler's step, guarded as the optimizer's is: an exception from it, or a
+        learning rate it sets that is negative or not finite, is a ScheduleError, the LRs left
+        as they were (the loop saves the run at its last finished step)."""
+        before = self.own
         for group, lr in zip(self.optimizer.param_groups, self.own, strict=True):
             group["lr"] = lr  # the scheduler reads and writes its own LR, not the warmed-up one
-        self.inner.step(*value)
+        name = type(self.inner).__name__
+        try:
+            self.inner.step(*value)
+        except Exception as e:  # noqa: BLE001 (the user's scheduler and its arguments: one line)
+            self._apply()
+            said = " ".join(str(e).split())[:300]
+            raise ScheduleError(
+                f"optim.scheduler: {name} failed at step {self.steps}: {type(e).__name__}: {said}"
+            ) from None
         self.own = [group["lr"] for group in self.optimizer.param_groups]
+        bad = next((lr for lr in self.own if isinstance(lr, (int, float)) and not 0 <= lr < math.inf), None)
+        if bad is not None:
+            self.own = before
+            self._apply()
+            what = "a negative" if bad < 0 else "a non-finite"
+            raise ScheduleError(
+                f"optim.scheduler: {name} set {what} learning rate ({bad:g}) at step {self.steps}; a learning rate is "
+                "finite and >= 0: check its arguments"
+            )
         self._apply()
 
     def _apply(self) -> None:

@@ -42,6 +42,7 @@ from saturate.config.groups import (
     TrainerConfig,
     TuneConfig,
 )
+from saturate.config.optim_values import optimizer_problems, scheduler_problems
 from saturate.config.targets import check_target
 from saturate.errors import ConfigError, Problem
 from saturate.started import import_timed
@@ -204,17 +205,21 @@ def _node_problems(run: RunConfig, given: tuple[str, ...]) -> Iterator[Problem]:
             yield from check_target(entry, f"{name}.{key}", given=())
     for i, node in enumerate(run.augmentation.transforms):
         yield from check_target(node, f"augmentation.transforms[{i}]", given=())
-    yield from _optimizer_problems(dict(run.optim.optimizer))
+    yield from _optimizer_problems(dict(run.optim.optimizer), list(run.optim.param_groups))
     if run.optim.scheduler is not None:
         yield from check_target(run.optim.scheduler, "optim.scheduler", given=("optimizer",))
+        yield from scheduler_problems(run.optim.scheduler)
     if run.mix.transform is not None:
         yield from check_target(run.mix.transform, "mix.transform", given=())
 
 
-def _optimizer_problems(node: dict) -> Iterator[Problem]:
-    """optim.optimizer's keys; one that the chosen class does not take most often came with the
-    preset the node started from (nesterov with optim.optimizer._target_=torch.optim.RMSprop)."""
+def _optimizer_problems(node: dict, groups: list) -> Iterator[Problem]:
+    """optim.optimizer's keys (one that the chosen class does not take most often came with the
+    preset the node started from: nesterov with optim.optimizer._target_=torch.optim.RMSprop);
+    then its values and each parameter group's, as its class judges them."""
+    found = False
     for problem in check_target(node, "optim.optimizer", given=("params",)):
+        found = True
         if "an argument of" in problem.allowed:
             problem = Problem(
                 problem.key,
@@ -223,6 +228,8 @@ def _optimizer_problems(node: dict) -> Iterator[Problem]:
                 "(optim=adam|adamw|rmsprop|sgd), or optim=custom optim.optimizer._target_=<class>",
             )
         yield problem
+    if not found:
+        yield from optimizer_problems(node, groups)
 
 
 def _combination_problems(run: RunConfig) -> Iterator[Problem]:

@@ -31,6 +31,7 @@ from torch import nn
 
 from saturate import names
 from saturate.components.device import OutOfMemory, free_device_memory, is_oom
+from saturate.components.schedule import ScheduleError
 from saturate.loop.faults import Preempted
 from saturate.loop.protocols import (
     Batches,
@@ -172,7 +173,10 @@ class Engine:
             self.evaluated_at = state.step
         if not self.finished(state):
             with self.clock.timing("loop"):
-                self._fit(state, steps_per_epoch)
+                try:
+                    self._fit(state, steps_per_epoch)
+                except ScheduleError as e:
+                    self.schedule_failed(state, e)
                 with self.phase("checkpoint"):
                     self.checkpointer.flush()  # the last save's files on disk before anything reads them
         return self.summary()
@@ -286,10 +290,10 @@ class Engine:
                 batch = self.batch = self.to_device(batch, state.step + 1)
             with timer.phase("compute"):
                 loss, applied, stepped = step(batch, state.step + 1)
+                state.step += 1  # the step is finished (and saved as such if the schedule then fails)
+                state.batch_in_epoch += 1
                 if stepped:  # a step not taken (non-finite, fp16 overflow) keeps the LR where it is
                     scheduler.step()
-                state.step += 1
-                state.batch_in_epoch += 1
                 if self.per_step:  # device work (an average of the weights): timed with the step
                     self.observers.call("on_after_optimizer_step", run)
                     self.observers.call("on_train_batch_end", run, loss)
@@ -417,6 +421,16 @@ class Engine:
             if isinstance(part, torch.Tensor) and part.is_floating_point() and not bool(torch.isfinite(part).all()):
                 return name
         return None
+
+    def schedule_failed(self, state: TrainState, error: ScheduleError) -> NoReturn:
+        """optim.scheduler failed after a finished step (every rank alike: the schedule is the
+        same on each): the run is saved there, as a failed hook leaves it, and stops."""
+        self.checkpointer.close()  # a save in flight on disk first
+        self.save(state, {})
+        self.dist.barrier()  # no rank leaves before rank 0 has saved
+        raise ScheduleError(
+            f"{error}; the last finished step ({state.step}) is saved: {self.checkpointer.last_good()}"
+        ) from None
 
     def halt(self, state: TrainState, steps_per_epoch: int) -> NoReturn:
         """Stop at this step boundary: a preemption signal saves last.pt and exits; too many
