@@ -186,6 +186,13 @@ def batch_mix(run: RunConfig, spec: DataSpec, task, rank: int) -> BatchMix | Non
     if not cfg.mixup and not cfg.cutmix and cfg.transform is None:
         return None
     transform = build(cfg.transform, "mix.transform") if cfg.transform is not None else None
+    if cfg.transform is not None and not callable(transform):
+        built = "None" if transform is None else f"a {type(transform).__name__}"
+        allowed = (
+            f"a node that builds a callable taking the batch (it built {built}): a function's node needs "
+            "`_partial_: true`, so that it is called with each batch, not once without it"
+        )
+        raise ConfigError([Problem("mix.transform._target_", cfg.transform.get("_target_"), allowed)])
     if transform is None and not (spec.classes or not spec.target_shape or spec.target_shape == (spec.num_outputs,)):
         key = "mix.mixup" if cfg.mixup else "mix.cutmix"
         allowed = f"0: mixing needs class indices or real-valued targets; task {getattr(task, 'name', '?')} has others"
