@@ -374,7 +374,7 @@ class CheckpointConfig:
             monitor = names.TRAIN_LOSS if not has_val else (f"val/{task.main}" if task.main else names.VAL_LOSS)
         else:
             monitor = self.monitor
-        logged = (names.TRAIN_LOSS, *((f"val/{name}" for name in ("loss", *task.names())) if has_val else ()))
+        logged = (names.TRAIN_LOSS, *((f"val/{name}" for name in ("loss", *evaluated(task))) if has_val else ()))
         removed = getattr(task, "extra", {}).get(monitor.split("/", 1)[-1], "kept") is None
         if monitor not in logged and removed:
             raise ConfigError(
@@ -429,10 +429,17 @@ class TargetConfig:
         evaluation logs is a ConfigError."""
         if self.metric is None:
             return None
-        logged = tuple(f"val/{name}" for name in ("loss", *task.names())) if has_val else ()
+        logged = tuple(f"val/{name}" for name in ("loss", *evaluated(task))) if has_val else ()
         if self.metric not in logged:
             allowed = (
                 f"a metric an evaluation logs: {', '.join(logged)}" if logged else "none: there is no validation set"
             )
             raise ConfigError([Problem("target.metric", self.metric, allowed)])
         return self.metric, "min" if self.metric.endswith("/loss") else task.better(self.metric.split("/", 1)[1])
+
+
+def evaluated(task) -> tuple[str, ...]:
+    """The bare names an evaluation logs for `task` (a per-class metric as its elements): its
+    `logged()`, or its `names()` where a user's task has no `logged`."""
+    logged = getattr(task, "logged", None)
+    return tuple(logged()) if callable(logged) else tuple(task.names())

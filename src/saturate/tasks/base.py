@@ -47,6 +47,12 @@ class TaskProtocol(Protocol):
 
     def update(self, metrics: dict[str, Any], outputs: Any, batch: Any) -> None: ...
 
+    def logged(self) -> tuple[str, ...]:
+        """What an evaluation logs for a split besides `loss` (bare names): a per-class metric
+        as its elements (`dice_class/0`), as metrics.json holds them; a target or a monitored
+        metric is one of these."""
+        return self.names()
+
     def better(self, name: str) -> str: ...
 
     def names(self) -> tuple[str, ...]: ...

@@ -49,11 +49,15 @@ class Segmentation(Task):
         finite_number("task.dice_weight", dice_weight, 0.0)
         self.num_classes, self.dice_weight, self.ignore_index = num_classes, float(dice_weight), ignore_index
         self.loss_fn, self.class_names = user_loss(loss), class_names
+        self.masks_checked = False  # the first forward pass (the start-up check's) checks the masks' values
 
     def target(self, batch) -> torch.Tensor:
         return super().target(batch).long()
 
     def forward(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.masks_checked:  # once: the first batch's host read, never a step's
+            self.check_masks(super().target(batch))
+            self.masks_checked = True
         images, masks = self.input(batch), self.target(batch)
         if isinstance(images, torch.Tensor) and images.ndim == 4 and images.shape[-2:] != masks.shape[-2:]:
             size = lambda t: "x".join(map(str, t.shape[-2:]))
@@ -78,6 +82,46 @@ class Segmentation(Task):
         if self.loss_fn is not None:
             return self.loss_fn(every, masks), outputs
         return self._loss(outputs, masks), outputs
+
+    def check_masks(self, masks) -> None:
+        """Masks hold class indices in [0, num_classes), or ignore_index: not fractions (masks
+        resized with bilinear interpolation), 0/255 images, or classes past the task's, which the
+        loss would fail on (cross-entropy) or clamp and the metrics drop (one logit) without a
+        word. One line naming the values found and what is allowed."""
+        if not isinstance(masks, torch.Tensor):
+            return
+        head = "data: the first batch's masks hold"
+        if masks.is_floating_point():
+            odd = masks[(masks != masks.round()) | ~torch.isfinite(masks)].unique()
+            if odd.numel():
+                shown = ", ".join(f"{v:g}" for v in odd[:4].tolist()) + (" ..." if odd.numel() > 4 else "")
+                raise DataError(
+                    f"{head} non-integer values ({shown}); task=segmentation takes class indices: resize masks with "
+                    "nearest-neighbour interpolation (not bilinear), or round them"
+                )
+        values = [int(v) for v in masks.long().unique().tolist()]
+        found = ", ".join(map(str, values[:8])) + (" ..." if len(values) > 8 else "")
+        ignore, classes = self.ignore_index, self.num_classes
+        bad = [v for v in values if not 0 <= v < classes and v != ignore]
+        if not bad:
+            if ignore is not None and ignore in values and set(values) == {0, ignore}:
+                raise DataError(
+                    f"{head} only 0 and {ignore} (values found: {found}): task.ignore_index={ignore} covers every "
+                    f"foreground pixel; a 0/{ignore} mask? divide by {ignore} or map it, and keep ignore_index for "
+                    "pixels to leave out"
+                )
+            return
+        if set(values) <= {0, 255}:
+            advice = "looks like a 0/255 mask; divide by 255 or map it"
+        elif bad[0] < 0 and ignore is None:
+            advice = f"set task.ignore_index={bad[0]} if it marks pixels to leave out, or map it"
+        else:
+            advice = "set task.num_classes (or the dataset's num_classes) to the number of classes, or map the values"
+        allowed = f"class indices 0 to {classes - 1}" + (
+            f" and task.ignore_index={ignore}" if ignore is not None else ""
+        )
+        took = f"task=segmentation with {classes} classes takes {allowed}"
+        raise DataError(f"{head} {bad[0]} (values found: {found}); {took}: {advice}")
 
     def _loss(self, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
         keep = (masks != self.ignore_index) if self.ignore_index is not None else None
@@ -107,6 +151,20 @@ class Segmentation(Task):
         if classes > 2:
             metrics["dice_class"] = DiceScore(classes, include_background=False, average="none", input_format="one-hot")
         return metrics
+
+    def logged(self) -> tuple[str, ...]:
+        """The per-class Dice (a vector over the foreground classes) as the evaluation logs it:
+        one entry each, named by the data's class names where there is one per entry, else by
+        its position."""
+        shown: list[str] = []
+        for name in self.names():
+            if name != "dice_class" or "dice_class" in self.extra:
+                shown.append(name)
+                continue
+            count = self.num_classes - 1
+            labels = self.class_names if self.class_names and len(self.class_names) == count else range(count)
+            shown += [f"dice_class/{label}" for label in labels]
+        return tuple(shown)
 
     def update(self, metrics: dict, outputs, batch) -> None:
         """Each metric fed the masks `metric_inputs` gives (B, H, W), or their one-hot (B, C, H,
