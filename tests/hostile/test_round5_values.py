@@ -194,7 +194,7 @@ def test_a_per_class_vector_is_no_target_and_its_elements_are():
     task = Segmentation(3)
     with pytest.raises(ConfigError) as err:
         TargetConfig(metric="val/dice_class", value=0.1).resolved(task, True)
-    assert "val/dice_class/0, val/dice_class/1" in str(err.value)
+    assert "val/dice_class/0, val/dice_class/1, val/dice_class/2" in str(err.value)
     assert TargetConfig(metric="val/dice_class/1", value=0.1).resolved(task, True) == ("val/dice_class/1", "max")
 
 

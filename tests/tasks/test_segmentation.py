@@ -64,9 +64,10 @@ def test_dice_and_iou_match_a_hand_computation_per_class():
     metrics = task.metrics()
     task.update(metrics, logits, (torch.zeros(4, 1, 8, 8), masks))
     values = {name: metric.compute() for name, metric in metrics.items()}
-    dice, per_class = hand_dice(preds, masks, [1, 2])
+    dice, _ = hand_dice(preds, masks, [1, 2])
     assert values["dice"].item() == pytest.approx(dice, abs=1e-5)
-    assert values["dice_class"].tolist() == pytest.approx([per_class[1], per_class[2]], abs=1e-5)
+    _, per_class = hand_dice(preds, masks, [0, 1, 2])  # entry c is class c, background included
+    assert values["dice_class"].tolist() == pytest.approx([per_class[0], per_class[1], per_class[2]], abs=1e-5)
     inter = lambda c, p, t: ((p == c) & (t == c)).sum().item()
     union = lambda c, p, t: ((p == c) | (t == c)).sum().item()
     iou = [
@@ -85,7 +86,7 @@ def test_the_own_metrics_are_fed_one_hot_masks_and_give_what_index_masks_give():
 
     index = {
         "dice": DiceScore(3, include_background=False, average="macro", input_format="index"),
-        "dice_class": DiceScore(3, include_background=False, average="none", input_format="index"),
+        "dice_class": DiceScore(3, include_background=True, average="none", input_format="index"),
         "iou": MeanIoU(3, include_background=False, input_format="index"),
     }
     task = Segmentation(3, ignore_index=255, metrics={"user_dice": index["dice"].clone()})

@@ -5,7 +5,8 @@ masks: 0 and 1); the model returns logits (B, C, H, W): one channel for binary m
 in neither the loss nor the metrics.
 
 Metrics (torchmetrics): `dice` and `iou` over the foreground classes (the mean of each
-image's, then of the classes'), and per class (`dice_class/<name>`) when there are several.
+image's, then of the classes'), and per class, background included (`dice_class/<name>`,
+or the class's index), when there are several.
 Predictions export each image's predicted mask; an evaluation shows a few images, their
 masks and the predictions side by side in TensorBoard (`<split>/segmentation`).
 """
@@ -149,19 +150,19 @@ class Segmentation(Task):
             "iou": MeanIoU(classes, include_background=False, input_format="one-hot"),
         }
         if classes > 2:
-            metrics["dice_class"] = DiceScore(classes, include_background=False, average="none", input_format="one-hot")
+            metrics["dice_class"] = DiceScore(classes, include_background=True, average="none", input_format="one-hot")
         return metrics
 
     def logged(self) -> tuple[str, ...]:
-        """The per-class Dice (a vector over the foreground classes) as the evaluation logs it:
-        one entry each, named by the data's class names where there is one per entry, else by
-        its position."""
+        """The per-class Dice (a vector over every class, background included, so that entry c
+        is class c) as the evaluation logs it: one entry each, named by the data's class names
+        where there is one per class, else by the class's index."""
         shown: list[str] = []
         for name in self.names():
             if name != "dice_class" or "dice_class" in self.extra:
                 shown.append(name)
                 continue
-            count = self.num_classes - 1
+            count = self.num_classes
             labels = self.class_names if self.class_names and len(self.class_names) == count else range(count)
             shown += [f"dice_class/{label}" for label in labels]
         return tuple(shown)
