@@ -178,19 +178,28 @@ def checkpoint_parser(name: str) -> argparse.ArgumentParser:
 
 
 def checkpoint_command(name: str, argv: list[str]) -> int:
-    """Parse, compose the config, run `saturate eval` or `saturate export`; a user's mistake
-    is one line (exit 1), never a traceback."""
+    """Parse, check the flags and --out, compose the config, run `saturate eval` or `saturate
+    export`; a user's mistake is one line (exit 1), never a traceback. Nothing is imported
+    from a run dir (saturate.commands.after_run): a project's config dir and package come from
+    the working dir only when it is no run dir."""
     from datetime import datetime
 
+    from saturate.commands.after_run import code_from_projects_only, is_run_dir, prepared_out
+
     args = checkpoint_parser(name).parse_intermixed_args(argv)  # overrides before and after flags
-    project_first()  # a project's config dir and package, as for saturate train in the same folder
     out = Path(args.out or Path("outputs") / name / datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")).absolute()
     try:
-        from saturate.trainer.evaluation import find_checkpoint
+        module = _checkpoint_module(name)
+        module.check(args)
+        if not is_run_dir(Path.cwd()):
+            project_first()  # a project's config dir and package, as for saturate train in the same folder
+        code_from_projects_only()
+        with prepared_out(out, exclusive=name == "export"):
+            from saturate.trainer.evaluation import find_checkpoint
 
-        path = find_checkpoint(args.checkpoint)
-        cfg = _checkpoint_config(args, path, out)
-        return _checkpoint_module(name).run_on(cfg, path, args, out)
+            path = find_checkpoint(args.checkpoint)
+            cfg = _checkpoint_config(args, path, out)
+            return module.run_on(cfg, path, args, out)
     except CompactHydraException as e:  # UserError (ConfigError, CheckpointError, ...) and composition errors
         print(f"error: {describe(e, args.overrides)}", file=sys.stderr)
         return 1
@@ -205,8 +214,10 @@ def _checkpoint_module(name: str) -> ModuleType:
 
 
 def _checkpoint_config(args: argparse.Namespace, path: Path, out: Path) -> DictConfig:
-    """conf/ composed with the overrides, or (--run-saved-config) the run dir's saved config."""
+    """conf/ composed with the overrides, or (--run-saved-config) the run dir's saved config;
+    its run_dir is `out`, set after composition (a path is no override: any character goes)."""
     from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
     from saturate.api import config_dir
 
@@ -214,10 +225,12 @@ def _checkpoint_config(args: argparse.Namespace, path: Path, out: Path) -> DictC
     hydra_args = [o for o in args.overrides if o.startswith("hydra.")]
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         if not args.run_saved_config:
-            return compose("config", overrides=[*args.overrides, f"run_dir={out}"])
-        from saturate.trainer.evaluation import saved_config
+            cfg = compose("config", overrides=args.overrides)
+        else:
+            from saturate.trainer.evaluation import saved_config
 
-        base = compose("config", overrides=hydra_args)
-    run_dir = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else path.parent.parent
-    rest = [o for o in args.overrides if o not in hydra_args]
-    return saved_config(run_dir, [*rest, f"run_dir={out}"], base)
+            base = compose("config", overrides=hydra_args)
+            run_dir = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else path.parent.parent
+            cfg = saved_config(run_dir, [o for o in args.overrides if o not in hydra_args], base)
+    OmegaConf.update(cfg, "run_dir", str(out).replace("${", "\\${"), merge=False)  # literal, not interpolated
+    return cfg

@@ -16,6 +16,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--predict", action="store_true", help="also write predictions/<name>.npz (numpy.load)")
 
 
+def check(args: argparse.Namespace) -> None:
+    """The flags' values, before any work: --name becomes a file name, so it is a plain name."""
+    from saturate.commands.after_run import plain_name
+
+    if args.name is not None:
+        plain_name("--name", args.name)
+
+
 def run_on(cfg: DictConfig, path: Path, args: argparse.Namespace, out: Path) -> int:
     """The checkpoint at `path` evaluated with `cfg`; its metrics (and predictions) in `out`."""
     from saturate.trainer.evaluation import evaluate_checkpoint

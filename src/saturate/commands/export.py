@@ -21,6 +21,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest difference from PyTorch allowed")
 
 
+def check(args: argparse.Namespace) -> None:
+    """The flags' values, before any work (one line naming the flag, the value, what is allowed)."""
+    import math
+
+    from saturate.errors import UserError
+    from saturate.export import FORMATS
+
+    forms = args.to.split(",")
+    unknown = [f for f in forms if f not in FORMATS]
+    if unknown:
+        named = ", ".join(f or "''" for f in unknown)
+        raise UserError(f"--to {args.to!r}: {named} is not a form; any of {', '.join(FORMATS)}")
+    if len(set(forms)) < len(forms):
+        raise UserError(f"--to {args.to!r}: a form named twice; each of {', '.join(FORMATS)} at most once")
+    if args.batches < 1:
+        raise UserError(f"--batches {args.batches}: expected a number of validation batches, 1 or more")
+    if not math.isfinite(args.tolerance) or args.tolerance < 0:
+        raise UserError(f"--tolerance {args.tolerance}: expected a finite number, 0 or more (e.g. 1e-4)")
+
+
 def run_on(cfg: DictConfig, path: Path, args: argparse.Namespace, out: Path) -> int:
     """The checkpoint at `path` exported as `--to` asks, each export checked against PyTorch;
     1 when one of them failed its check."""
