@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from saturate import files
 from saturate.errors import UserError
 from saturate.export import formats
 from saturate.export.why import ExportFailed
@@ -62,6 +63,7 @@ def export_checkpoint(
     checks = [*samples, one_sample(samples[0])]
     expected = [formats.outputs(model, args) for args in checks]
     out.mkdir(parents=True, exist_ok=True)
+    _clear(out, to)
     rows = {}
     for form in to:
         start = time.perf_counter()
@@ -84,9 +86,17 @@ def export_checkpoint(
         "formats": rows,
         "ok": all(r["ok"] for r in rows.values()),
     }
-    (out / "export.json").write_text(json.dumps(report, indent=2) + "\n")
+    files.write_text(out / "export.json", json.dumps(report, indent=2) + "\n")
     print(table(report, out))
     return report
+
+
+def _clear(out: Path, to: list[str]) -> None:
+    """An earlier export's export.json, and its files of the forms this one does not write,
+    removed from `out`: what is left there is this export's alone (its own files are replaced
+    as they are written; the command holds `out` while it exports)."""
+    for name in ["export.json", *(formats.FILES[f] for f in FORMATS if f not in to)]:
+        (out / name).unlink(missing_ok=True)
 
 
 def model_inputs(opened: Opened, count: int) -> list[tuple]:

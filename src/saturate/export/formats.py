@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
+import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +21,8 @@ from pathlib import Path
 import torch
 from torch.utils._pytree import tree_leaves
 
-from saturate.errors import UserError
+from saturate import files
+from saturate.errors import UserError, printable
 from saturate.export.why import ExportFailed, explain
 
 RNN_OPS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
@@ -35,11 +38,47 @@ class Made:
         got = self.run(args)
         if len(got) != len(expected):
             return float("inf")
-        diffs = [
-            (torch.as_tensor(g).to(e.dtype).cpu() - e).abs().max().item() if e.numel() else 0.0
-            for g, e in zip(got, expected, strict=True)
-        ]
+        diffs = [_difference(torch.as_tensor(g).to(e.dtype).cpu(), e) for g, e in zip(got, expected, strict=True)]
         return max(diffs, default=0.0)
+
+
+def _difference(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest absolute difference, NaN where the model has NaN and inf where it has the
+    same inf counting as equal (a model with non-finite weights is exported faithfully); a NaN
+    on one side only is an infinite difference."""
+    if not want.numel():
+        return 0.0
+    same = (got == want) | (got.isnan() & want.isnan())
+    return (got - want).abs().masked_fill(same, 0.0).nan_to_num(nan=float("inf")).max().item()
+
+
+FILES = {"onnx": "model.onnx", "program": "model.pt2", "torchscript": "model.ts", "safetensors": "model.safetensors"}
+
+
+def written(path: Path, write: Callable[[str], object]) -> None:
+    """`write(name)` makes the file under a temporary name made here (O_EXCL: never a link),
+    then renamed onto `path`, so that a link at `path` is replaced, not followed; a failed
+    write (a full disk) is one line naming `path`, and no part of a file is left."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+    except OSError as e:
+        raise UserError(f"cannot write {printable(path)}: {e.strerror or e}") from None
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except Exception as e:  # noqa: BLE001 (a library's writer raises what it raises: named in one line)
+        Path(tmp).unlink(missing_ok=True)
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:200]
+        raise UserError(f"cannot write {printable(path)}: {reason or type(e).__name__}") from None
+
+
+def in_memory(save: Callable[[io.BytesIO], object]) -> bytes:
+    """What `save` writes to a file, as bytes: written to the disk by saturate.files, whose
+    failure is one line (torch's C++ writers abort the process on a failed write)."""
+    buffer = io.BytesIO()
+    save(buffer)
+    return buffer.getvalue()
 
 
 def outputs(model: torch.nn.Module, args: tuple) -> list[torch.Tensor]:
@@ -112,9 +151,9 @@ def to_program(model, example: tuple, dynamic: dict, names: list[str], out: Path
             program = torch.export.export(model, example, dynamic_shapes=dynamic)
     except Exception as e:  # noqa: BLE001 (whatever the exporter raises is named in one line)
         raise ExportFailed(explain(e, model, example)) from None
-    path = out / "model.pt2"
+    path = out / FILES["program"]
+    files.write_bytes(path, in_memory(lambda f: torch.export.save(program, f)))
     with quiet():  # loading logs a warning per data-dependent symbol the graph no longer holds
-        torch.export.save(program, str(path))
         loaded = torch.export.load(str(path)).module()
 
     def run(args: tuple) -> list:
@@ -129,26 +168,25 @@ def to_onnx(model, example: tuple, dynamic: dict, names: list[str], out: Path, o
     dimension asked to be dynamic that the exporter made fixed is refused; run in ONNX
     Runtime on the CPU."""
     try:
-        import onnx
+        import onnx  # noqa: F401 (the exporter writes its graph with it: asked for here, named when missing)
         import onnxruntime
     except ImportError as e:
         raise UserError(f"saturate export --to onnx needs {e.name}: pip install 'saturate[export]'") from None
-    path = out / "model.onnx"
+    path = out / FILES["onnx"]
     try:
         with quiet():
             clear_rnn_caches()
-            torch.onnx.export(
+            program = torch.onnx.export(
                 model,
                 example,
-                str(path),
                 dynamo=True,
                 dynamic_shapes=dynamic,
                 input_names=[n for n, a in zip(names, example, strict=True) if isinstance(a, torch.Tensor)],
-                external_data=False,
             )
+            assert program is not None  # the dynamo exporter returns its program
+            graph = program.model_proto
     except Exception as e:  # noqa: BLE001
         raise ExportFailed(explain(e, model, example)) from None
-    graph = onnx.load(str(path))
     fixed = _made_fixed(graph, dynamic)
     if fixed:
         raise ExportFailed(
@@ -156,7 +194,7 @@ def to_onnx(model, example: tuple, dynamic: dict, names: list[str], out: Path, o
             "sized to the batch); the ONNX file would take only that size"
         )
     _name_output_dims(graph, example)
-    onnx.save(graph, str(path))
+    files.write_bytes(path, graph.SerializeToString())
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # errors only
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -207,8 +245,8 @@ def to_torchscript(model, example: tuple, dynamic: dict, names: list[str], out: 
             traced = torch.jit.trace(model, example, check_trace=False)
     except Exception as e:  # noqa: BLE001
         raise ExportFailed(explain(e, model, example)) from None
-    path = out / "model.ts"
-    traced.save(str(path))
+    path = out / FILES["torchscript"]
+    files.write_bytes(path, in_memory(lambda f: torch.jit.save(traced, f)))
     loaded = torch.jit.load(str(path))
 
     def run(args: tuple) -> list:
@@ -227,9 +265,10 @@ def to_safetensors(model, example: tuple, dynamic: dict, names: list[str], out: 
         raise UserError("saturate export --to safetensors needs safetensors: pip install 'saturate[export]'") from None
     import copy
 
-    path = out / "model.safetensors"
+    path = out / FILES["safetensors"]
     target = str(opened.built.nodes["model"].get("_target_", type(model).__qualname__))
-    save_model(model, str(path), metadata={"saturate.model": target, "saturate.checkpoint": str(opened.path)})
+    metadata = {"saturate.model": target, "saturate.checkpoint": str(opened.path)}
+    written(path, lambda name: save_model(model, name, metadata=metadata))
     copied = copy.deepcopy(model)
     for p in copied.parameters():
         p.data.zero_()  # the check reads the file's weights, not the copy's

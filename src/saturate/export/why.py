@@ -24,6 +24,10 @@ PATTERNS = [
         "operator {0}.{1} has no ONNX translation",
     ),
     (
+        r"Could not guard on data-dependent expression (\w+) \(unhinted",
+        "a tensor's value used as a Python number ({0}, .item(), float() or int()): the graph would depend on the data",
+    ),
+    (
         r"Could not guard on data-dependent expression (.+?) \(unhinted",
         "a Python condition on a tensor's value ({0}): the graph would depend on the data; use torch.where or "
         "torch.cond",
