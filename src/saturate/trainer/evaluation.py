@@ -15,6 +15,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import os
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +26,11 @@ from typing import Any
 import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from torch import nn
 
 from saturate import record as run_record
-from saturate.checkpoint.files import load
+from saturate.checkpoint.files import load, non_finite
 from saturate.components.device import seeded, setup_device
 from saturate.components.model import load_weights, make, place
 from saturate.components.precision import Precision, setup_precision
@@ -35,7 +38,8 @@ from saturate.config.invocation import Invocation
 from saturate.config.schema import RunConfig, validate
 from saturate.data import Data, DataSpec
 from saturate.data.loader import Loaders, Shard, build_loaders
-from saturate.errors import ConfigError, Problem, UserError
+from saturate.errors import ConfigError, Problem, UserError, printable
+from saturate.files import open_regular
 from saturate.loop.evaluate import Evaluator
 from saturate.record import RunRecord
 from saturate.scale.distributed import Dist
@@ -44,6 +48,7 @@ from saturate.trainer.build import UserObjects, data_and_task
 from saturate.trainer.outcome import class_names
 
 log = logging.getLogger("saturate")
+MAX_SAVED = 1 << 20  # a run's saved config is a few KB
 
 
 def _exists(target: str) -> bool:
@@ -86,7 +91,7 @@ def saved_config(run_dir: Path, overrides: list[str], base: DictConfig) -> DictC
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise UserError(f"--run-saved-config: {run_dir} has no .hydra/config.yaml (is it a run dir of train.py?)")
-    saved = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    saved = OmegaConf.to_container(OmegaConf.create(_saved_text(path)), resolve=False)
     if not isinstance(saved, dict):
         raise UserError(f"--run-saved-config: {path} holds a {type(saved).__name__}, not a run's config (a mapping)")
     missing = _missing_module(saved)
@@ -105,9 +110,49 @@ def saved_config(run_dir: Path, overrides: list[str], base: DictConfig) -> DictC
             except (ConfigKeyError, ConfigAttributeError):
                 log.warning("--run-saved-config: %s is not a key any more; left out", name)
     for override in overrides:
-        name, _, value = override.partition("=")
-        OmegaConf.update(cfg, name.lstrip("+"), yaml.safe_load(value) if value else None, merge=True)
+        _override(cfg, override)
     return cfg
+
+
+def _saved_text(path: Path) -> str:
+    """The saved config's text, refused in one line where it is no config train.py saved: not
+    a regular file (a FIFO is not waited on), larger than MAX_SAVED, or using YAML anchors and
+    aliases (Hydra writes none; expanded, a few lines can take all memory)."""
+    with open_regular(path, "--run-saved-config") as f:
+        data = f.read(MAX_SAVED + 1)
+    if len(data) > MAX_SAVED:
+        raise UserError(f"--run-saved-config: {path} is larger than {MAX_SAVED >> 20} MB; no run's config is")
+    text = data.decode("utf-8", "replace")
+    try:
+        events = list(yaml.parse(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError as e:
+        raise UserError(f"--run-saved-config: {path} is not YAML: {' '.join(str(e).split())[:200]}") from None
+    if any(isinstance(e, yaml.AliasEvent) or getattr(e, "anchor", None) for e in events):
+        raise UserError(f"--run-saved-config: {path} uses YAML anchors or aliases, which no config train.py saved has")
+    return text
+
+
+def _override(cfg: DictConfig, override: str) -> None:
+    """`key=value` (or +key=value, ++key=value) set on the saved config: its keys only; a
+    group option (model=small_cnn) or a deletion (~key) is refused in one line."""
+    name, eq, value = override.partition("=")
+    key = name.lstrip("+")
+    supported = "--run-saved-config takes key=value (or +key=value) for the saved config's keys"
+    if not eq or not key or name.startswith("~"):
+        raise UserError(f"{override}: {supported}; not a deletion or a bare key")
+    try:
+        parsed = yaml.safe_load(value) if value else None
+    except yaml.YAMLError as e:
+        raise UserError(f"{override}: not a YAML value ({' '.join(str(e).split())[:120]})") from None
+    if isinstance(OmegaConf.select(cfg, key), DictConfig) and not isinstance(parsed, dict):
+        raise UserError(
+            f"{override}: a group option; {supported}: set the group's keys ({key}.<key>=...), or evaluate "
+            "without --run-saved-config"
+        )
+    try:
+        OmegaConf.update(cfg, key, parsed, merge=True)
+    except OmegaConfBaseException as e:
+        raise UserError(f"{override}: {str(e).splitlines()[0]}") from None
 
 
 def find_checkpoint(given: str) -> Path:
@@ -179,6 +224,10 @@ def open_checkpoint(cfg: DictConfig, path: Path, command: str) -> Opened:
     around its weights (a checkpoint of another model: one line)."""
     run = validate(cfg)
     checkpoint = load(path, what=command)
+    bad = non_finite(checkpoint["model"]) if isinstance(checkpoint.get("model"), dict) else []
+    if bad:  # its outputs are NaN too: the figures or the export checks say nothing about a model
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        print(f"warning: {command}: {printable(path)} holds weights that are NaN or inf: {shown}", file=sys.stderr)
     saved = checkpoint.get("config") or {}
     target = saved.get("model", {}).get("_target_") if isinstance(saved.get("model"), dict) else None
     trained = f" (trained as {target})" if target and target != run.model.get("_target_") else ""
@@ -208,7 +257,7 @@ def evaluate_checkpoint(
         assert metrics is not None  # None only where an interrupt is watched
         out.mkdir(parents=True, exist_ok=True)
         if predict:
-            evaluator.write_predictions(out / "predictions" / f"{name}.npz", Dist(None))
+            write_predictions(evaluator, out / "predictions" / f"{name}.npz")
     finally:
         built.loaders.close()
     record = {
@@ -226,6 +275,26 @@ def evaluate_checkpoint(
     run_record.write(out, RunRecord(record))
     print(table(record, metrics, out))
     return metrics
+
+
+def write_predictions(evaluator: Evaluator, path: Path) -> None:
+    """The predictions written to a temporary file made here (never a link) and renamed onto
+    `path`: a link planted at `path`, or in place of its folder, is replaced, not followed."""
+    folder = path.parent
+    if folder.is_symlink():
+        folder.unlink()
+    try:
+        folder.mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.stem}.", suffix=".npz")
+        os.close(fd)
+    except OSError as e:
+        raise UserError(f"cannot write {printable(path)}: {e.strerror or e}") from None
+    try:
+        evaluator.write_predictions(Path(tmp), Dist(None))
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"cannot write {printable(path)}: {e.strerror or e}") from None
 
 
 def table(record: dict, metrics: dict[str, float], out: Path) -> str:
