@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import saturate
+from saturate.checkpoint.files import UnsafeCheckpoint
 from saturate.errors import ConfigError, UserError
 from saturate.models import SmallCNN
 
@@ -72,8 +73,9 @@ class Payload:
 
 def test_a_file_that_would_run_code_is_refused(make_cfg, tmp_path, capsys):
     (tmp_path / "evil.pt").write_bytes(pickle.dumps({"head.weight": Payload()}, protocol=2))
-    with pytest.raises(ConfigError, match="pretrained.path"):
+    with pytest.raises(UnsafeCheckpoint, match="pretrained.path: refusing .*evil.pt: it holds objects") as err:
         saturate.train(make_cfg(f"pretrained.path={tmp_path / 'evil.pt'}"))
+    assert "weights_only" not in str(err.value)  # never torch's advice to load it unsafely
     assert "this ran" not in capsys.readouterr().out
 
 

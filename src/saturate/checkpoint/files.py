@@ -27,6 +27,7 @@ import torch
 
 from saturate.checkpoint.rundir import OWN_NAMES
 from saturate.errors import CheckpointError
+from saturate.files import NotAFile, open_regular
 from saturate.scale.ranks import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
@@ -183,15 +184,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def load(path: Path, what: str = "trainer.resume") -> dict[str, Any]:
-    """A checkpoint, read with `torch.load(weights_only=True)`: tensors, numbers, strings and
-    containers only (`what`: the key or command
-    reading it, for the messages). A file that would need anything else (arbitrary unpickling, which can
-    run code) is refused, never loaded."""
+def read(path: Path, what: str) -> Any:
+    """What `path` holds, read with `torch.load(weights_only=True)`: tensors, numbers, strings
+    and containers only (`what`: the key or command reading it, for the messages). The file
+    is opened only when it is a regular file (a FIFO or a device is refused at once, never
+    waited on); one that would need anything else (arbitrary unpickling, which can run code)
+    is refused, never loaded. FileNotFoundError goes to the caller."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"{what}: no checkpoint at {path}") from None
+        with open_regular(path, what) as f:
+            return torch.load(f, map_location="cpu", weights_only=True)
+    except (FileNotFoundError, NotAFile):
+        raise
     except pickle.UnpicklingError as e:
         if "global" not in str(e).lower():  # not a refused object: a damaged or foreign file
             lines = [line.strip() for line in str(e).splitlines() if line.strip()]
@@ -207,11 +210,36 @@ def load(path: Path, what: str = "trainer.resume") -> dict[str, Any]:
             f"{what}: refusing {path}: it holds objects that only arbitrary unpickling could load, which can "
             f"run code; saturate loads tensors and plain values only ({first})"
         ) from None
+    except OSError as e:
+        raise CheckpointError(f"{what}: cannot read {path}: {e.strerror or e}") from None
     except Exception as e:  # noqa: BLE001 (any failure to read it: not a checkpoint)
         raise CheckpointError(f"{what}: cannot read {path} as a checkpoint ({type(e).__name__}: {e})") from None
+
+
+def load(path: Path, what: str = "trainer.resume") -> dict[str, Any]:
+    """A checkpoint of saturate's (`read`): a dict with a step and a `model` state dict
+    ({name: tensor}); anything else is one CheckpointError naming `path`."""
+    try:
+        ckpt = read(path, what)
+    except FileNotFoundError:
+        raise CheckpointError(f"{what}: no checkpoint at {path}") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "step" not in ckpt:
         raise CheckpointError(f"{what}: {path} is not a saturate checkpoint (no model and step in it)")
+    for entry in ("model", "train_model"):
+        problem = weights_problem(ckpt[entry]) if entry in ckpt else None
+        if problem:
+            raise CheckpointError(f"{what}: {path} is not a saturate checkpoint (its {entry} {problem})")
     return ckpt
+
+
+def weights_problem(state: Any) -> str | None:
+    """What keeps `state` from being a state dict ({name: tensor}), in words; None when it is one."""
+    if not isinstance(state, dict):
+        return f"is a {type(state).__name__}, not a state dict {{name: tensor}}"
+    for name, value in state.items():
+        if not isinstance(name, str) or not isinstance(value, torch.Tensor):
+            return f"holds a {type(value).__name__} at {name!r}, not a tensor"
+    return None
 
 
 class UnsafeCheckpoint(CheckpointError):

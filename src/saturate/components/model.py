@@ -26,7 +26,7 @@ from saturate.components.device import untouched_rng
 from saturate.components.precision import emulated
 from saturate.config.data_info import arguments
 from saturate.config.instantiate import build
-from saturate.errors import ConfigError, DataError, Problem, UserError, named_parts
+from saturate.errors import CheckpointError, ConfigError, DataError, Problem, UserError, named_parts
 
 log = logging.getLogger(__name__)
 
@@ -70,19 +70,17 @@ def load_pretrained(model: nn.Module, cfg) -> None:
         return
     from pathlib import Path
 
+    from saturate.checkpoint.files import read, weights_problem
+
     path = Path(cfg.path).expanduser()
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read(path, "pretrained.path")  # a regular file, read as data: a payload is refused, never run
     except FileNotFoundError:
         raise ConfigError([Problem("pretrained.path", cfg.path, "a file that exists")]) from None
-    except Exception as e:  # noqa: BLE001 (a damaged file, or one that needs arbitrary unpickling: refused)
-        why = " ".join(str(e).split())[:200]
-        raise ConfigError(
-            [Problem("pretrained.path", cfg.path, f"a state dict of tensors, read as data ({why})")]
-        ) from None
     state = state.get("model", state) if isinstance(state, dict) and "step" in state else state
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ConfigError([Problem("pretrained.path", cfg.path, "a state dict: {name: tensor}")])
+    problem = weights_problem(state)
+    if problem:
+        raise ConfigError([Problem("pretrained.path", cfg.path, f"a state dict {{name: tensor}} (this {problem})")])
     for old, new in (cfg.rename or {}).items():
         state = {(new + k[len(old) :] if k.startswith(old) else k): v for k, v in state.items()}
     own = model.state_dict()
@@ -123,7 +121,13 @@ def _mismatch(missing: list[str], unexpected: list[str], wrong: list[str]) -> st
 
 def load_weights(model: nn.Module, state: dict, source: str, *, node: dict | None = None) -> None:
     """Every weight of a checkpoint's `model` into `model`, or one line saying that `source`
-    holds another model's (the shapes, missing and unexpected names that differ)."""
+    holds another model's (the shapes, missing and unexpected names that differ), or that
+    it holds no state dict at all."""
+    from saturate.checkpoint.files import weights_problem
+
+    problem = weights_problem(state)
+    if problem:
+        raise CheckpointError(f"{source}: its model {problem}; not a checkpoint of saturate's")
     own = model.state_dict()
     wrong = [
         f"{k} {tuple(v.shape)} (the model's {tuple(own[k].shape)})"
