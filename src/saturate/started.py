@@ -1,5 +1,6 @@
-"""This process's start: when it first imported saturate, what its heaviest imports took, and
-Python's garbage collector over a run's start-up.
+"""This process's start: when it first imported saturate, what its heaviest imports took,
+Python's garbage collector over a run's start-up, and a stop signal that comes before any
+training (`stopping_at_once`: the process ends at once, with one line).
 
 `IMPORTED_AT` (time.perf_counter()): where a run's start-up is counted from when the process's
 own start says nothing (a shell that ran `pip install ... && python train.py` and exec'd python
@@ -19,11 +20,15 @@ first would cost one pass over the whole heap. A collector the user turned off s
 saturate.fit and train() called from Python leave it alone.
 """
 
+import contextlib
 import gc
 import importlib
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 
 IMPORTED_AT = time.perf_counter()
 IMPORTS: dict[str, float] = {}  # seconds each heavy dependency took to import in this process (import_timed)
@@ -31,6 +36,11 @@ IMPORTS: dict[str, float] = {}  # seconds each heavy dependency took to import i
 # (run_hydra_app calls the Hydra app) and "task" (Hydra calls saturate.commands.train.task); between
 # them, Hydra's work (the start-up's "hydra")
 REACHED: dict[str, float] = {}
+
+# What a scheduler sends to stop a job (SLURM: SIGTERM, or the --signal before the time limit: SIGUSR2 from
+# hydra/launcher=slurm, SIGUSR1 often in a user's own script; Ctrl-C: SIGINT). Once training began, every rank
+# stops at the same step, saves and exits 128 + the signal (saturate.loop.faults.StopSignal); before, at once
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 
 _paused = False  # pause_collector turned the collector off; the start-up is not over
 
@@ -85,3 +95,48 @@ def resume_collector(*, freeze: bool = False) -> None:
             gc.freeze()
         gc.enable()
         _paused = False
+
+
+class StoppedEarly(SystemExit):
+    """A stop signal (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) before training began: there is
+    nothing to save, so the process ends at once with 128 + the signal's number, after one
+    line saying so (written by `stopped_early`)."""
+
+    def __init__(self, signum: int, phase: str):
+        self.signum, self.phase = signum, phase
+        super().__init__(128 + signum)
+
+    @property
+    def line(self) -> str:
+        return f"stopped by {signal.Signals(self.signum).name} while {self.phase}: nothing was trained yet"
+
+
+def stopped_early(signum: int, phase: str) -> StoppedEarly:
+    """The exception that ends a process stopped while `phase`, its line written to stderr
+    now: a write of its own (os.write), safe in a signal handler that interrupted a print."""
+    stopped = StoppedEarly(signum, phase)
+    with contextlib.suppress(OSError):
+        os.write(2, f"{stopped.line}\n".encode())
+    return stopped
+
+
+@contextlib.contextmanager
+def stopping_at_once(phase: str, signals=STOP_SIGNALS) -> Iterator[None]:
+    """For the block (in the main thread), a stop signal raises StoppedEarly at once: a
+    process that waits (for its peers, on a lock) or works before it trains is ended, not
+    left to be killed. A signal the parent chose to ignore (SIGINT in a background job)
+    stays ignored; the handlers before the block are put back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise stopped_early(signum, phase)
+
+    watched = [s for s in signals if signal.getsignal(s) is not signal.SIG_IGN]
+    previous = {s: signal.signal(s, stop) for s in watched}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -14,6 +14,7 @@ import torch
 
 from saturate.errors import UserError
 from saturate.scale.ranks import STOP_SIGNALS
+from saturate.started import stopped_early
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,12 @@ class NotRequeued(UserError):
 
 
 class StopSignal:
-    """SIGTERM, SIGUSR1, SIGUSR2 and SIGINT only set `requested`; the engine stops at the next
-    step boundary. After a first SIGINT, a second one interrupts at once (Ctrl-C twice).
+    """SIGTERM, SIGUSR1, SIGUSR2 and SIGINT, once training runs (`phase` None), only set
+    `requested`; the engine stops at the next step boundary. After a first SIGINT, a second
+    one interrupts at once (Ctrl-C twice). Before that, while `phase` names what the run is
+    doing (building its data, loading a checkpoint), there is nothing to save: a stop signal
+    ends the process at once (saturate.started.StoppedEarly, 128 + the signal), wherever it
+    waits or works in Python.
 
     In a SLURM job of hydra/launcher=slurm, submitit asks SLURM for SIGUSR2 before the time
     limit and handles it by requeuing the job at once; here the run first stops with every
@@ -50,12 +55,15 @@ class StopSignal:
 
     SIGNALS = STOP_SIGNALS
 
-    def __init__(self):
+    def __init__(self, phase: str | None = None):
+        self.phase = phase  # what the run does before its loop starts; None once it trains
         self.requested: int | None = None
         self._previous: dict[int, Any] = {}  # what signal.signal returned: a handler, SIG_DFL, SIG_IGN or None
         self.listeners: list = []  # called from the handler with the signal (puts a hung callback on the clock)
 
     def _handle(self, signum, frame) -> None:
+        if self.phase is not None:
+            raise stopped_early(signum, self.phase)
         self.requested = signum
         if signum == signal.SIGINT:
             signal.signal(signal.SIGINT, signal.default_int_handler)

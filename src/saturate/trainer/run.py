@@ -10,7 +10,6 @@ the same run.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from dataclasses import dataclass
@@ -39,8 +38,9 @@ from saturate.errors import UserError
 from saturate.loop.engine import Engine, Instruments, Limits, Training, TrainState
 from saturate.loop.evaluate import EvaluationError, Evaluator
 from saturate.loop.faults import NotRequeued, Preempted, StopSignal, TrainingDiverged
-from saturate.scale.distributed import Dist, peer_failed, world_size
+from saturate.scale.distributed import Dist, peer_failed, stopped_by_peer, world_size
 from saturate.scale.launch import resume_hint
+from saturate.started import StoppedEarly
 from saturate.trainer.build import Parts, UserObjects, build_checkpointer, build_parts, build_target, make_step
 from saturate.trainer.outcome import (
     Metrics,
@@ -73,17 +73,17 @@ def train(
         return _train(cfg, invocation, objects or UserObjects(), attempt)
     except (Preempted, TrainingDiverged, RunDirTaken, NotRequeued):
         raise  # they record their own status (NotRequeued: preempted), or the run dir is another run's
+    except StoppedEarly as stopped:  # before the loop: the process ends at once, its line said
+        record_failure(cfg.run_dir, UserError(stopped.line))
+        raise
     except KeyboardInterrupt:  # a second Ctrl-C: at once, as asked; the record says so
         why = "interrupted: a second Ctrl-C stopped the run at once, without a final save"
         record_failure(cfg.run_dir, UserError(why))
         raise
     except Exception as e:
-        broke = peer_failed(e) if world_size() > 1 else None
+        broke = peer_failed(e) if not isinstance(e, UserError) and world_size() > 1 else None
         if broke:  # not this rank's error: one line, not gloo's traceback
-            e = UserError(
-                f"rank {os.environ.get('RANK', '?')}: stopped because another rank failed (a collective broke off: "
-                f"{broke}); that rank's own message and log say why"
-            )
+            e = stopped_by_peer(broke)
             record_failure(cfg.run_dir, e)
             raise e from None
         if attempt.recorded is not e:
@@ -107,6 +107,13 @@ TUNE_BY_COMMAND = (
 
 
 def _train(cfg: DictConfig | RunConfig, invocation: Invocation, objects: UserObjects, attempt: Attempt) -> Metrics:
+    """Until the loop starts a stop signal ends the process at once, naming the phase (nothing
+    is trained, nothing to save); from then on the loop stops at its next step and saves."""
+    with StopSignal(phase="checking the config") as stop:
+        return _start(cfg, invocation, objects, attempt, stop)
+
+
+def _start(cfg, invocation: Invocation, objects: UserObjects, attempt: Attempt, stop: StopSignal) -> Metrics:
     start_time, started_at = time.perf_counter(), datetime.now().astimezone().isoformat(timespec="seconds")
     startup = Startup(from_process=bool(invocation.app))  # train.py's process (not saturate.fit's call)
     run = cfg if isinstance(cfg, RunConfig) else validate(cfg, given=objects.nodes())
@@ -121,24 +128,21 @@ def _train(cfg: DictConfig | RunConfig, invocation: Invocation, objects: UserObj
     )
     device = setup_device(run.device, local_rank=dist.local_rank)
     lock = hold(run_dir, resume=run.trainer.resume, restart=run.trainer.restart, enabled=dist.is_main, agree=dist.agree)
-    with lock as held, seeded(run.trainer, device), StopSignal() as stop:
+    with lock as held, seeded(run.trainer, device):
         stop.listeners.append(observers.stop_requested)
         startup.mark("config and run dir")
+        stop.phase = "building the data, the model and the other parts of the run"
         parts = build_parts(run, invocation, objects, dist, device, tracker.images, startup=startup)
         checkpointing = parts.checkpointing
         tracker.shown = (
             checkpointing.monitor if checkpointing.monitor not in (names.TRAIN_LOSS, names.VAL_LOSS) else names.VAL_LOSS
         )
-        env = fingerprint(
-            device,
-            precision=parts.precision.name,
-            compile=run.trainer.compile,
-            channels_last=run.trainer.channels_last,
-            world_size=dist.world_size,
-        )
+        flags = {"compile": run.trainer.compile, "channels_last": run.trainer.channels_last}
+        env = fingerprint(device, precision=parts.precision.name, world_size=dist.world_size, **flags)
         config = recorded_config(run, parts, objects)
         checkpointer = build_checkpointer(run, checkpointing, parts, observers, config, env, dist)
         held.start_over()  # trainer.restart: only now, with the config checked and every part built
+        stop.phase = "loading the checkpoint of trainer.resume"
         resumed = checkpointer.resume(run.trainer.resume)
         state = TrainState(resumed.epoch, resumed.step, resumed.batch_in_epoch)
         timer = StepTimer(device)
@@ -153,6 +157,7 @@ def _train(cfg: DictConfig | RunConfig, invocation: Invocation, objects: UserObj
         engine = Engine(training, evaluator, checkpointer, instruments, observers, view, ends)
         if engine.finished(state):  # a finished run resumed: nothing to train
             return already_done(run, state, resumed.metrics, checkpointer.enabled, checkpointing.monitor)
+        stop.phase = "starting the callbacks and loggers"
         tracker.attach(view, parts.total_steps, state.step)
         observers.call("on_run_start", view)
         checkpointer.restore_run(view)
@@ -163,6 +168,7 @@ def _train(cfg: DictConfig | RunConfig, invocation: Invocation, objects: UserObj
         session = Session(
             run, invocation, parts, engine, view, tracker, observers, dist, device, outcome, start_time, startup
         )
+        stop.phase = None  # training: a stop signal now stops the loop at its next step, which saves
         attempt.trained = True  # a failure from here on is this attempt's, after it trained
         return _fit(session, state, attempt)
 
