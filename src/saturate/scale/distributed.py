@@ -14,25 +14,45 @@ import atexit
 import contextlib
 import gc
 import hashlib
+import json
 import logging
 import os
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from saturate.errors import UserError
+from saturate.files import write_text
 from saturate.scale.ranks import cuda_index, rank_zero, world_size
+from saturate.scale.rendezvous import rendezvous
+from saturate.started import stopping_at_once
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Dist", "alone", "no_sync", "peer_failed", "rank_zero", "shared_value", "world_size", "wrap"]
+GROUP_TIMEOUT = timedelta(minutes=10)  # a collective that waits longer for a rank fails
+
+__all__ = [
+    "PEER_STOPPED",
+    "Dist",
+    "alone",
+    "no_sync",
+    "peer_failed",
+    "rank_zero",
+    "shared_value",
+    "stopped_by_peer",
+    "world_size",
+    "wrap",
+]
 
 
 def init_process_group(device_index: int | None = None) -> None:
-    """Start this run's process group from the environment, once per process. With CUDA the
-    rank's GPU (`device_index`: device.index, by saturate.scale.ranks.cuda_index) is made current and
-    NCCL bound to it, the GPU the run then trains on; without an index (the run directory's
-    name is agreed before the config is read) the group is not bound, and Dist binds it."""
+    """Start this run's process group from the environment, once per process, after every
+    rank has come (`rendezvous`). With CUDA the rank's GPU (`device_index`: device.index, by
+    saturate.scale.ranks.cuda_index) is made current and NCCL bound to it, the GPU the run
+    then trains on; without an index (the run directory's name is agreed before the config is
+    read) the group is not bound, and Dist binds it."""
     if dist.is_initialized():
         return
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
@@ -40,7 +60,12 @@ def init_process_group(device_index: int | None = None) -> None:
     if torch.cuda.is_available() and device_index is not None:
         device_id = torch.device("cuda", rank_gpu(device_index))
         torch.cuda.set_device(device_id)
-    dist.init_process_group(backend=backend, timeout=timedelta(minutes=10), device_id=device_id)
+    rank, size = int(os.environ.get("RANK", "0")), world_size()
+    with stopping_at_once("waiting for the other ranks"):
+        store = rendezvous(rank, size)
+        dist.init_process_group(
+            backend=backend, store=store, rank=rank, world_size=size, timeout=GROUP_TIMEOUT, device_id=device_id
+        )
     atexit.register(_close_process_group)
     log.debug("process group: rank %d of %d (%s)", dist.get_rank(), dist.get_world_size(), backend)
 
@@ -167,6 +192,25 @@ def peer_failed(error: BaseException) -> str | None:
     return None
 
 
+PEER_STOPPED = "stopped because another rank failed"  # how a rank says the failure is another's
+
+
+def stopped_by_peer(broke: str) -> UserError:
+    """The one line of a rank that stopped because a collective broke off (`broke`: what
+    peer_failed said). Under torch's elastic launcher (trainer.devices, torchrun) it is also
+    this rank's error file, which the launcher reads: it then names the rank that failed for
+    its own reason, not this one (both may end in the same second)."""
+    error = UserError(
+        f"rank {os.environ.get('RANK', '?')}: {PEER_STOPPED} (a collective broke off: {broke}); that rank's own "
+        "message and log say why"
+    )
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        with contextlib.suppress(UserError):  # an unwritable file: the launcher then names ranks by exit time
+            write_text(error_file, json.dumps({"message": str(error), "timestamp": int(time.time())}))
+    return error
+
+
 def shared_value(make):
     """`make()` on rank 0, the same value on every rank (for the run directory's name, which
     Hydra resolves in each process before the run starts)."""
@@ -182,9 +226,18 @@ def wrap(model: torch.nn.Module, ranks: Dist, device: torch.device) -> torch.nn.
     """DistributedDataParallel when there are several ranks; the model itself otherwise."""
     if ranks.world_size == 1:
         return model
-    return torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None
-    )
+    try:
+        return torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    except RuntimeError as e:  # DDP compares the parameters' shapes across the ranks first
+        said = " ".join(str(e).split())
+        if "appears not to match" not in said and "expects same model across all ranks" not in said:
+            raise
+        raise UserError(
+            f"rank {ranks.rank}: its model differs from rank 0's ({said[:300]}); every rank must build the same "
+            "model: give each the same model=... overrides"
+        ) from None
 
 
 @contextlib.contextmanager

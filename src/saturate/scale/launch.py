@@ -15,8 +15,12 @@ import shlex
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from saturate import record as run_record
 from saturate.config.invocation import SCRIPT, TRAIN_COMMAND, Invocation, key_of
@@ -59,7 +63,7 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
     try:
         run(args)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()  # the first to fail: the others stopped because it did
+        rank, failure = first_failure(e)
         preempted = {128 + s for s in STOP_SIGNALS} | {-s for s in STOP_SIGNALS}
         if failure.exitcode in preempted:  # a signal to the ranks (a scheduler's): they stopped together and saved
             log.warning(
@@ -89,6 +93,19 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
     if done is None:
         raise UserError(f"trainer.devices: the ranks ended, but rank 0 left no readable {run_record.path(run_dir)}")
     return done.entries
+
+
+def first_failure(error: ChildFailedError) -> tuple[int, ProcessFailure]:
+    """The rank that failed first, and its failure (a ChildFailedError's): of the ranks that
+    failed for a reason of their own, the earliest; a rank that stopped because another failed
+    says so in its error file (saturate.scale.distributed.stopped_by_peer), and several ranks
+    often end within the same second, the resolution of torch's timestamps."""
+    from saturate.scale.distributed import PEER_STOPPED
+
+    own = {rank: f for rank, f in error.failures.items() if PEER_STOPPED not in str(f.message)}
+    failures = own or error.failures
+    rank = min(failures, key=lambda r: (failures[r].timestamp, r))
+    return rank, failures[rank]
 
 
 def resume_hint(run_dir: str, world_size: int, invocation: Invocation) -> str:

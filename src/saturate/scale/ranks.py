@@ -6,27 +6,47 @@ and no process group here, so that composing a config (the run directory's name 
 from __future__ import annotations
 
 import os
-import signal
 
-# What a scheduler sends to stop a job (SLURM: SIGTERM, or the --signal before the time limit: SIGUSR2 from
-# hydra/launcher=slurm, SIGUSR1 often in a user's own script; Ctrl-C: SIGINT): every rank stops at the same
-# step, saves and exits 128 + the signal (saturate.loop.faults.StopSignal)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+from saturate.errors import UserError
+from saturate.started import STOP_SIGNALS
+
+__all__ = ["STOP_SIGNALS", "cpus_per_task", "cuda_index", "rank_zero", "slurm_to_torch_env", "world_size"]
+
+
+_exported_from_slurm = False  # slurm_to_torch_env derived RANK and WORLD_SIZE from SLURM's variables
 
 
 def slurm_to_torch_env() -> None:
     """In a SLURM job of several tasks started by submitit (hydra/launcher=slurm), export
     torchrun's variables from SLURM's with submitit's helper; CUDA_VISIBLE_DEVICES is left
     alone (LOCAL_RANK picks the GPU)."""
-    if (
-        "RANK" in os.environ
-        or os.environ.get("SUBMITIT_EXECUTOR") != "slurm"
-        or int(os.environ.get("SLURM_NTASKS", "1")) <= 1
-    ):
+    global _exported_from_slurm
+    if "RANK" in os.environ or os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return
+    if _whole("SLURM_NTASKS", 1, "a number of tasks >= 1 (read under SUBMITIT_EXECUTOR=slurm)") <= 1:
         return
     from submitit.helpers import TorchDistributedEnvironment
 
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    _exported_from_slurm = True
+
+
+def _whole(name: str, default: int, allowed: str, low: int = 1) -> int:
+    """The environment variable `name` as a whole number >= `low` (`default` when unset); any
+    other value is one line naming it, its value and what is allowed."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    number = int(value.strip()) if value.strip().isdigit() else None
+    if number is None or number < low:
+        raise UserError(f"{name}={value!r} in the environment: expected {allowed}")
+    return number
+
+
+def origin() -> str:
+    """The environment variables that make this process a rank of several, as `NAME=value`s."""
+    names = ("SUBMITIT_EXECUTOR", "SLURM_NTASKS", "SLURM_PROCID") if _exported_from_slurm else ("RANK", "WORLD_SIZE")
+    return " ".join(f"{name}={os.environ.get(name)}" for name in names)
 
 
 def cpus_per_task() -> int | None:
@@ -41,13 +61,24 @@ def cpus_per_task() -> int | None:
 
 
 def world_size() -> int:
+    """How many processes this run has (WORLD_SIZE, 1 when unset); a WORLD_SIZE, RANK or
+    LOCAL_RANK that cannot be this process's is one line naming it."""
     slurm_to_torch_env()
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    size = _whole("WORLD_SIZE", 1, "the run's number of processes, a whole number >= 1")
+    rank = _whole("RANK", 0, f"this process's rank: 0 to WORLD_SIZE - 1 = {size - 1} (WORLD_SIZE={size})", low=0)
+    if rank >= size:
+        unset = "" if "WORLD_SIZE" in os.environ else ", unset"
+        raise UserError(
+            f"RANK={rank} in the environment: expected 0 to WORLD_SIZE - 1 = {size - 1} (WORLD_SIZE={size}{unset}); "
+            "set both, as torchrun does, or neither to train in one process"
+        )
+    _whole("LOCAL_RANK", 0, "this process's rank on its node, a whole number >= 0", low=0)
+    return size
 
 
 def rank_zero() -> bool:
     """Whether this process is rank 0 (before any process group exists)."""
-    slurm_to_torch_env()
+    world_size()  # the variables checked
     return int(os.environ.get("RANK", "0")) == 0
 
 
