@@ -19,18 +19,28 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from saturate import names
+from saturate import files, names
 from saturate import record as run_record
+from saturate.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
 
 ID_FILE = "run_id"  # <run dir>/wandb/run_id
+MODES = ("offline", "online", "disabled")
 
 
 class WandbLogger:
     """`mode`: offline (default), online or disabled; `project`: default the Hydra job's name."""
 
     def __init__(self, mode: str = "offline", project: str | None = None, entity: str | None = None):
+        problems = [Problem("logger.wandb.mode", mode, "offline, online or disabled")] if mode not in MODES else []
+        problems += [
+            Problem(f"logger.wandb.{key}", value, "null or a name")
+            for key, value in (("project", project), ("entity", entity))
+            if value is not None and not (isinstance(value, str) and value.strip())
+        ]
+        if problems:
+            raise ConfigError(problems)
         self.mode, self.project, self.entity = mode, project, entity
         self.run: Any = None  # wandb's Run while the run lasts
         self.last_step = -1
@@ -44,12 +54,13 @@ class WandbLogger:
 
             folder.mkdir(exist_ok=True)
             saved = folder / ID_FILE
-            run_id = saved.read_text().strip() if saved.is_file() else uuid.uuid4().hex[:8]
-            saved.write_text(run_id + "\n")
+            earlier = saved.is_file() and not saved.is_symlink()
+            run_id = saved.read_text().strip() if earlier else uuid.uuid4().hex[:8]
+            files.write_text(saved, run_id + "\n")
             sweep = run.info.get("sweep")
             self.run = wandb.init(
                 dir=str(run.run_dir),
-                mode=self.mode,  # type: ignore[arg-type]  # the config's text: wandb.init refuses a mode it does not know
+                mode=self.mode,  # type: ignore[arg-type]  # one of MODES, checked when built
                 project=self.project or run.info.get("app") or "saturate",
                 entity=self.entity,
                 name=run.info.get("name") or run.run_dir.name,
