@@ -17,11 +17,14 @@ thread at most `timeout_s`. mlflow is imported when a run starts, never by `--he
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import math
 import os
 import queue
 import re
+import stat
 import threading
 import time
 from pathlib import Path
@@ -29,8 +32,9 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from saturate import names
+from saturate import files, names
 from saturate import record as run_record
+from saturate.errors import ConfigError, Problem, is_number, printable
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,7 @@ PARENT_FILE = "mlflow_parent.json"  # <sweep dir>/mlflow_parent.json: the sweep'
 PARENT_ENV = "SATURATE_MLFLOW_PARENT"  # the same, for jobs started by the process that made it
 STATUS = {"completed": "FINISHED", "preempted": "KILLED"}  # anything else: FAILED
 MAX_KEY, MAX_VALUE = 250, 6000  # MLflow's limits on a key and a param's value
+MAX_EXPERIMENT = 500  # and on an experiment's name
 
 
 def _quiet() -> None:
@@ -65,13 +70,46 @@ def _artifacts(uri: str) -> str | None:
     return (Path(uri[len("sqlite:///") :]).parent / "artifacts").as_uri()
 
 
+class Unusable(Exception):
+    """A local store that MLflow could not use, seen before MLflow is handed it."""
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first bytes of every SQLite database
+
+
+def check_sqlite(uri: str) -> None:
+    """Unusable when a `sqlite:///` store's path is not a database MLflow can write: a folder
+    (MLflow retries making its engine for over a minute before it gives up), a file of other bytes, or
+    a read-only file or folder (each write would fail, after MLflow's error and traceback)."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri[len("sqlite:///") :])
+    try:
+        info = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise Unusable(f"{printable(path)} is {'a folder' if stat.S_ISDIR(info.st_mode) else 'not a file'}, "
+                       "not a database")  # fmt: skip
+    if info is not None and info.st_size:
+        with open(path, "rb") as f:
+            if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                raise Unusable(f"{printable(path)} is not a database (not SQLite)")
+    for what, where in (("the database", path), ("its folder", path.parent)):
+        if where.exists() and not os.access(where, os.W_OK):
+            raise Unusable(f"{what} {printable(where)} is read-only")
+
+
 def open_store(uri: str, experiment: str):
     """(client, experiment id) for `uri`, the store and the experiment made when new."""
     _quiet()
+    check_sqlite(uri)
     from mlflow.tracking import MlflowClient
 
+    # MLflow's own records (its engine's retries, its errors with the SQL and a traceback) are not
+    # shown: every failure they describe reaches saturate as an exception, said in one warning line
     for name in ("mlflow", "alembic"):  # after the import: mlflow sets its own logger's level when imported
-        logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
@@ -191,6 +229,20 @@ class MLflowLogger:
         log_checkpoint: bool = False,
         timeout_s: float = 30.0,
     ):
+        problems = [
+            Problem(f"logger.mlflow.{key}", value, allowed)
+            for key, value, ok, allowed in (
+                ("tracking_uri", tracking_uri, tracking_uri is None or _named(tracking_uri), "null or a URI"),
+                ("experiment", experiment, experiment is None or _named(experiment, MAX_EXPERIMENT),
+                 f"null or a name of at most {MAX_EXPERIMENT} characters"),
+                ("log_checkpoint", log_checkpoint, isinstance(log_checkpoint, bool), "true or false"),
+                ("timeout_s", timeout_s, is_number(timeout_s, 0, math.inf, open_low=True, open_high=True),
+                 "a number > 0 (seconds)"),
+            )
+            if not ok
+        ]  # fmt: skip
+        if problems:
+            raise ConfigError(problems)
         self.tracking_uri, self.experiment = tracking_uri, experiment
         self.log_checkpoint, self.timeout_s = log_checkpoint, timeout_s
         self.client: Any = None  # an MlflowClient once the run starts
@@ -207,8 +259,7 @@ class MLflowLogger:
             self.client, experiment_id = open_store(uri, experiment)
             self.run_id = self._continue(run, uri) or self._create(run, experiment_id, uri, sweep)
         except Exception as e:  # noqa: BLE001 (no tracker: the run goes on without it)
-            log.warning("mlflow: cannot use the store %s (%s: %s); this run is not tracked there",
-                        uri, type(e).__name__, " ".join(str(e).split())[:300])  # fmt: skip
+            log.warning("mlflow: cannot use the store %s (%s); this run is not tracked there", uri, _why(e))
             self.client = None
             return
         self.sender, self.uri = Sender(self.client, self.run_id), uri
@@ -242,7 +293,7 @@ class MLflowLogger:
             tags["saturate.sweep_dir"] = str(sweep)
         created = self.client.create_run(experiment_id, run_name=run.info.get("name") or run.run_dir.name, tags=tags)
         run_id = created.info.run_id
-        (run.run_dir / RUN_FILE).write_text(json.dumps({"run_id": run_id, "tracking_uri": uri}) + "\n")
+        files.write_text(run.run_dir / RUN_FILE, json.dumps({"run_id": run_id, "tracking_uri": uri}) + "\n")
         return run_id
 
     def on_log(self, run, metrics: dict[str, float], step: int) -> None:
@@ -311,6 +362,16 @@ class MLflowLogger:
 HIDDEN = frozenset({names.STEP})  # the x axis of every chart, not a chart
 
 
+def _named(value: Any, longest: int | None = None) -> bool:
+    return isinstance(value, str) and bool(value.strip()) and (longest is None or len(value) <= longest)
+
+
+def _why(error: Exception) -> str:
+    """An exception in one line: what it says (an Unusable store), else its kind and what it says."""
+    text = " ".join(str(error).split())[:300]
+    return text if isinstance(error, Unusable) else f"{type(error).__name__}: {text}"
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -339,12 +400,19 @@ def _parent(sweep: str, uri: str) -> str | None:
 
 class SweepParent(Callback):
     """A Hydra callback (`hydra.callbacks.mlflow_sweep`, which conf/logger/mlflow.yaml sets):
-    before a multirun's first job, the store and the sweep's parent run; after its last, the
-    parent ended. A single run does nothing here."""
+    before a multirun's first job, the store and the sweep's parent run; when the sweep ends,
+    however it ends, the parent ended with the sweep's status. A single run does nothing here.
+
+    Hydra calls on_multirun_end only when the sweep returns; a sweep that raises (a job failed,
+    Ctrl-C) does not reach it. So the parent is also ended at the process's exit (atexit), in the
+    process that made it, whichever launcher ran the jobs: its status is read from the jobs'
+    records in the sweep dir (sweep_status)."""
 
     def __init__(self):
         self.client: Any = None  # an MlflowClient during a multirun
         self.run_id: str | None = None
+        self.sweep: Path | None = None
+        self.returned = False  # the sweep reached on_multirun_end
 
     def on_multirun_start(self, config, **kwargs) -> None:
         from omegaconf import OmegaConf
@@ -360,21 +428,49 @@ class SweepParent(Callback):
             tags = {"saturate.sweep_dir": str(sweep), "saturate.role": "sweep"}
             name = " ".join(swept) or sweep.name
             self.run_id = self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+            self.sweep, self.returned = sweep, False
+            atexit.register(self.end)
+            sweep.mkdir(parents=True, exist_ok=True)
+            files.write_text(sweep / PARENT_FILE, json.dumps({"run_id": self.run_id, "tracking_uri": uri}) + "\n")
         except Exception as e:  # noqa: BLE001
-            log.warning("mlflow: cannot make the sweep's parent run in %s (%s: %s)", uri, type(e).__name__, e)
+            log.warning("mlflow: cannot make the sweep's parent run in %s (%s)", uri, _why(e))
             return
-        sweep.mkdir(parents=True, exist_ok=True)
-        (sweep / PARENT_FILE).write_text(json.dumps({"run_id": self.run_id, "tracking_uri": uri}) + "\n")
         os.environ[PARENT_ENV] = f"{uri}#{self.run_id}"
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        if self.run_id is None:
+        self.returned = True
+        self.end()
+
+    def end(self) -> None:
+        """The parent ended with the sweep's status (once; nothing when there is none)."""
+        if self.run_id is None or self.sweep is None:
             return
+        run_id, self.run_id = self.run_id, None
+        atexit.unregister(self.end)
         os.environ.pop(PARENT_ENV, None)
         try:
-            self.client.set_terminated(self.run_id, "FINISHED")
+            self.client.set_terminated(run_id, sweep_status(self.sweep, returned=self.returned))
         except Exception as e:  # noqa: BLE001
-            log.warning("mlflow: cannot end the sweep's parent run (%s: %s)", type(e).__name__, e)
+            log.warning("mlflow: cannot end the sweep's parent run (%s)", _why(e))
+
+
+def sweep_status(sweep: Path, *, returned: bool) -> str:
+    """The status of a sweep's parent run, from its jobs' records: FAILED when a job failed (or
+    diverged, or left no record), KILLED when one was stopped (preempted, Ctrl-C), FINISHED when
+    every job completed and the sweep returned; a sweep that raised with no job to blame failed."""
+    try:
+        jobs = [p for p in sweep.iterdir() if re.match(r"\d+(_|$)", p.name) and p.is_dir() and not p.is_symlink()]
+    except OSError:
+        jobs = []
+    statuses = set()
+    for job in jobs:  # each job's metrics.json, read as saturate.record reads any record (no link, no FIFO)
+        found = run_record.read(job)
+        statuses.add(found.status if found is not None else None)
+    if statuses - {"completed", "preempted"}:
+        return "FAILED"
+    if "preempted" in statuses:
+        return "KILLED"
+    return "FINISHED" if returned else "FAILED"
 
 
 def _swept(overrides: list[str]) -> list[str]:
