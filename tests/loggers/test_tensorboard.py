@@ -97,17 +97,23 @@ def test_a_run_resumed_within_the_second_its_earlier_file_was_made_is_read_after
 
 def test_a_run_written_before_events_moved_into_the_run_dir_goes_on_in_its_tb_folder(tmp_path):
     """One run in TensorBoard's list whichever layout wrote it first: a resumed run of the old
-    layout (`<run dir>/tb`) adds its events there."""
+    layout (`<run dir>/tb`) adds its events there, read after the earlier attempt's even when
+    that one's file is named for a later second (made on a host whose clock ran ahead)."""
+    import time
+
     from torch.utils.tensorboard import SummaryWriter
 
     run = SimpleNamespace(run_dir=tmp_path / "old", start_step=2, step=2, metrics={})
     with SummaryWriter(str(run.run_dir / "tb")) as earlier:  # the earlier attempt, as the old layout wrote it
         for step in (1, 2, 3):
             earlier.add_scalar("train/loss", float(step), step)
+    (written,) = (run.run_dir / "tb").glob("events.out.tfevents.*")
+    written.rename(written.with_name(f"events.out.tfevents.{int(time.time()) + 100:010d}.ahead.1.0"))
     logger = TensorBoardLogger()  # resumed from step 2
     logger.on_run_start(run)
     logger.on_log(run, {"train/loss": 4.0}, 4)
     logger.on_run_end(run, {})
     multiplexer = read_back(tmp_path)
     assert multiplexer.Runs().keys() == {"old/tb"}
-    assert [e.step for e in multiplexer.Tensors("old/tb", "train/loss")][-1] == 4
+    # in the order written (that layout started no session: nothing is dropped)
+    assert curve(multiplexer, "old/tb", "train/loss") == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
