@@ -28,7 +28,7 @@ from saturate.config.dirs import CONF, PROJECT_ENV, use_project_conf
 from saturate.config.invocation import SCRIPT, Invocation, from_hydra, refuse_oversized, saved_record
 from saturate.config.registration import register
 from saturate.config.schema import validate
-from saturate.config.secrets import masked, record_env_reads
+from saturate.config.secrets import masked
 from saturate.config.yaml_bombs import refuse_alias_bombs
 from saturate.errors import UserError, printable
 from saturate.started import mark_reached, pause_collector, resume_collector
@@ -66,7 +66,6 @@ def run_hydra_app(main: Callable[[], object], app: str | None = None) -> None:
         print(help_text(sys.argv[1:]))
         return
     register()
-    record_env_reads()  # what ${oc.env:...} reads is written as the interpolation in every record (config.secrets)
     atexit.unregister(_freeze_at_exit)  # once, however many runs a process starts (a test, a notebook):
     atexit.register(_freeze_at_exit)  # after the handlers registered during this (the last) run
     os.environ[SCRIPT] = app or os.path.abspath(sys.argv[0])  # SLURM jobs inherit it: their resume command names it

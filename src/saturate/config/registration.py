@@ -18,6 +18,7 @@ from saturate.config.data_info import placeholder
 from saturate.config.invocation import from_hydra
 from saturate.config.naming import run_name
 from saturate.config.schema import RunConfig
+from saturate.config.secrets import record_env_reads
 from saturate.scale.ranks import rank_zero, world_size
 
 
@@ -54,12 +55,12 @@ def _run_name(*, _root_) -> str:
 
 
 def register() -> None:
-    """Store the schema in Hydra's ConfigStore and register saturate's resolvers."""
+    """Store the schema in Hydra's ConfigStore and register saturate's resolvers (and the
+    `oc.env` that remembers what it reads: saturate.config.secrets)."""
     ConfigStore.instance().store(name="base_config", node=RunConfig)
     OmegaConf.register_new_resolver("saturate_stamp", _run_stamp, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("saturate_name", _run_name, replace=True)
     OmegaConf.register_new_resolver("saturate_output_dir", _output_dir, replace=True)
     OmegaConf.register_new_resolver("saturate_rank_suffix", _rank_suffix, use_cache=True, replace=True)
-    hydra_subdir = lambda: ".hydra" if rank_zero() else None
-    OmegaConf.register_new_resolver("saturate_hydra_subdir", hydra_subdir, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("data_info", placeholder, replace=True)
+    record_env_reads()  # what ${oc.env:...} reads is written as the interpolation in every record
