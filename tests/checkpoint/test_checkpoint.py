@@ -179,3 +179,15 @@ def test_a_callback_subclass_that_does_not_override_on_checkpoint_keeps_saves_in
     observers = Observers({"mine": Evaluations()})
     assert observers.has("on_eval_end") and not observers.has("on_checkpoint")
     assert not observers.has("on_train_batch_end")  # no call per step either
+
+
+def test_a_failed_top_k_file_says_which_files_of_the_step_were_written(tmp_path):
+    from saturate.checkpoint.files import write_files
+
+    (tmp_path / "top-001.pt").mkdir()
+    (tmp_path / "top-001.pt" / "kept").write_text("")  # a folder in the top-k file's place
+    paths = [tmp_path / "last.pt", tmp_path / "best.pt", tmp_path / "top-001.pt"]
+    with pytest.raises(files.CheckpointError) as err:
+        write_files({"model": {}, "step": 7}, paths, removed=[])
+    assert "top-001.pt" in str(err.value) and "last.pt and best.pt of step 7 written" in str(err.value)
+    assert (tmp_path / "last.pt").is_file() and (tmp_path / "best.pt").is_file()

@@ -116,8 +116,15 @@ def snapshot(obj: Any) -> Any:
 def write_files(checkpoint: dict, paths: list[Path], removed: list[Path]) -> None:
     """`paths` written, each atomically, then `removed` deleted: a top-k file that drops out
     leaves only once the file that replaces it is whole."""
+    written: list[str] = []
     for path in paths:
-        _atomic_save(checkpoint, path)
+        try:
+            _atomic_save(checkpoint, path)
+        except CheckpointError as e:
+            if written:  # the message says what of this step is on disk
+                raise CheckpointError(f"{e}; {' and '.join(written)} of step {checkpoint['step']} written") from None
+            raise
+        written.append(path.name)
     for path in removed:
         path.unlink(missing_ok=True)
 
