@@ -361,7 +361,8 @@ def test_the_process_group_binds_nccl_to_the_gpu_the_rank_trains_on(fake_cuda, m
     chosen = fake_cuda(visible)
     bound = []
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout, device_id: bound.append(device_id))
+    monkeypatch.setattr(distributed, "rendezvous", lambda rank, size: "store")  # the ranks' meeting: not this test's
+    monkeypatch.setattr(dist, "init_process_group", lambda device_id, **given: bound.append(device_id))
     monkeypatch.setattr(distributed.atexit, "register", lambda fn: None)
     monkeypatch.setattr(dist, "get_rank", lambda: local_rank)
     monkeypatch.setattr(dist, "get_world_size", lambda: 8)
