@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import sys
@@ -23,6 +22,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from saturate import record as run_record
 from saturate.errors import UserError, printable
 
 RUN_MARKS = (".hydra", "checkpoints/best.pt", "checkpoints/last.pt")
@@ -34,14 +34,14 @@ def is_run_dir(folder: Path) -> bool:
     metrics.json that is a run's record (an evaluation's names its checkpoint and split)."""
     if any((folder / mark).exists() or (folder / mark).is_symlink() for mark in RUN_MARKS):
         return True
-    record = folder / "metrics.json"
+    record = run_record.path(folder)
     if record.is_symlink() or not record.is_file():  # a link is no record saturate wrote: it is replaced
         return False
     try:
-        with record.open("rb") as f:
-            entries = json.loads(f.read(1 << 20))
-    except (OSError, ValueError):
+        found = run_record.load(folder)
+    except run_record.Unreadable:
         return True  # not a record anything here wrote: kept as it is
+    entries = found.entries if found is not None else {}
     return not (isinstance(entries, dict) and "checkpoint" in entries and "split" in entries)
 
 
@@ -77,8 +77,8 @@ def _make(out: Path) -> list[Path]:
         raise UserError(f"--out {shown}: a file is there; expected a folder (made when missing)")
     if out.is_dir() and is_run_dir(out.resolve()):
         raise UserError(
-            f"--out {shown}: a run dir (its checkpoints/, metrics.json): its files would be replaced; give a folder "
-            f"of its own, e.g. {printable(out / 'eval')}"
+            f"--out {shown}: a run dir (its checkpoints/, {run_record.FILE}): its files would be replaced; give a "
+            f"folder of its own, e.g. {printable(out / 'eval')}"
         )
     made = _made(out)
     try:
