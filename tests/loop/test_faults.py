@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import math
 import os
 import signal
@@ -527,3 +528,34 @@ def test_a_stop_asked_after_the_loop_last_looked_goes_to_the_enclosing_watcher()
         assert run.requested == signal.SIGTERM
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_before_the_loop_a_stop_ends_at_once_unless_an_outer_watcher_takes_it():
+    """A run's own watcher, while its phase is set, ends the process at once (nothing to
+    save); inside tune's (an outer watcher around its trials) the stop is only noted, so the
+    trial stops at its first step and tune keeps what it measured."""
+    from saturate.started import StoppedEarly
+
+    with pytest.raises(StoppedEarly) as ended, StopSignal(phase="building the data"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises here, long before this ends
+    assert ended.value.code == 128 + signal.SIGTERM
+    with StopSignal() as tune, StopSignal(phase="building the data") as trial:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert trial.requested == signal.SIGTERM and tune.requested is None
+
+
+def test_a_stop_while_a_logger_starts_is_a_preemption_of_the_run_not_the_loggers_failure(tmp_path):
+    from tests.hostile.test_bad_input import Samples, fit, mlp, windows
+
+    class StopsWhileStarting:
+        def on_run_start(self, run) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's stop while a tracker connects
+            time.sleep(0.1)
+
+    data = Samples(64, windows)
+    with pytest.raises(Preempted):
+        fit(mlp(), data, data, task="regression", callbacks={"tracker": StopsWhileStarting()}, run_dir=tmp_path)
+    record = json.loads((tmp_path / "metrics.json").read_text())
+    assert record["status"] == "preempted" and (tmp_path / "checkpoints" / "last.pt").is_file()

@@ -57,12 +57,13 @@ class StopSignal:
 
     def __init__(self, phase: str | None = None):
         self.phase = phase  # what the run does before its loop starts; None once it trains
+        self.nested = False  # inside another StopSignal (set on entering)
         self.requested: int | None = None
         self._previous: dict[int, Any] = {}  # what signal.signal returned: a handler, SIG_DFL, SIG_IGN or None
         self.listeners: list = []  # called from the handler with the signal (puts a hung callback on the clock)
 
     def _handle(self, signum, frame) -> None:
-        if self.phase is not None:
+        if self.phase is not None and not self.nested:
             raise stopped_early(signum, self.phase)
         self.requested = signum
         if signum == signal.SIGINT:
@@ -75,6 +76,9 @@ class StopSignal:
             # a signal the parent chose to ignore (SIGINT in a background job) stays ignored
             watched = [s for s in self.SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
             self._previous = {s: signal.signal(s, self._handle) for s in watched}
+        # inside another watcher (tune's, around its trials) a stop is the outer one's to act on, between trials:
+        # this one only sets `requested`, whatever the phase, and the trial stops at its first step
+        self.nested = any(isinstance(getattr(h, "__self__", None), StopSignal) for h in self._previous.values())
         return self
 
     def __exit__(self, kind, error, traceback) -> None:

@@ -157,7 +157,7 @@ def _start(cfg, invocation: Invocation, objects: UserObjects, attempt: Attempt, 
         engine = Engine(training, evaluator, checkpointer, instruments, observers, view, ends)
         if engine.finished(state):  # a finished run resumed: nothing to train
             return already_done(run, state, resumed.metrics, checkpointer.enabled, checkpointing.monitor)
-        stop.phase = "starting the callbacks and loggers"
+        stop.phase = None  # from the loggers' start on, a stop signal stops the loop at its first step, which saves
         tracker.attach(view, parts.total_steps, state.step)
         observers.call("on_run_start", view)
         checkpointer.restore_run(view)
@@ -168,7 +168,6 @@ def _start(cfg, invocation: Invocation, objects: UserObjects, attempt: Attempt, 
         session = Session(
             run, invocation, parts, engine, view, tracker, observers, dist, device, outcome, start_time, startup
         )
-        stop.phase = None  # training: a stop signal now stops the loop at its next step, which saves
         attempt.trained = True  # a failure from here on is this attempt's, after it trained
         return _fit(session, state, attempt)
 
