@@ -115,3 +115,18 @@ def test_a_value_read_from_the_environment_never_lands_in_a_record(tmp_path):
     )
     assert done.returncode != 0 and SECRET not in done.stderr, done.stderr
     assert (failed / "metrics.json").is_file() and SECRET.encode() not in all_bytes(failed)
+
+
+def test_a_value_read_from_the_environment_is_masked_as_a_whole_word_only(monkeypatch):
+    """The value is written as its interpolation where it stands alone (a config value, a
+    `key=value` in a message), never inside a path or a name that happens to hold it."""
+    from omegaconf import OmegaConf
+
+    from saturate.config.secrets import masked, record_env_reads
+
+    monkeypatch.setenv("SATURATE_TEST_USER", "alex")
+    record_env_reads()
+    cfg = OmegaConf.create({"user": "${oc.env:SATURATE_TEST_USER}", "model": "alexnet", "run_dir": "/home/alex/x"})
+    written = masked(OmegaConf.to_container(cfg, resolve=True))
+    assert written == {"user": "${oc.env:SATURATE_TEST_USER}", "model": "alexnet", "run_dir": "/home/alex/x"}
+    assert masked("user=alex: bad") == "user=${oc.env:SATURATE_TEST_USER}: bad"

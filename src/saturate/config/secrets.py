@@ -11,6 +11,7 @@ through another key's interpolation, inside an error message). `masked(obj)` giv
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -33,15 +34,22 @@ def record_env_reads() -> None:
     OmegaConf.register_new_resolver("oc.env", _env, replace=True)
 
 
+# a value is masked where it stands as a whole word of the text: between these (or at an end), never inside a
+# path, a name or a number (`${oc.env:USER}`'s `alex` stays in /home/alex and alexnet)
+_APART = r"""\s'"=,:;()\[\]{}"""
+
+
 def masked(obj: Any) -> Any:
-    """`obj` with every value read through `oc.env` written as `${oc.env:NAME}`: text, and
-    the text in dicts, lists and tuples (their keys too); anything else as it is."""
+    """`obj` with every value read through `oc.env` written as `${oc.env:NAME}` where it stands
+    as a whole word (a config's value, `key=value` in a message): text, and the text in dicts,
+    lists and tuples (their keys too); anything else as it is."""
     if not _read:
         return obj
     if isinstance(obj, str):
         for value in sorted(_read, key=len, reverse=True):  # a value inside a longer one: the longer first
             if value in obj:
-                obj = obj.replace(value, f"${{oc.env:{_read[value]}}}")
+                word = rf"(?<![^{_APART}]){re.escape(value)}(?![^{_APART}])"
+                obj = re.sub(word, lambda _, name=_read[value]: f"${{oc.env:{name}}}", obj)
         return obj
     if isinstance(obj, dict):
         return {masked(k): masked(v) for k, v in obj.items()}
