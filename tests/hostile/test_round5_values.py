@@ -164,7 +164,6 @@ class Masks(Squares):
             "-1 (values found: -1, 0); task=segmentation with 2 classes takes class indices 0 to 1: set "
             "task.ignore_index=-1",
         ),
-        (lambda m: (m * 255).to(torch.uint8), ["task.ignore_index=255"], "task.ignore_index=255 covers every"),
     ],
 )
 def test_masks_that_do_not_hold_the_tasks_classes_are_refused_in_one_line(tmp_path, spoil, overrides, says):
@@ -181,10 +180,13 @@ def test_masks_that_do_not_hold_the_tasks_classes_are_refused_in_one_line(tmp_pa
     assert message.startswith("data: the first batch's masks") and says in message and "\n" not in message, message
 
 
-def test_masks_of_the_tasks_classes_with_ignored_pixels_pass_the_check():
+def test_masks_of_the_tasks_classes_with_ignored_pixels_pass_the_check(caplog):
     task = Segmentation(3, ignore_index=255)
-    masks = torch.tensor([[[0, 1], [2, 255]]])
-    task.check_masks(masks)  # nothing raised
+    task.check_masks(torch.tensor([[[0, 1], [2, 255]]]))  # nothing raised, nothing said
+    assert not caplog.records
+    # only background and ignored pixels: a batch of empty slices, or a 0/255 mask read with ignore_index=255
+    task.check_masks(torch.tensor([[[0, 0], [0, 255]]]))
+    assert "every foreground pixel is left out" in caplog.text
 
 
 # -- target.metric: a per-class metric is met through its elements

@@ -13,6 +13,7 @@ masks and the predictions side by side in TensorBoard (`<split>/segmentation`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -23,6 +24,8 @@ from saturate.errors import ConfigError, DataError, Problem, UserError, is_integ
 from saturate.tasks.base import Task, call_model, finite_number, user_loss
 
 PREVIEWS = 4  # images shown per evaluation
+
+log = logging.getLogger(__name__)
 
 
 class Segmentation(Task):
@@ -105,11 +108,15 @@ class Segmentation(Task):
         ignore, classes = self.ignore_index, self.num_classes
         bad = [v for v in values if not 0 <= v < classes and v != ignore]
         if not bad:
-            if ignore is not None and ignore in values and set(values) == {0, ignore}:
-                raise DataError(
-                    f"{head} only 0 and {ignore} (values found: {found}): task.ignore_index={ignore} covers every "
-                    f"foreground pixel; a 0/{ignore} mask? divide by {ignore} or map it, and keep ignore_index for "
-                    "pixels to leave out"
+            if ignore is not None and ignore in values and set(values) == {0, ignore}:  # a batch may be all background
+                log.warning(
+                    "%s only 0 and %s: if task.ignore_index=%s is a 0/%s mask's foreground, every foreground pixel "
+                    "is left out of the loss and the metrics; divide the masks by %s or map them",
+                    head,
+                    ignore,
+                    ignore,
+                    ignore,
+                    ignore,
                 )
             return
         if set(values) <= {0, 255}:
