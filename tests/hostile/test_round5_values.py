@@ -59,6 +59,14 @@ def test_a_misspelt_group_key_is_answered_with_the_key_meant(make_cfg):
     assert "did you mean lr?" in refused(make_cfg, "optim.param_groups=[{params: '*', lrr: 0.5}]")
 
 
+def test_a_key_of_the_users_own_stays_in_its_group(make_cfg):
+    """torch keeps any key in a parameter group (a `name` a user's code reads): one that is no
+    misspelling of the optimizer's arguments is not refused."""
+    cfg = make_cfg("optim.param_groups=[{params: '*', name: head, lr: 0.05}]")
+    saturate.train(cfg)
+    assert json.loads((Path(cfg.run_dir) / "metrics.json").read_text())["status"] == "completed"
+
+
 def test_a_group_whose_parameters_an_earlier_group_took_is_told_so(make_cfg):
     message = refused(make_cfg, "optim.param_groups=[{params: '*'}, {params: 'features.*', lr: 0.5}]")
     assert "optim.param_groups[1].params='features.*'" in message
@@ -216,3 +224,12 @@ def test_a_target_on_a_per_class_element_is_met(tmp_path):
     )
     record = json.loads((tmp_path / "metrics.json").read_text())
     assert "val/dice_class/1" in record and record["time/to_target_s"] > 0
+
+
+def test_an_optimizer_that_refuses_the_stand_in_itself_has_no_value_blamed():
+    """torch.optim.Muon takes only 2-D parameters: the one-element stand-in says nothing of
+    its values, so none is blamed (the run's build tries it on the model's own)."""
+    from saturate.config.optim_values import optimizer_problems
+
+    assert list(optimizer_problems({"_target_": "torch.optim.Muon", "lr": 0.02}, [])) == []
+    assert list(optimizer_problems({"_target_": "torch.optim.SGD", "lr": -1}, []))  # a class that takes it: judged

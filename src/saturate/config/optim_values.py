@@ -1,5 +1,6 @@
 """The values of optim.optimizer and of each optim.param_groups entry, judged by one rule
-before any work: a key the optimizer class takes (a group's keys are its defaults), of the
+before any work: a key the optimizer class takes (a group may hold keys of its own for the
+user's code, but not a misspelling of one the class takes), of the
 type its default has, and values its constructor accepts, tried on a stand-in parameter (torch
 checks ranges there: a negative lr, momentum or weight_decay). A group's values are tried
 with optim.optimizer's, as the run builds them. optim.scheduler's periods are checked too:
@@ -35,16 +36,19 @@ def optimizer_problems(node: dict, groups: list) -> Iterator[Problem]:
     for i, group in enumerate(groups):
         if not isinstance(group, dict):
             continue  # the schema's own check names it
-        given = {k: v for k, v in group.items() if k != "params"}
         prefix = f"optim.param_groups[{i}]"
-        unknown = [k for k in given if params is not None and k not in params]
-        for key in unknown:
-            close = difflib.get_close_matches(key, list(params or ()), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            allowed = f"an argument of {target}{hint}: " + ", ".join(params or ())
-            yield Problem(f"{prefix}.{key}", given[key], allowed)
-        if not own and not unknown:
-            yield from _values_problems(cls, target, params, given, {**values, **given}, prefix)
+        # a key the class does not take stays in the group for the user's code (torch keeps it: a `name`), unless it
+        # is a misspelling of one it takes (`lrr`), which would leave that one at its default without a word
+        mine = {k: v for k, v in group.items() if k != "params" and (params is None or k in params)}
+        misspelt = {}
+        for key in (k for k in group if k != "params" and k not in mine):
+            close = difflib.get_close_matches(key, list(params or ()), n=1, cutoff=0.75)
+            if close:
+                misspelt[key] = close[0]
+                allowed = f"an argument of {target} (did you mean {close[0]}?), or a key of your own unlike any of its"
+                yield Problem(f"{prefix}.{key}", group[key], allowed)
+        if not own and not misspelt:
+            yield from _values_problems(cls, target, params, mine, {**values, **mine}, prefix)
 
 
 def scheduler_problems(node: Any) -> Iterator[Problem]:
@@ -93,7 +97,7 @@ def _values_problems(
         if wrong is not None:
             typed = False
             yield Problem(f"{prefix}.{key}", value, wrong)
-    if not typed:
+    if not typed or _refusal(cls, {}) is not None:  # a class that refuses the stand-in itself (Muon: 2-D only)
         return
     refusal = _refusal(cls, values)
     if refusal is None:
