@@ -32,13 +32,15 @@ def write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)  # the umask applies
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:  # a stop signal ending the process meanwhile leaves no temporary file either
         tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write {printable(path)}: {e.strerror or e}") from None
+        if isinstance(e, OSError):
+            raise UserError(f"cannot write {printable(path)}: {e.strerror or e}") from None
+        raise
 
 
 def write_text(path: str | Path, text: str) -> None:
@@ -49,7 +51,7 @@ def open_growing(path: str | Path, mode: str = "w") -> IO[str]:
     """A text file written as it grows ("w" or "a"), opened with O_NOFOLLOW: a link in its
     place is refused (OSError ELOOP), never written through."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if mode == "a" else os.O_TRUNC)
-    fd = os.open(path, flags, 0o644)
+    fd = os.open(path, flags, 0o666)
     return os.fdopen(fd, mode, encoding="utf-8", newline="")
 
 
