@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from saturate.errors import UserError, printable
+from saturate.files import open_regular
 
 MAX_NODES = 100_000  # far above any config (saturate's whole composed config: a few hundred), about 1 s in OmegaConf
 SEARCHPATH = "hydra.searchpath="
@@ -53,10 +54,11 @@ def _expanded(node: yaml.Node, sizes: dict[int, int]) -> int:
 
 
 def _check(path: Path) -> None:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return  # Hydra says what it cannot read
+    try:  # a regular file only (a FIFO is not waited on); Hydra says what it cannot read
+        with open_regular(path, "a config file") as f:
+            text = f.read().decode("utf-8", errors="replace")
+    except (OSError, UserError):
+        return
     if "&" not in text or "*" not in text:
         return
     try:
