@@ -376,6 +376,7 @@ def test_a_compute_bound_run_spends_no_trial_on_the_loader(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert "tune.enabled=true" in (tmp_path / "t" / ".hydra" / "overrides.yaml").read_text()  # how it was started
     assert result["results"][0]["verdict"] == "compute-bound"
     assert len(result["results"]) > 1  # something on the compute side was measured
     assert not any(c.startswith("loader.") for r in result["results"] for c in r["changes"])

@@ -63,6 +63,16 @@ def _save_started(run_dir: Path) -> None:
         write_text(run_dir / HYDRA_SUBDIR / name, text)
 
 
+def save_started_if_free(run_dir: str | Path) -> None:
+    """The record of how the run was started, saved now when no other run is in `run_dir`: a
+    tune's dir, which its trials hold in folders of their own."""
+    directory = Path(run_dir)
+    with contextlib.suppress(OSError):
+        directory.mkdir(parents=True, exist_ok=True)
+        if _free(directory):
+            _save_started(directory)
+
+
 def _free(run_dir: Path) -> bool:
     """Whether no other run is in `run_dir`: none holds it, none left its checkpoints there."""
     if _own_checkpoints(run_dir):

@@ -228,6 +228,9 @@ def task(cfg: DictConfig):
         resume_collector(freeze=True)  # the imports are done: what they built is frozen (saturate.started)
 
         if run.tune.enabled:
+            from saturate.checkpoint.rundir import save_started_if_free
+
+            save_started_if_free(run.run_dir)  # its trials hold their own folders, not this one
             return tune(cfg, invocation)
         count = processes(run.trainer.devices, run.device.type)
         if count > 1:
