@@ -110,14 +110,18 @@ def test_export_never_writes_through_a_link_and_leaves_no_earlier_exports_files(
     for name, victim in victims.items():
         victim.write_text("precious\n")
         (out / name).symlink_to(victim)
-    for earlier in ("model.onnx", "model.pt2"):  # an earlier export's forms, which this one does not write
-        (out / earlier).write_text("an earlier export's\n")
     args = [str(finished), *RUN, "--out", str(out), "--to", "safetensors"]
     assert checkpoint_command("export", args) == 0, capsys.readouterr()
     assert all(v.read_text() == "precious\n" for v in victims.values())
     assert sorted(p.name for p in out.iterdir()) == ["export.json", "model.safetensors"]
     assert not any((out / n).is_symlink() for n in victims)
     assert list(json.loads((out / "export.json").read_text())["formats"]) == ["safetensors"]
+    # an earlier export's forms that this one does not write go; a file no export.json lists is the user's: kept
+    (out / "export.json").write_text(json.dumps({"formats": {"onnx": {}, "program": {}, "safetensors": {}}}))
+    for name in ("model.onnx", "model.pt2", "model.ts"):
+        (out / name).write_text("written before\n")
+    assert checkpoint_command("export", args) == 0, capsys.readouterr()
+    assert sorted(p.name for p in out.iterdir()) == ["export.json", "model.safetensors", "model.ts"]
     fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)  # another export writing there
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

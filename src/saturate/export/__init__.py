@@ -92,11 +92,20 @@ def export_checkpoint(
 
 
 def _clear(out: Path, to: list[str]) -> None:
-    """An earlier export's export.json, and its files of the forms this one does not write,
-    removed from `out`: what is left there is this export's alone (its own files are replaced
-    as they are written; the command holds `out` while it exports)."""
-    for name in ["export.json", *(formats.FILES[f] for f in FORMATS if f not in to)]:
-        (out / name).unlink(missing_ok=True)
+    """An earlier export's export.json, and the files it lists of forms this one does not
+    write, removed from `out`: what is left there is this export's alone (its own files are
+    replaced as they are written; the command holds `out` while it exports). A file export.json
+    does not list (a model.onnx of the user's own) is left alone."""
+    try:
+        with files.open_regular(out / "export.json", "--out") as f:
+            earlier = json.loads(f.read(1 << 20))
+    except (OSError, ValueError, UserError):
+        return  # no earlier export here, or not one saturate wrote
+    listed = earlier.get("formats") if isinstance(earlier, dict) else None
+    written = {form for form in listed if form in FORMATS} if isinstance(listed, dict) else set()
+    for form in written - set(to):
+        (out / formats.FILES[form]).unlink(missing_ok=True)
+    (out / "export.json").unlink(missing_ok=True)
 
 
 def model_inputs(opened: Opened, count: int) -> list[tuple]:
