@@ -60,7 +60,8 @@ def init_process_group(device_index: int | None = None) -> None:
     if torch.cuda.is_available() and device_index is not None:
         device_id = torch.device("cuda", rank_gpu(device_index))
         torch.cuda.set_device(device_id)
-    rank, size = int(os.environ.get("RANK", "0")), world_size()
+    size = world_size()  # first: under SLURM it sets RANK from the task's variables
+    rank = int(os.environ.get("RANK", "0"))
     with stopping_at_once("waiting for the other ranks"):
         store = rendezvous(rank, size)
         dist.init_process_group(

@@ -65,9 +65,10 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
     except ChildFailedError as e:
         rank, failure = first_failure(e)
         preempted = {128 + s for s in STOP_SIGNALS} | {-s for s in STOP_SIGNALS}
-        if failure.exitcode in preempted:  # a signal to the ranks (a scheduler's): they stopped together and saved
+        if failure.exitcode in preempted:  # a signal to the ranks (a scheduler's): they stopped together
             log.warning(
-                "trainer.devices=%d: the ranks were stopped by %s and saved (their message above says how to resume)",
+                "trainer.devices=%d: the ranks were stopped by %s (their message above says what was saved and how "
+                "to resume)",
                 count,
                 signal.Signals(abs(failure.exitcode) % 128).name,
             )
@@ -77,12 +78,10 @@ def launch(count: int, overrides: list[str], run_dir: str) -> dict:
             f"trainer.devices={count}: rank {rank} failed first (exit status {failure.exitcode}); its message is "
             f"above, its log is {log_file}"
         ) from None
-    except (
-        SignalException
-    ) as e:  # SIGTERM or SIGINT to this launcher: torch's agent passed it on to the ranks, which saved
+    except SignalException as e:  # SIGTERM or SIGINT to this launcher: torch's agent passed it on to the ranks
         log.warning(
-            "trainer.devices=%d: %s; the ranks stopped at a step boundary and saved (their message above says how "
-            "to resume)",
+            "trainer.devices=%d: %s; the ranks stopped (at a step boundary once training, which saves; their message "
+            "above says what was saved and how to resume)",
             count,
             signal.Signals(e.sigval).name,
         )
