@@ -94,6 +94,12 @@ def test_a_scheduler_period_of_zero_is_refused_with_the_config(make_cfg, node, s
     assert f"optim.scheduler.{says}: expected an integer >= 1" in message
 
 
+def test_a_scheduler_period_of_another_type_is_one_problem(make_cfg):
+    node = ["+optim.scheduler._target_=torch.optim.lr_scheduler.StepLR", "+optim.scheduler.step_size=2.0"]
+    message = refused(make_cfg, *SCHEDULER, *node)
+    assert "(1 problem)" in message and "optim.scheduler.step_size=2.0: expected an integer" in message, message
+
+
 def test_a_one_cycle_shorter_than_the_run_is_refused_before_training(make_cfg):
     node = ["+optim.scheduler._target_=torch.optim.lr_scheduler.OneCycleLR", "+optim.scheduler.max_lr=0.1"]
     cfg = make_cfg(*SCHEDULER, *node, "+optim.scheduler.total_steps=2", "optim.scheduler_interval=step")

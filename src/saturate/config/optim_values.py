@@ -15,7 +15,7 @@ from typing import Any
 
 from hydra.utils import get_method
 
-from saturate.errors import Problem, is_number
+from saturate.errors import Problem, is_integer, is_number
 
 # keys whose check needs the run's device (fused and capturable kernels): their type only
 DEVICE_KEYS = ("fused", "foreach", "capturable", "differentiable")
@@ -58,7 +58,7 @@ def scheduler_problems(node: Any) -> Iterator[Problem]:
     name = str(node.get("_target_", "")).rpartition(".")[2]
     for key in PERIODS:
         value = node.get(key)
-        if value is not None and not (is_number(value, 1) and not isinstance(value, float)):
+        if is_integer(value) and value < 1:  # another type is the target check's to name (an integer expected)
             yield Problem(f"optim.scheduler.{key}", value, f"an integer >= 1 ({name} divides by it)")
 
 
