@@ -429,7 +429,8 @@ class Engine:
         self.save(state, {})
         self.dist.barrier()  # no rank leaves before rank 0 has saved
         raise ScheduleError(
-            f"{error}; the last finished step ({state.step}) is saved: {self.checkpointer.last_good()}"
+            f"{error}; the last finished step ({state.step}) is saved: {self.checkpointer.last_good()} (it holds this "
+            "scheduler's state: after fixing optim.scheduler, go on from its weights with pretrained.path=<it>)"
         ) from None
 
     def halt(self, state: TrainState, steps_per_epoch: int) -> NoReturn:
