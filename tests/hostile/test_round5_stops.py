@@ -241,7 +241,7 @@ def test_a_slurm_environment_without_its_other_tasks_is_said_and_a_stop_signal_e
         "SLURM_NTASKS": "2",
         "SLURM_PROCID": "0",
         "SLURM_LOCALID": "0",
-        "SLURM_JOB_ID": "123",
+        "SLURM_JOB_ID": str(os.getpid()),  # submitit derives MASTER_PORT from it: one of its own per test run
         "SLURM_NODELIST": "localhost",
         "SLURM_JOB_NODELIST": "localhost",
         "SLURM_NNODES": "1",
