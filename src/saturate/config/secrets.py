@@ -49,7 +49,7 @@ def masked(obj: Any) -> Any:
         for value in sorted(_read, key=len, reverse=True):  # a value inside a longer one: the longer first
             if value in obj:
                 word = rf"(?<![^{_APART}]){re.escape(value)}(?![^{_APART}])"
-                obj = re.sub(word, lambda _, name=_read[value]: f"${{oc.env:{name}}}", obj)
+                obj = re.sub(word, f"${{oc.env:{_read[value]}}}", obj)  # a variable's name holds no backslash
         return obj
     if isinstance(obj, dict):
         return {masked(k): masked(v) for k, v in obj.items()}
