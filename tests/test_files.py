@@ -27,10 +27,14 @@ def test_files_are_made_with_the_users_umask(tmp_path):
         files.write_text(tmp_path / "shared.json", "{}")
         with files.open_growing(tmp_path / "metrics.csv") as f:
             f.write("step\n")
+        made = files.fresh(tmp_path / "model.safetensors")  # a library's writer fills it, then it is renamed
+        again = files.fresh(tmp_path / "val.npz", suffix=".npz")
     finally:
         os.umask(previous)
     assert (tmp_path / "shared.json").stat().st_mode & 0o777 == 0o664
     assert (tmp_path / "metrics.csv").stat().st_mode & 0o777 == 0o664
+    assert made.stat().st_mode & 0o777 == 0o664 and made.parent == tmp_path and made.name.startswith(".")
+    assert again.name.endswith(".npz") and again != made
 
 
 def test_a_growing_file_refuses_a_link_in_its_place(tmp_path):

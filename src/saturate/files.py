@@ -14,6 +14,7 @@ the process in `open()`.
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 from pathlib import Path
 from typing import IO, BinaryIO
@@ -45,6 +46,16 @@ def write_bytes(path: str | Path, data: bytes) -> None:
 
 def write_text(path: str | Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
+
+
+def fresh(path: str | Path, suffix: str = ".tmp") -> Path:
+    """A new empty file beside `path` (O_EXCL: never a link, never another's file; the umask
+    applies), for a library that writes to a name (`suffix`: the ending it insists on): rename
+    it onto `path` once written."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+    return tmp
 
 
 def open_growing(path: str | Path, mode: str = "w") -> IO[str]:

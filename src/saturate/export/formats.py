@@ -12,7 +12,6 @@ import contextlib
 import io
 import logging
 import os
-import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,8 +59,7 @@ def written(path: Path, write: Callable[[str], object]) -> None:
     then renamed onto `path`, so that a link at `path` is replaced, not followed; a failed
     write (a full disk) is one line naming `path`, and no part of a file is left."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
+        tmp = str(files.fresh(path))
     except OSError as e:
         raise UserError(f"cannot write {printable(path)}: {e.strerror or e}") from None
     try:

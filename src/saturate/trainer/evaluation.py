@@ -17,7 +17,6 @@ import importlib
 import logging
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from torch import nn
 
+from saturate import files
 from saturate import record as run_record
 from saturate.checkpoint.files import load, non_finite
 from saturate.components.device import seeded, setup_device
@@ -285,8 +285,7 @@ def write_predictions(evaluator: Evaluator, path: Path) -> None:
         folder.unlink()
     try:
         folder.mkdir(exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.stem}.", suffix=".npz")
-        os.close(fd)
+        tmp = files.fresh(path, suffix=".npz")  # np.savez adds .npz to a name without it
     except OSError as e:
         raise UserError(f"cannot write {printable(path)}: {e.strerror or e}") from None
     try:
