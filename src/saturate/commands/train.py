@@ -138,7 +138,13 @@ def _answered(main: Callable[[], object]) -> None:
 
 
 def _unresolved(error: InterpolationResolutionError) -> str:
-    """`key=<value given>: why it does not resolve`, in one line."""
+    """`key=<value given>: why it does not resolve`, in one line; a mistake of the user's that a
+    resolver found (a rank variable naming the run dir) is that mistake's own line."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, UserError):  # OmegaConf chains its own errors around it
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:
+        return str(cause)
     key = error.full_key or "the config"
     given = next((a.partition("=")[2] for a in sys.argv[1:] if a.lstrip("+~").partition("=")[0] == key), None)
     why = str(error.msg).splitlines()[0].removeprefix("KeyError raised while resolving interpolation: ")
