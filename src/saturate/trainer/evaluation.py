@@ -39,7 +39,6 @@ from saturate.config.schema import RunConfig, validate
 from saturate.data import Data, DataSpec
 from saturate.data.loader import Loaders, Shard, build_loaders
 from saturate.errors import ConfigError, Problem, UserError, printable
-from saturate.files import open_regular
 from saturate.loop.evaluate import Evaluator
 from saturate.record import RunRecord
 from saturate.scale.distributed import Dist
@@ -118,7 +117,7 @@ def _saved_text(path: Path) -> str:
     """The saved config's text, refused in one line where it is no config train.py saved: not
     a regular file (a FIFO is not waited on), larger than MAX_SAVED, or using YAML anchors and
     aliases (Hydra writes none; expanded, a few lines can take all memory)."""
-    with open_regular(path, "--run-saved-config") as f:
+    with files.open_regular(path, "--run-saved-config") as f:
         data = f.read(MAX_SAVED + 1)
     if len(data) > MAX_SAVED:
         raise UserError(f"--run-saved-config: {path} is larger than {MAX_SAVED >> 20} MB; no run's config is")
