@@ -141,8 +141,6 @@ def describe(
         target_dtype=y.dtype,
     )
     check_values(spec, (train, val, test))
-    if spec.image and not spec.float_image:
-        spec.mean, spec.std = image_stats(train, input_key)
-        if len(spec.mean) != x.shape[0]:
-            raise DataError(f"data: {len(spec.mean)} normalisation values (mean/std) for {x.shape[0]} image channels")
+    if spec.image:
+        image_stats(spec, train)
     return spec

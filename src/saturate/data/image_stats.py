@@ -1,5 +1,5 @@
-"""Per-channel normalisation statistics of uint8 images, from the data set's own `mean` and
-`std`, its tensors, or a sample of its images."""
+"""Per-channel normalisation statistics of images: the data set's own `mean` and `std` (uint8
+and float images), else, for uint8 images, measured on its tensors or a sample of its images."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from torch.utils.data import Dataset
 
 from saturate.data.in_memory import InMemory
 from saturate.data.samples import entries, length
+from saturate.data.spec import DataSpec
+from saturate.errors import DataError
 
 # Images read for normalisation statistics when the dataset gives none. Measured against all
 # 18,000 training images of 64 px photo crops (20 samples each): 256 images put the mean within
@@ -55,12 +57,43 @@ def _channel_blocks(images, chunk_elements: int):
                 yield image.reshape(image.shape[0], -1)
 
 
-def image_stats(dataset: Dataset, key: str | list[str] = "input") -> tuple[tuple[float, ...], tuple[float, ...]]:
-    mean, std = getattr(dataset, "mean", None), getattr(dataset, "std", None)
-    if mean is not None and std is not None:
-        return tuple(mean), tuple(std)
+def image_stats(spec: DataSpec, dataset: Dataset) -> None:
+    """spec.mean, spec.std (and spec.stats_images) of image data: the data set's own `mean` and
+    `std` (per channel, or one number for every channel), for uint8 and float images alike;
+    else, for uint8 images, measured (on its tensors, or a sample of STATS_SAMPLES images);
+    float images without them stay as they are (they are in [0, 1] already, and a model made
+    for them expects that)."""
+    given = [getattr(dataset, name, None) for name in ("mean", "std")]
+    channels = spec.input_shape[0]
+    if None not in given:
+        spec.mean, spec.std = _per_channel("mean", given[0], channels), _per_channel("std", given[1], channels)
+        if min(spec.std) <= 0:
+            raise DataError(f"data: the data set's std {spec.std}: each must be > 0 (the images are divided by it)")
+    elif given != [None, None]:
+        said, missing = ("mean", "std") if given[0] is not None else ("std", "mean")
+        raise DataError(f"data: the data set gives `{said}` but no `{missing}`; image normalisation takes both")
+    elif not spec.float_image:
+        spec.mean, spec.std, spec.stats_images = _measured(dataset, spec.input_key)
+    if spec.mean is not None and len(spec.mean) != channels:
+        raise DataError(f"data: {len(spec.mean)} normalisation values (mean/std) for {channels} image channels")
+
+
+def _per_channel(name: str, value, channels: int) -> tuple[float, ...]:
+    """A data set's `mean` or `std`: a number for every channel, or one per channel."""
+    try:
+        values = (float(value),) * channels if isinstance(value, (int, float)) else tuple(map(float, value))
+    except (TypeError, ValueError):
+        raise DataError(
+            f"data: the data set's {name} {value!r:.60}: expected a number or one per channel, in [0, 1] units"
+        ) from None
+    return values
+
+
+def _measured(dataset: Dataset, key: str | list[str]) -> tuple[tuple[float, ...], tuple[float, ...], int]:
+    """Per-channel mean and std of a set's uint8 images, and how many images they were read from."""
     if isinstance(dataset, InMemory):
-        return channel_stats(dataset.tree[key] if isinstance(dataset.tree, dict) else dataset.inputs)
+        images = dataset.tree[key] if isinstance(dataset.tree, dict) else dataset.inputs
+        return (*channel_stats(images), len(images))
     index = random.Random(0).sample(range(length(dataset)), min(length(dataset), STATS_SAMPLES))
     as_target = cast(str, key)  # read as the target too, unused: only the image is kept (a pair's keys go unread)
-    return channel_stats(entries(dataset[i], "training", key, as_target)[0] for i in index)
+    return (*channel_stats(entries(dataset[i], "training", key, as_target)[0] for i in index), len(index))

@@ -18,8 +18,9 @@ class DataSpec:
     target_shape: tuple[int, ...]  # () for a class index or a single value
     classes: bool  # targets are integer class indices
     num_classes: int | None  # when `classes`
-    mean: tuple[float, ...] | None = None  # images: per channel, [0, 1] units
+    mean: tuple[float, ...] | None = None  # images: per channel, [0, 1] units; None: not normalised
     std: tuple[float, ...] | None = None
+    stats_images: int | None = None  # the images mean/std were measured on; None: the data's own mean/std
     synthetic: bool = False
     in_memory: bool = False  # one in-memory tensor (no per-sample decoding)
     has_val: bool = True
@@ -28,7 +29,7 @@ class DataSpec:
     structure: str = "pair"  # pair: (input, target); dict: the input and target under input_key and target_key
     input_key: str | list[str] = "input"  # several: the inputs the model gets, in order
     target_key: str = "target"
-    # float (C, H, W) in [0, 1] (the ToTensor() convention): augmented as images, not normalised
+    # float (C, H, W) in [0, 1] (the ToTensor() convention): augmented as images; normalised with the data's mean/std
     float_image: bool = False
     fixed: bool = True  # every sample has the same shapes (variable-length samples need a collate; no resident loader)
     collate: bool = False  # the data brings its own collate function
@@ -40,7 +41,7 @@ class DataSpec:
     @property
     def image(self) -> bool:
         """uint8 (C, H, W): copied as uint8, normalised (and augmented) on the device; or a
-        float (C, H, W) image in [0, 1], augmented, not normalised."""
+        float (C, H, W) image in [0, 1], augmented, normalised when the data gives mean/std."""
         single = len(self.input_shapes) <= 1
         return single and ((self.input_dtype == torch.uint8 and len(self.input_shape) == 3) or self.float_image)
 
@@ -68,6 +69,18 @@ class DataSpec:
             assert self.num_classes is not None, "describe() counts the classes of class targets"
             return self.num_classes
         return int(np.prod(self.target_shape, dtype=np.int64))
+
+    @property
+    def normalisation(self) -> str:
+        """What the inputs go through before the model, as the run's `data:` line says it."""
+        if not self.image:
+            return "inputs as the data gives them"
+        if self.mean is None or self.std is None:
+            return "not normalised (float images without mean/std)"
+        if self.stats_images is not None:
+            return f"normalised on the device with statistics of {self.stats_images} images"
+        shown = "/".join("(" + ", ".join(f"{v:.3g}" for v in values) + ")" for values in (self.mean, self.std))
+        return f"normalised on the device with the data's mean/std {shown}"
 
     def describe(self) -> str:
         if len(self.input_shapes) > 1:

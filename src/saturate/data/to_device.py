@@ -49,7 +49,8 @@ class PlainPipeline:
 class DevicePipeline:
     """Host image batch -> the model's batch on the device: the whole batch copied, then its
     image entry (`entry`: 0 of a pair, the input key of a dict) augmented there (when
-    augmentation runs on the device), normalised (uint8 images; float images in [0, 1] are
+    augmentation runs on the device), normalised with `mean`/`std` ([0, 1] units) when they
+    are given (uint8 images always; float images in [0, 1] when the data gives them, else
     left as they are) and laid out as channels_last if asked.
 
     `preview(x, epoch)`, if given, sees the images the model gets before normalisation
@@ -94,8 +95,10 @@ class DevicePipeline:
         if self.augment is None:
             if self.preview is not None:
                 self.preview(x, self.epoch)
-            if uint8 and self.normalise:
+            if self.normalise and uint8:
                 x = x.float().mul_(self.scale_u8).add_(self.shift)
+            elif self.normalise:  # a new tensor: a float batch may be the host's own (on the CPU, `move` keeps it)
+                x = torch.addcmul(self.shift, x, self.scale)
         else:
             x = x.float().div_(255) if uint8 else x.float()
             if self.mask_entry is None:
@@ -105,8 +108,8 @@ class DevicePipeline:
                 batch = _replace(batch, self.mask_entry, masks)
             if self.preview is not None:
                 self.preview(x, self.epoch)
-            if uint8 and self.normalise:
-                x = x.mul_(self.scale).add_(self.shift)
+            if self.normalise:  # an augmentation may give back its input: a float batch is not changed in place
+                x = x.mul_(self.scale).add_(self.shift) if uint8 else torch.addcmul(self.shift, x, self.scale)
         self.batch += 1
         return _replace(batch, self.entry, x.contiguous(memory_format=self.memory_format))
 
@@ -123,7 +126,8 @@ def _replace(batch, entry, value):
 def build_pipeline(
     cfg: LoaderConfig, spec: DataSpec, device: torch.device, trainer: TrainerConfig, augment=None, preview=None
 ) -> DevicePipeline | PlainPipeline:
-    """Images: normalised (uint8) and augmented on the device; anything else: unchanged."""
+    """Images: augmented and normalised on the device (with the data's statistics: spec.mean
+    and spec.std, which float images without mean/std lack); anything else: unchanged."""
     if not spec.image:
         return PlainPipeline(device, non_blocking=cfg.non_blocking, keep=spec.host_keys)
     return DevicePipeline(
@@ -135,7 +139,7 @@ def build_pipeline(
         augment=augment,
         preview=preview,
         entry=spec.image_entry,
-        normalise=not spec.float_image,
+        normalise=spec.mean is not None,
         mask_entry=spec.target_entry if augment is not None and spec.mask_target else None,
         keep=spec.host_keys,
     )

@@ -328,7 +328,7 @@ def _describe(run: RunConfig, invocation: Invocation, data: Data, objects: UserO
     splits = " / ".join(
         f"{len(s)} {n}" for n, s in (("train", data.train), ("val", data.val), ("test", data.test)) if s is not None
     )
-    log.info("data: %s: %s; %s samples", spec.name, spec.describe(), splits)
+    log.info("data: %s: %s; %s; %s samples", spec.name, spec.describe(), spec.normalisation, splits)
     return spec
 
 
