@@ -620,7 +620,9 @@ HOSTILE = [
             task="regression",
             run_dir=d,
         ),
-        "data: validation targets are float32 (2,), training targets float32 (); they must match",
+        "data: validation targets are float32 (2,), training targets float32 (); they must match (the task and the "
+        "metrics compare them alike): samples must match, not batches (the loader makes the batches: "
+        "loader.eval_batch_size for evaluation)",
     ),
     (
         "a class index past the data's classes",
@@ -677,7 +679,10 @@ HOSTILE = [
     (
         "samples that do not stack",
         lambda d: fit(mlp(), Samples(64, lambda i: (torch.zeros(6 + i % 3, 3), 0.0)), task="regression", run_dir=d),
-        "data: training samples do not stack into a batch: the input of sample 0 has shape (6, 3), of sample 1 (7, 3)",
+        "data: training samples do not stack into a batch: the input of sample 0 has shape (6, 3), of sample 1 (7, 3); "
+        "pad them to one shape in the data set, give the data a collate function that pads a batch (return {'train': "
+        "..., 'collate': saturate.data.pad_collate}), or batch them in the data set (returns_batches = True, its "
+        "__getitems__(indices) returning the batch)",
     ),
     (
         "NaN targets in memory",
@@ -1290,8 +1295,9 @@ def test_a_callbacks_request_out_of_range_is_its_failure(tmp_path, what, says):
 def test_a_sample_entry_the_default_collate_cannot_batch_is_named(tmp_path):
     """A dict sample with None beside its input and target (c58)."""
     data = Samples(64, lambda i: {"input": windows(i)[0], "target": windows(i)[1], "path": None if i % 2 else "/x"})
-    with pytest.raises(DataError, match=r"data: samples do not batch \(the sample's path is a NoneType\)"):
+    with pytest.raises(DataError, match=r"data: samples do not batch \(the sample's path is a NoneType\)") as err:
         fit(mlp(), data, data, task="regression", run_dir=tmp_path)
+    assert "give the data a collate function (return {'train': ..., 'collate': fn})" in str(err.value)
 
 
 def _both_commands(overrides: list[str], run_dir) -> list:

@@ -248,6 +248,7 @@ def test_samples_that_do_not_stack_name_the_field_and_the_fix(tmp_path):
     assert (
         "the input of sample 0 has shape (5, 4), of sample 1 (8, 4)" in message
         and "'collate': saturate.data.pad_collate" in message
+        and "returns_batches = True" in message
     )
 
 

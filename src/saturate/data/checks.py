@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 
 from saturate.data.in_memory import InMemory
-from saturate.data.samples import dtype_name, entries, length, named_leaves, sample_of
+from saturate.data.samples import PADDED, dtype_name, entries, length, named_leaves, sample_of
 from saturate.data.spec import DataSpec
 from saturate.errors import DataError
 
@@ -121,13 +121,14 @@ def check_stacks(dataset: Dataset, what: str, first: tuple, keys: tuple) -> None
         part, i, shape, shape0 = found
         raise DataError(
             f"data: {what} samples do not stack into a batch: the {part} of sample 0 has shape {shape0}, of "
-            f"sample {i} {shape}; pad them to one shape in the data set, or give the data a collate function that "
-            "pads a batch (return {'train': ..., 'collate': saturate.data.pad_collate})"
+            f"sample {i} {shape}; {PADDED}"
         )
 
 
 def check_like_training(other: Dataset, what: str, first: tuple, keys: tuple, *, fixed: bool, collate: bool):
-    """A validation or test set's samples have the training samples' structure, shapes and dtypes."""
+    """A validation or test set's samples have the training samples' structure, shapes and
+    dtypes: the same shapes, or, where a collate batches them (`collate`; training samples of
+    several shapes have one), the same past their first dimension (a sequence's length)."""
     x, y, structure = first
     vx, vy, other_structure = sample_of(other, what, *keys)
     if other_structure != structure:
@@ -141,21 +142,44 @@ def check_like_training(other: Dataset, what: str, first: tuple, keys: tuple, *,
             f"data: {what} inputs are {', '.join(n for n, _ in theirs)}, training inputs "
             f"{', '.join(n for n, _ in mine)}; they must match"
         )
+    collated = collate or not fixed  # a collate batches the samples: their lengths may differ
     for (name, a), (_, b) in zip(mine, theirs, strict=True):
-        same = (b.shape == a.shape) if fixed else (b.shape[1:] == a.shape[1:])
+        same = (b.shape[1:] == a.shape[1:] and b.ndim == a.ndim) if collated else b.shape == a.shape
         if not same or b.dtype != a.dtype:
-            raise DataError(
-                f"data: {what} {name} is {dtype_name(b)} {tuple(b.shape)}, the training {name} {dtype_name(a)} "
-                f"{tuple(a.shape)}; they must match"
-            )
-    same_target = (vy.shape == y.shape) if fixed else (vy.ndim == y.ndim)
+            said = f"{what} {name} is {dtype_name(b)} {tuple(b.shape)}, the training {name} {dtype_name(a)}"
+            if b.shape == a.shape:
+                lifts = "they must match"
+            elif collated:
+                lifts = "samples must match past their first dimension (the length the collate pads)"
+            else:
+                lifts = _not_batches(b.ndim == a.ndim and b.shape[1:] == a.shape[1:])
+            raise DataError(f"data: {said} {tuple(a.shape)}; {lifts}")
+    same_target = (vy.ndim == y.ndim) if collated else (vy.shape == y.shape)
     if not same_target or vy.is_floating_point() != y.is_floating_point():
-        raise DataError(
-            f"data: {what} targets are {dtype_name(vy)} {tuple(vy.shape)}, training targets {dtype_name(y)} "
-            f"{tuple(y.shape)}; they must match (the task and the metrics compare them alike)"
+        said = (
+            f"{what} targets are {dtype_name(vy)} {tuple(vy.shape)}, training targets {dtype_name(y)} {tuple(y.shape)}"
         )
+        alike = "(the task and the metrics compare them alike)"
+        if vy.is_floating_point() != y.is_floating_point():
+            lifts = f"they must match {alike}"
+        elif collated:
+            lifts = f"they must match in their number of dimensions {alike}"
+        else:
+            lifts = f"they must match {alike}: {_not_batches(vy.ndim == y.ndim)}"
+        raise DataError(f"data: {said}; {lifts}")
     if not collate:
         check_stacks(other, what, (vx, vy), keys)
+
+
+def _not_batches(lengths: bool) -> str:
+    """What lifts a refusal of another split's sample of another shape, as a user writes it:
+    the split gives samples, not batches (the loader batches them); where only a sequence's
+    length differs (`lengths`), a collate that pads them."""
+    samples = "samples must match, not batches (the loader makes the batches: loader.eval_batch_size for evaluation)"
+    if not lengths:
+        return samples
+    padded = "return {'train': ..., 'collate': saturate.data.pad_collate}"
+    return f"{samples}; sequences of several lengths take a collate that pads them ({padded})"
 
 
 def check_values(spec: DataSpec, splits: tuple) -> None:

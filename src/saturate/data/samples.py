@@ -14,6 +14,14 @@ from torch.utils.data import Dataset, default_collate
 
 from saturate.errors import DataError
 
+# What lifts a refusal of samples that do not stack, as a user writes it: a collate that pads
+# (the data callable's `collate` entry), or a data set that makes its batches itself
+PADDED = (
+    "pad them to one shape in the data set, give the data a collate function that pads a batch (return {'train': "
+    "..., 'collate': saturate.data.pad_collate}), or batch them in the data set (returns_batches = True, its "
+    "__getitems__(indices) returning the batch)"
+)
+
 
 def length(dataset: Dataset | Sized) -> int:
     """The samples of a map-style data set: len(), which torch's Dataset leaves to its
@@ -119,7 +127,8 @@ def stack(samples: list):
         where = f" (the sample's {odd[0][0] or 'value'} is a {odd[0][1]})" if odd else ""
         raise DataError(
             f"data: samples do not batch{where}: the default collate takes tensors, numpy arrays, numbers, strings, "
-            "dicts and lists; drop that entry from the samples, or give the data a collate function"
+            "dicts and lists; drop that entry from the samples, or give the data a collate function (return "
+            "{'train': ..., 'collate': fn})"
         ) from None
     except RuntimeError as e:
         if "stack expects each tensor to be equal size" not in str(e):
@@ -132,8 +141,7 @@ def stack(samples: list):
             other = next(shape for shape in shapes if shape != shapes[0])
             raise DataError(
                 f"data: samples do not stack into a batch: the {name} of one sample has shape {shapes[0]}, of another "
-                f"{other}; pad them to one shape in the data set, or give the data a collate function that pads a "
-                "batch (return {'train': ..., 'collate': saturate.data.pad_collate})"
+                f"{other}; {PADDED}"
             )
     raise DataError("data: samples do not stack into a batch (their shapes differ)")
 
