@@ -14,6 +14,7 @@ NONFINITE_STEPS = "train/nonfinite_steps"  # steps skipped as non-finite, so far
 MICRO_BATCHES = "train/micro_batches"  # pieces each batch is computed in (accumulation, out-of-memory)
 LOSS_SCALE = "train/loss_scale"  # fp16: GradScaler's scale
 VAL_LOSS = "val/loss"
+TRAIN_EST = "train_est"  # trainer.train_est_batches: training batches evaluated as validation is (train_est/loss)
 EPOCH = "progress/epoch"  # epochs done, fractional
 STEP = "progress/step"  # optimizer steps done
 

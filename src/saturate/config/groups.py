@@ -52,7 +52,7 @@ class PrecisionConfig:
             yield "init_scale", self.init_scale, "a finite number >= 1"
 
 
-ORDERS = ("seeded", "global")  # loader.order (saturate.data.loader.ResumableSampler)
+ORDERS = ("seeded", "global", "sequential")  # loader.order (saturate.data.samplers)
 
 
 @dataclass
@@ -71,12 +71,17 @@ class LoaderConfig:
     resident_memory_fraction: float = 0.5  # most of the device's free memory the data may take
     # each epoch's sample order. seeded: a function of trainer.seed and the epoch, whatever else draws random numbers
     # (resumable inside an epoch). global: drawn from torch's global generator as the epoch starts, as a plain
-    # DataLoader(shuffle=True) draws it: with the same seed, model and optimizer, a port of a plain loop reproduces it
+    # DataLoader(shuffle=True) draws it: with the same seed, model and optimizer, a port of a plain loop reproduces it.
+    # sequential: batch_size streams read in order, each batch the next sample of each (a data set of consecutive
+    # windows, `stream = True`: truncated BPTT, stateful RNNs), evaluation likewise with eval_batch_size streams
     order: str = "seeded"
+    eval_batch_size: int | None = None  # validation and test; null: batch_size
 
     def problems(self) -> Issues:
         yield from int_or_auto("batch_size", self.batch_size, 1)
         yield from choice("order", self.order, ORDERS)
+        if self.eval_batch_size is not None:
+            yield from at_least("eval_batch_size", self.eval_batch_size, 1, " or null (batch_size)")
         yield from int_or_auto("num_workers", self.num_workers, 0)
         if self.pin_memory not in (True, False, "auto"):
             yield "pin_memory", self.pin_memory, "true, false or 'auto'"
@@ -220,6 +225,12 @@ class TrainerConfig:
     accumulate: int = 1  # compute each batch in this many micro-batches (same optimizer batch, less memory)
     limit_train_batches: int = -1  # per epoch; -1: all (debugging)
     limit_val_batches: int = -1
+    # the limit_val_batches batches drawn at random from the split at each evaluation (nanoGPT's estimate_loss),
+    # instead of its first ones
+    limit_val_random: bool = False
+    # at each evaluation, this many batches drawn at random from the training set, evaluated as validation is
+    # (no augmentation) and logged as train_est/*; 0: none
+    train_est_batches: int = 0
     detect_anomaly: bool = False  # autograd anomaly detection (slow; debugging)
     progress: bool = True  # progress bar
     log_level: str = "INFO"
@@ -258,6 +269,9 @@ class TrainerConfig:
         for key in ("limit_train_batches", "limit_val_batches"):
             if getattr(self, key) != -1:
                 yield from at_least(key, getattr(self, key), 1, " or -1")
+        if self.limit_val_random and self.limit_val_batches == -1:
+            yield "limit_val_random", True, "false, or true with trainer.limit_val_batches=N (the batches drawn)"
+        yield from at_least("train_est_batches", self.train_est_batches, 0, " (0: none)")
         yield from choice("log_level", self.log_level, ("DEBUG", "INFO", "WARNING", "ERROR"))
         yield from at_least("max_nonfinite_steps", self.max_nonfinite_steps, 1)
         yield from int_or_auto("devices", self.devices, 1)

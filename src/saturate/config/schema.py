@@ -245,6 +245,9 @@ def _combination_problems(run: RunConfig) -> Iterator[Problem]:
     if run.loader.order == "global" and isinstance(run.trainer.devices, int) and run.trainer.devices > 1:
         allowed = "seeded with trainer.devices > 1 (each rank would draw its own order; their shares could overlap)"
         yield Problem("loader.order", "global", allowed)
+    if run.loader.order == "sequential" and run.trainer.limit_val_random:
+        allowed = "false with loader.order=sequential (its evaluation reads whole streams in order)"
+        yield Problem("trainer.limit_val_random", True, allowed)
     if isinstance(run.loader.batch_size, int) and 1 <= run.loader.batch_size < run.trainer.accumulate:
         allowed = f"at most loader.batch_size ({run.loader.batch_size}): each micro-batch needs a sample"
         yield Problem("trainer.accumulate", run.trainer.accumulate, allowed)

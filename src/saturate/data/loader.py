@@ -37,6 +37,7 @@ from saturate.data.resident import (
     room_for_resident,
 )
 from saturate.data.samplers import ONE_PROCESS, EvalShard, ResumableSampler, Shard, batches_per_epoch, epoch_sampler
+from saturate.data.samples import length
 from saturate.data.spec import DataSpec
 from saturate.data.streaming import StreamLoader, already_collated, loader_failure
 from saturate.data.to_device import DevicePipeline, PlainPipeline, build_pipeline, device_augment
@@ -107,6 +108,7 @@ class Loaders:
     train: StreamLoader | ResidentLoader
     val: StreamLoader | ResidentLoader | None = None
     test: StreamLoader | ResidentLoader | None = None
+    train_est: StreamLoader | ResidentLoader | None = None  # trainer.train_est_batches: drawn training batches
     workers_note: str = ""  # why num_workers=auto chose what it chose
     resident: bool = False  # the data held as tensors, batches index slices (loader.resident, decided)
 
@@ -114,7 +116,7 @@ class Loaders:
         """Every split's worker processes ended (at the end of a run, whatever ended it). A
         worker's death that torch's SIGCHLD handler raises meanwhile changes nothing then (its
         shutdown still ends the others)."""
-        for batches in (self.train, self.val, self.test):
+        for batches in (self.train, self.val, self.test, self.train_est):
             with contextlib.suppress(RuntimeError, ConnectionError, EOFError):
                 getattr(batches, "close", lambda: None)()
 
@@ -144,6 +146,8 @@ def build_loaders(
         train_set = SampleAugment(train_set, schedule, seed=shard.seed, entry=spec.image_entry, mask_entry=mask)
     cfg, note = _decided(cfg, aug, data, spec, device)  # the loaders are built so
     _check_loadable(cfg, spec, len(train_set), shard.world_size)
+    evaluating = dataclasses.replace(cfg, batch_size=cfg.eval_batch_size or cfg.batch_size)
+    _check_evaluable(evaluating, data, trainer, shard.world_size)
 
     pipeline = functools.partial(build_pipeline, cfg, spec, device, trainer)
     preview = (
@@ -160,14 +164,21 @@ def build_loaders(
         train_pipeline = MixedPipeline(train_pipeline, mix, input_key=keys[0], target_key=keys[1])
     make: Callable[..., StreamLoader | ResidentLoader]
     if cfg.resident:
-        make = lambda dataset, pipe, **kw: ResidentLoader(materialize(dataset), cfg, pipe, shard=shard, **kw)
+        make = lambda dataset, pipe, node, **kw: ResidentLoader(materialize(dataset), node, pipe, shard=shard, **kw)
     else:
-        make = lambda dataset, pipe, **kw: StreamLoader(dataset, cfg, pipe, shard=shard, collate=data.collate, **kw)
-    train = make(train_set, train_pipeline, train=True, limit_batches=trainer.limit_train_batches)
+        make = lambda dataset, pipe, node, **kw: StreamLoader(
+            dataset, node, pipe, shard=shard, collate=data.collate, **kw
+        )
+    train = make(train_set, train_pipeline, cfg, train=True, limit_batches=trainer.limit_train_batches)
+    ranks = shard.world_size  # a random subset of limit_val_batches (train_est_batches) batches for every rank
+    drawn = trainer.limit_val_batches * evaluating.batch_size * ranks if trainer.limit_val_random else 0
     evaluation = dict(train=False, limit_batches=trainer.limit_val_batches)
-    val, test = (None if s is None else make(s, pipeline(), **evaluation) for s in (data.val, data.test))
-    if test is not None:  # the test set is evaluated whole, once
-        test.batches_per_epoch = batches_per_epoch(test.sampler.num_samples, cfg.batch_size, False, -1)
+    val = None if data.val is None else make(data.val, pipeline(), evaluating, drawn=drawn, **evaluation)
+    test = None if data.test is None else make(data.test, pipeline(), evaluating, train=False)  # whole, once
+    estimate = None
+    if trainer.train_est_batches:  # the training samples as they are (no augmentation), drawn at each evaluation
+        count = trainer.train_est_batches * evaluating.batch_size * ranks
+        estimate = make(data.train, pipeline(), evaluating, train=False, drawn=count)
     log.info(
         "loader: batch %d, %s; augmentation: %s %s",
         cfg.batch_size,
@@ -175,7 +186,7 @@ def build_loaders(
         aug.placement,
         _stages(schedule),
     )
-    return Loaders(train, val, test, note, resident=cfg.resident)
+    return Loaders(train, val, test, estimate, note, resident=cfg.resident)
 
 
 def _decided(
@@ -210,6 +221,40 @@ def _check_loadable(cfg: LoaderConfig, spec: DataSpec, samples: int, world_size:
             "loader.resident=true: the samples differ in shape (variable length, batched by the data's collate); a "
             "resident data set holds samples of one shape: use loader=default"
         )
+
+
+def _check_evaluable(cfg: LoaderConfig, data, trainer: TrainerConfig, world_size: int) -> None:
+    """Under loader.order=sequential every split is a stream with a sample for each stream; a
+    random evaluation subset fits in its split."""
+    splits = {"train": data.train, "val": data.val, "test": data.test}
+    if cfg.order == "sequential":
+        for split, dataset in splits.items():
+            if dataset is not None and not getattr(dataset, "stream", False):
+                raise UserError(
+                    f"loader.order=sequential: the {split} set ({type(dataset).__name__}) is not a stream; this order "
+                    "reads consecutive windows of one sequence in parallel streams, for a data set that says its "
+                    "sample i + 1 follows sample i (`stream = True`); use loader.order=seeded"
+                )
+        for split in ("val", "test"):
+            dataset = splits[split]
+            if dataset is not None and length(dataset) < cfg.batch_size * world_size:
+                raise UserError(
+                    f"loader.eval_batch_size={cfg.batch_size}: more streams than the {split} set's {len(dataset)} "
+                    f"samples{f' across {world_size} ranks' if world_size > 1 else ''}; lower loader.eval_batch_size"
+                )
+    for split, key, batches in (
+        ("val", "trainer.limit_val_batches", trainer.limit_val_batches if trainer.limit_val_random else 0),
+        ("train", "trainer.train_est_batches", trainer.train_est_batches),
+    ):
+        dataset = splits[split]
+        need = batches * cfg.batch_size * world_size
+        if batches and dataset is not None and need > length(dataset):
+            each = f" on each of {world_size} ranks" if world_size > 1 else ""
+            raise UserError(
+                f"{key}={batches}: {batches} batches of {cfg.batch_size}{each} "
+                f"drawn at random need {need} samples, the {split} set has {length(dataset)}; at most "
+                f"{length(dataset) // (cfg.batch_size * world_size)}"
+            )
 
 
 def _kind(train: StreamLoader | ResidentLoader, cfg: LoaderConfig, note: str) -> str:

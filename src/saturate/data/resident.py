@@ -96,6 +96,7 @@ class ResidentLoader:
         train: bool,
         shard: Shard = ONE_PROCESS,
         limit_batches: int = -1,
+        drawn: int = 0,
     ):
         device = to_device.device
         nbytes = data.nbytes
@@ -115,7 +116,7 @@ class ResidentLoader:
         self.home, self.to_device = home, to_device
         self.stage = home != device  # host-resident for a CUDA device: pin each gathered batch
         self.train, self.draws_globally = train, cfg.order == "global"
-        self.sampler = epoch_sampler(data, cfg, train=train, shard=shard)
+        self.sampler = epoch_sampler(data, cfg, train=train, shard=shard, drawn=drawn)
         self.batch_size, self.num_workers = cfg.batch_size, 0
         self.batches_per_epoch = batches_per_epoch(
             self.sampler.num_samples, cfg.batch_size, cfg.drop_last and train, limit_batches
@@ -133,7 +134,8 @@ class ResidentLoader:
         s = self.sampler
         if self.draws_globally and start == 0:
             drawn_seed()
-        if not self.train:
+        if not self.train:  # in order, in streams, or drawn for this evaluation
+            s.set_epoch(epoch)
             return torch.tensor(s.indices, dtype=torch.int64)
         s.set_epoch(epoch)
         s.start = start

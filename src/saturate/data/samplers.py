@@ -134,7 +134,7 @@ class EvalShard(torch.utils.data.Sampler):
     DistributedSampler adds (it would count some samples twice)."""
 
     def __init__(self, n: int, rank: int, world_size: int):
-        self.indices = range(rank, n, world_size)
+        self.indices: range | list[int] = range(rank, n, world_size)
         self.num_samples, self.start = len(self.indices), 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -147,9 +147,79 @@ class EvalShard(torch.utils.data.Sampler):
         return self.num_samples
 
 
-def epoch_sampler(dataset: Dataset, cfg: LoaderConfig, *, train: bool, shard: Shard, keyed: bool = False):
-    """Training: shuffled (loader.order), sharded by rank, resumable. Evaluation: this
-    rank's share in order, unpadded."""
+class DrawnShard(EvalShard):
+    """This rank's share of `count` samples drawn at random, without replacement, from an
+    evaluation set of `n` (trainer.limit_val_random, trainer.train_est_batches: nanoGPT's
+    estimate_loss). Each evaluation draws anew: `set_epoch(key)` with the step it is made at,
+    so that a resumed run draws what the uninterrupted one drew."""
+
+    def __init__(self, n: int, count: int, *, seed: int, rank: int, world_size: int):
+        self.n, self.count, self.seed, self.rank, self.world_size = n, count, seed, rank, world_size
+        self.set_epoch(0)
+        self.num_samples, self.start = len(self.indices), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        drawn = torch.randperm(self.n, generator=generator)[: self.count]
+        self.indices = drawn[self.rank :: self.world_size].tolist()
+
+
+class Streams(torch.utils.data.Sampler):
+    """loader.order=sequential: the samples as `batch_size` parallel streams read in order, each
+    batch the next sample of every stream (the `batchify` layout of word-level language models,
+    for a state carried from one batch to the next). A data set of N consecutive windows is cut
+    into B x world_size contiguous streams of L = N // (B x world_size) samples; this rank reads
+    streams rank x B to (rank + 1) x B - 1, and its batch k is the k-th sample of each. The last
+    N mod (B x world_size) samples are left out, as batchify trims its sequence. The order is the
+    same every epoch; a resumed epoch starts at its batch `start`."""
+
+    def __init__(self, n: int, batch_size: int, *, rank: int, world_size: int, keyed: bool = False):
+        self.length = n // (batch_size * world_size)  # samples per stream
+        starts = torch.arange(rank * batch_size, (rank + 1) * batch_size) * self.length
+        self.order = (starts[None, :] + torch.arange(self.length)[:, None]).reshape(-1)
+        self.batch_size, self.keyed, self.epoch, self.start = batch_size, keyed, 0, 0
+        self.num_samples = len(self.order)
+        self.indices = self.order.tolist()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def permutation(self) -> torch.Tensor:
+        return self.order
+
+    def shard(self, order: torch.Tensor) -> torch.Tensor:
+        return order
+
+    def __iter__(self) -> Iterator:
+        indices = self.indices[self.start * self.batch_size :]
+        return ((self.epoch, i) for i in indices) if self.keyed else iter(indices)
+
+    def __len__(self) -> int:
+        return self.num_samples - self.start * self.batch_size
+
+    def state_dict(self) -> dict:
+        return {"order": "sequential", "drawn": None}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = state.get("order", "seeded")
+        if saved != "sequential":
+            log.warning(
+                "loader.order=sequential, the checkpoint's run had %s: an epoch resumed part-way through reads "
+                "other samples than it began with; resume at an epoch's end, or with loader.order=%s",
+                saved,
+                saved,
+            )
+
+
+def epoch_sampler(
+    dataset: Dataset, cfg: LoaderConfig, *, train: bool, shard: Shard, keyed: bool = False, drawn: int = 0
+):
+    """Training: shuffled (loader.order), sharded by rank, resumable; or in streams
+    (loader.order=sequential). Evaluation: this rank's share in order, unpadded (in streams
+    of `batch_size` under loader.order=sequential); or `drawn` samples drawn at random at each
+    evaluation."""
+    if cfg.order == "sequential":
+        return Streams(length(dataset), cfg.batch_size, rank=shard.rank, world_size=shard.world_size, keyed=keyed)
     if train:
         return ResumableSampler(
             dataset,
@@ -160,6 +230,8 @@ def epoch_sampler(dataset: Dataset, cfg: LoaderConfig, *, train: bool, shard: Sh
             keyed=keyed,
             order=cfg.order,
         )
+    if drawn:
+        return DrawnShard(length(dataset), drawn, seed=shard.seed, rank=shard.rank, world_size=shard.world_size)
     return EvalShard(length(dataset), shard.rank, shard.world_size)
 
 

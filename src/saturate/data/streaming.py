@@ -41,11 +41,12 @@ class StreamLoader:
         shard: Shard = ONE_PROCESS,
         limit_batches: int = -1,
         collate=None,
+        drawn: int = 0,
     ):
         self.to_device = to_device
         workers = cfg.num_workers
         keyed = isinstance(dataset, SampleAugment)  # its items are asked for by (epoch, index)
-        self.sampler = epoch_sampler(dataset, cfg, train=train, shard=shard, keyed=keyed)
+        self.sampler = epoch_sampler(dataset, cfg, train=train, shard=shard, keyed=keyed, drawn=drawn)
         self.drop_last = cfg.drop_last and train
         self.generator = torch.Generator()  # seeds the workers; reseeded every epoch
         self.seed, self.draws_globally = shard.seed, cfg.order == "global"

@@ -83,6 +83,7 @@ class Training:
     step: TrainStep
     scheduler: Schedule
     batches: Batches
+    reset: Callable[[str], None] | None = None  # the task's: a training epoch starts (a carried state starts afresh)
 
 
 @dataclass
@@ -205,6 +206,8 @@ class Engine:
         while True:
             self.training.model.train()
             epoch_start, evaluated, self.evaluated_inside = time.perf_counter(), {}, {}
+            if state.batch_in_epoch == 0 and self.training.reset is not None:  # not an epoch resumed part-way
+                self.training.reset("train")
             batches = self.training.batches.epoch(state.epoch, start=state.batch_in_epoch)
             fetched = self.timer.fetch(batches)
             with closing(fetched, batches):  # however the epoch is left
@@ -232,7 +235,7 @@ class Engine:
 
     def evaluate(self, state: TrainState, steps_per_epoch: int) -> dict[str, float]:
         with self.phase("evaluation"):
-            evaluated = self.evaluator.run(self.run.eval_model, interrupted=self.interrupted)
+            evaluated = self.evaluator.run(self.run.eval_model, interrupted=self.interrupted, key=state.step)
         if evaluated is None:
             self.halt(state, steps_per_epoch)  # saves, then raises Preempted
         self.tracker.log(evaluated, state.step)
@@ -241,6 +244,10 @@ class Engine:
             with self.phase("evaluation"):
                 tested = test.run(self.run.eval_model)
             self.tracker.log(tested or {}, state.step)
+        estimate = self.evaluator.estimate_evaluator
+        if estimate is not None:  # trainer.train_est_batches: training batches drawn anew at each evaluation
+            with self.phase("evaluation"):
+                self.tracker.log(estimate.run(self.run.eval_model, key=state.step) or {}, state.step)
         self.training.scheduler.evaluated(evaluated)
         self.timed_evaluation(evaluated, state.step)
         self.observers.call("on_eval_end", self.run, evaluated)

@@ -5,9 +5,11 @@ Metrics are torchmetrics objects: their states accumulate on the device (no host
 batch for the built-in ones: no argument validation, no NaN check; torchmetrics' per-class and
 confusion metrics count with torch.bincount, which reads its input's maximum on CUDA, once per
 batch) and `compute()` sums them across DDP ranks, each rank having seen its own unpadded
-shard. The loss is averaged per sample. A metric's result is logged as `<split>/<name>`; a
-per-class result (a vector, `average=None`) as one value per class, `<split>/<name>/<class>`;
-a matrix (a confusion matrix) is not a number: it is kept for the image TensorBoard shows.
+shard. `val/loss` is the mean over samples of each batch's loss (a batch's loss weighted by
+its samples; a loss summed over them, task.loss_reduction=sum, divided by their number first).
+A metric's result is logged as `<split>/<name>`; a per-class result (a vector,
+`average=None`) as one value per class, `<split>/<name>/<class>`; a matrix (a confusion
+matrix) is not a number: it is kept for the image TensorBoard shows.
 """
 
 from __future__ import annotations
@@ -61,9 +63,12 @@ class Evaluator:
         split: str = "val",
         class_names: list[str] | None = None,
         test_evaluator: Evaluator | None = None,
+        estimate_evaluator: Evaluator | None = None,
     ):
         self.batches, self.precision, self.task, self.interval, self.split = batches, precision, task, interval, split
         self.every, self.test_evaluator, self.class_names = every, test_evaluator, class_names
+        self.estimate_evaluator = estimate_evaluator  # trainer.train_est_batches: drawn training batches
+        self.summed = getattr(task, "loss_reduction", "mean") == "sum"  # a loss summed over the batch's samples
         self.matrices: dict[str, torch.Tensor] = {}  # the last evaluation's matrix results (confusion), on the CPU
         self.preview: torch.Tensor | None = None  # images the task drew of the first batch (segmentation), on the CPU
 
@@ -77,10 +82,16 @@ class Evaluator:
         return self.batches is not None and self.every > 0 and step % self.every == 0
 
     @torch.inference_mode()
-    def run(self, model: nn.Module, interrupted=lambda: False, predict: bool = False) -> dict[str, float] | None:
+    def run(
+        self, model: nn.Module, interrupted=lambda: False, predict: bool = False, key: int = 0
+    ) -> dict[str, float] | None:
         """The metrics, or None when `interrupted()` turned true between two batches (a
         preemption signal during a long evaluation: the caller saves and stops). With
-        `predict`, the per-sample predictions are kept in `self.predictions`."""
+        `predict`, the per-sample predictions are kept in `self.predictions`. `key` (the step):
+        what a split evaluated on samples drawn at random draws them by."""
+        reset = getattr(self.task, "reset", None)
+        if callable(reset):  # a new stream: no state carried into it from training or the last evaluation
+            reset(self.split)
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
@@ -89,7 +100,7 @@ class Evaluator:
         loss = MeanMetric(nan_strategy="disable").to(device)  # its NaN check reads the device twice per batch
         kept: list[dict[str, torch.Tensor]] = []
         try:
-            for batch in self.batches.epoch(0):  # this rank's shard of the split, unpadded
+            for batch in self.batches.epoch(key):  # this rank's shard of the split, unpadded
                 if interrupted():
                     return None
                 batch = self.batches.to_device(batch)
@@ -97,7 +108,9 @@ class Evaluator:
                     value, outputs = self.task.forward(model, batch)
                 if self.preview_due and callable(getattr(self.task, "preview", None)):
                     self.preview, self.preview_due = self.task.preview(outputs, batch).float().cpu(), False
-                loss.update(value.float().expand(batch_size(batch)))  # per sample ("disable" ignores a weight)
+                count = batch_size(batch)
+                per_sample = value.float() / count if self.summed else value.float()
+                loss.update(per_sample.expand(count))  # weighted by the batch's samples ("disable" ignores a weight)
                 self.task.update(metrics, outputs, batch)
                 if predict:
                     kept.append(self._predictions(outputs, batch))

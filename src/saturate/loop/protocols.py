@@ -141,11 +141,17 @@ class Evaluation(Protocol):
     def test_evaluator(self) -> Evaluation | None:
         """A second split evaluated beside this one (test at every evaluation)."""
 
+    @property
+    def estimate_evaluator(self) -> Evaluation | None:
+        """Training batches drawn at random, evaluated beside this one (trainer.train_est_batches)."""
+
     def due(self, epoch: int, last: bool) -> bool: ...
 
     def due_step(self, step: int) -> bool: ...
 
-    def run(self, model: nn.Module, interrupted=None, predict: bool = False) -> dict[str, float] | None: ...
+    def run(
+        self, model: nn.Module, interrupted=None, predict: bool = False, key: int = 0
+    ) -> dict[str, float] | None: ...
 
 
 class Ranks(Protocol):

@@ -260,26 +260,30 @@ def _training(run: RunConfig, parts: Parts, device: torch.device, dist: Dist) ->
     """What the loop trains: the model, the step (with the non-finite guard), the schedule, the batches."""
     dist.check_every = run.trainer.log_interval if dist.world_size > 1 else 1  # stop flags agreed at log steps
     step = make_step(run, parts.models, parts.optimizer, parts.precision, parts.task, device, dist)
-    return Training(parts.models.train, step, parts.scheduler, parts.loaders.train)
+    reset = getattr(parts.task, "reset", None)  # optional: a task that carries a state starts each epoch afresh
+    return Training(parts.models.train, step, parts.scheduler, parts.loaders.train, reset if callable(reset) else None)
 
 
 def _evaluator(run: RunConfig, parts: Parts) -> Evaluator:
     """The validation split's evaluator and its cadence (and the test split's, when it is
     evaluated at every evaluation)."""
-    every, names = run.trainer.eval_every, class_names(parts.data)
+    every, classes = run.trainer.eval_every, class_names(parts.data)
     if 0 < every < 1:  # a fraction of an epoch
         every = max(1, round(every * len(parts.loaders.train)))
-    test = None
+    test = estimate = None
     if run.trainer.eval_test and parts.loaders.test is not None:
-        test = Evaluator(parts.loaders.test, parts.precision, parts.task, interval=1, split="test", class_names=names)
+        test = Evaluator(parts.loaders.test, parts.precision, parts.task, interval=1, split="test", class_names=classes)
+    if parts.loaders.train_est is not None:
+        estimate = Evaluator(parts.loaders.train_est, parts.precision, parts.task, interval=1, split=names.TRAIN_EST)
     return Evaluator(
         parts.loaders.val,
         parts.precision,
         parts.task,
         interval=run.trainer.eval_interval,
         every=int(every),
-        class_names=names,
+        class_names=classes,
         test_evaluator=test,
+        estimate_evaluator=estimate,
     )
 
 
