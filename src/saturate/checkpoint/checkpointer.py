@@ -229,7 +229,7 @@ class Checkpointer:
             )
         lr_scale = checked_lr_scale(ckpt.get("lr_scale", 1.0), path)
         restore = {"model": (self.model, ckpt.get("train_model", ckpt["model"]))}
-        entries = {"order": {}, **ckpt}  # a checkpoint from before loader.order: no order drawn
+        entries = {"order": {}, "task": {}, **ckpt}  # a checkpoint from before loader.order: no order drawn
         restore.update({name: (part, entries[name]) for name, part in self.stateful.items() if name != "observers"})
         for name, (part, saved) in restore.items():
             try:

@@ -182,17 +182,64 @@ def seeded(cfg: TrainerConfig, device: torch.device):
 
 
 @contextlib.contextmanager
-def untouched_rng():
+def untouched_rng(task=None):
     """Every global generator (Python's `random`, NumPy's, torch's CPU and CUDA ones) as it was
     before the block, whatever the block drew: for what runs the user's model or task only to
     look at it (the start-up checks, the cost probes, the batch-size search). Dropout, or a
     task that draws its own mixup weights, would otherwise move the streams training then
-    sees, and a measurement setting would change what the run learns."""
+    sees, and a measurement setting would change what the run learns. With `task`, the state
+    it holds in tensors too (a hidden state carried from one batch to the next: task.carry's,
+    or a user's task's own), as it was."""
     python, numpy = random.getstate(), np.random.get_state()
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    kept = _tensor_state(task)
     try:
         with torch.random.fork_rng(devices=devices):
             yield
     finally:
         random.setstate(python)
         np.random.set_state(numpy)
+        for name, value in kept.items():
+            setattr(task, name, value)
+
+
+def _tensor_state(obj) -> dict:
+    """An object's attributes that hold tensors (alone, or in lists, tuples and dicts), copied
+    down to the tensors so that a state changed in place comes back too. Other attributes (a
+    flag a check set, a module, a data set the task refers to) are left as they become."""
+    if obj is None or not hasattr(obj, "__dict__"):
+        return {}
+    return {name: _copied(value) for name, value in vars(obj).items() if _holds_tensors(value)}
+
+
+def _holds_tensors(value) -> bool:
+    if isinstance(value, torch.nn.Parameter):  # trained weights (a task that is a Module): the optimizer's own
+        return False
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensors(v) for v in value)
+    if type(value) is dict:
+        return any(_holds_tensors(v) for v in value.values())
+    return False
+
+
+def _copied(value):
+    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+        return value.clone()
+    if type(value) in (list, tuple):
+        return type(value)(_copied(v) for v in value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(_copied(v) for v in value))
+    if type(value) is dict:
+        return {k: _copied(v) for k, v in value.items()}
+    return value
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if type(value) in (list, tuple):
+        return type(value)(_copied(v) for v in value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(_copied(v) for v in value))
+    if type(value) is dict:
+        return {k: _copied(v) for k, v in value.items()}
+    return value

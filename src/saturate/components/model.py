@@ -314,7 +314,7 @@ def setup_model(raw: nn.Module, spec, task, precision, *, device: torch.device, 
 
     raw = place(raw, device=device, trainer=trainer, dist=dist)
     two = _first_two(batch)
-    with untouched_rng():  # the checks run the user's model and task: training's streams stay where they were
+    with untouched_rng(task):  # the checks run the user's model and task: training's streams stay where they were
         try:
             check(raw, two, task, precision, spec)
         except UserError as e:
@@ -327,7 +327,7 @@ def setup_model(raw: nn.Module, spec, task, precision, *, device: torch.device, 
         ", channels_last" if trainer.channels_last else "",
     )
     wrapped = wrap(raw, dist, device)
-    with untouched_rng():  # the compile warm-up
+    with untouched_rng(task):  # the compile warm-up
         trained = compiled(wrapped, raw, batch, precision, task) if trainer.compile else wrapped
     return Models(trained, raw, raw)
 
@@ -338,7 +338,7 @@ def takes_advice(model: nn.Module, batch, task, precision, *, image: bool, train
     on a GPU, bf16 on a CPU with native bf16 kernels). Asked after training, for the report:
     nothing on the way to the first step depends on it. Every generator is left as it was."""
     two = _first_two(batch)
-    with untouched_rng():
+    with untouched_rng(task):
         layout_ok = trainer.channels_last or not image
         convert = {"channels_last": True, "convert": True}
         layout_ok = layout_ok or accepts(model, two, task, autocast=precision.autocast(), **convert)

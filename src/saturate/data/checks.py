@@ -198,12 +198,13 @@ def check_values(spec: DataSpec, splits: tuple) -> None:
 
 def classes_of(train: Dataset, y: torch.Tensor, keys: tuple, classes: bool) -> int | None:
     """The number of classes: counted in the targets (classification, whose targets must be
-    class indices), else what the dataset says (num_classes, classes)."""
+    class indices: one per sample, or one per position of a sequence), else what the dataset
+    says (num_classes, classes)."""
     integer = not (y.is_floating_point() or y.is_complex())
-    if classes and (not integer or y.ndim != 0):
+    if classes and not integer:
         raise DataError(
-            f"task=classification: the targets are {dtype_name(y)} of shape {tuple(y.shape)}; classification needs one "
-            "integer class index per sample. For real-valued targets use task=regression"
+            f"task=classification: the targets are {dtype_name(y)} of shape {tuple(y.shape)}; classification needs "
+            "integer class indices (one per sample, or one per position). For real-valued targets use task=regression"
         )
     num_classes = _num_classes(train, *keys) if classes else getattr(train, "num_classes", None)
     names = getattr(train, "classes", None)

@@ -151,8 +151,12 @@ class TrainStep:
         micro_batches: int = 1,
         recover_oom: bool = True,
         dist=None,
+        summed: bool = False,
     ):
+        """`summed`: the loss sums over the batch's samples (task.loss_reduction=sum): the
+        micro-batches' sums add up, and the loss returned is per sample."""
         self.model, self.optimizer, self.precision, self.guard, self.loss = model, optimizer, precision, guard, loss
+        self.summed = summed
         self.distributed = dist is not None and dist.world_size > 1
         self.agree = self._agreed if self.distributed else _alone  # True only if every rank's answer is True
         self.dist = dist
@@ -231,12 +235,12 @@ class TrainStep:
             elif not self.agree(ok):
                 return None
             total = loss.detach() if total is None else total + loss.detach()
-        return total
+        return total / size if self.summed and total is not None else total
 
     def _forward(self, piece, size: int) -> torch.Tensor:
         with self.precision.autocast():
             loss = self.loss(self.model, piece)
-        share = batch_size(piece) / size
+        share = 1 if self.summed else batch_size(piece) / size  # sums over the pieces add up to the batch's
         return loss * share if share != 1 else loss  # x1.0 is exact, but a no-op kernel all the same
 
     def _backward(self, loss: torch.Tensor) -> None:

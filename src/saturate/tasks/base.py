@@ -18,6 +18,15 @@ ask which task runs: they call these, and nothing else.
   `trainer.predict`, each with the batch as its first dimension.
 - `host_keys` (optional): the dict entries of a batch that the task reads on the host (CTC's
   lengths); the loaders leave them there instead of copying them to the device.
+- `reset(split)` (optional): a new stream of batches starts: every training epoch ("train", not
+  when a run resumes inside one) and every evaluation ("val", "test", "train_est"). A task that
+  carries a state from one batch to the next (truncated BPTT over `loader.order=sequential`)
+  starts it afresh here.
+- `state_dict()` / `load_state_dict(state)` (optional): the task's own state, saved in every
+  checkpoint and restored on resume (a carried state: a resumed run continues the stream).
+  saturate's checks and measurements that run the task put its attributes back afterwards.
+- `loss_reduction` (optional, "mean"): "sum" when the loss sums over the batch's samples: the
+  gradient is the sum's, the logged `train/loss` and `val/loss` are divided by the batch size.
 
 A user's task is any object with these (`TaskProtocol`; a `_target_` in the `task` group, or
 an object given to `saturate.fit`); subclassing `Task` gives the user's metrics, the
@@ -26,6 +35,8 @@ pair-or-dict batch access, the names and the directions for free.
 
 from __future__ import annotations
 
+import inspect
+import logging
 import math
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -33,7 +44,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from saturate.errors import ConfigError, Problem
+from saturate.errors import ConfigError, Problem, UserError
+
+log = logging.getLogger(__name__)
 
 
 class TaskProtocol(Protocol):
@@ -80,11 +93,30 @@ class Task:
         input_key: str | list[str] = "input",
         target_key: str = "target",
         output_key: str | int | None = None,
+        carry: bool = False,
+        model_loss: str | int | None = None,
+        target_arg: str | None = None,
+        loss_reduction: str = "mean",
     ):
+        """`carry`: the model takes a state as its last argument and returns (outputs, state);
+        the state of the last batch is passed on, detached (None at each epoch's and each
+        evaluation's start). `model_loss`: the model computes its own loss, given the targets
+        (as keyword `target_arg` when set, else as its last positional argument): the index or
+        key of its outputs holding the loss. `loss_reduction`: "mean" or "sum" over the batch."""
         # several keys (a list, or the ListConfig Hydra passes): the model's inputs, in order
         self.input_key = input_key if isinstance(input_key, str) else [str(k) for k in input_key]
         self.target_key = target_key
         self.output_key = output_key  # a model with several outputs (a tuple, a dict): the one the metrics read
+        problems = _call_problems(carry, model_loss, target_arg, loss_reduction)
+        if problems:
+            raise ConfigError(problems)
+        self.carry, self.model_loss, self.target_arg, self.loss_reduction = (
+            carry,
+            model_loss,
+            target_arg,
+            loss_reduction,
+        )
+        self.carried: dict[str, tuple[Any, int]] = {}  # "train" / "eval": (the state, the batch size it is for)
         self.extra = dict(metrics or {})
         for name, metric in self.extra.items():
             if metric is not None and not _is_metric(metric):
@@ -125,6 +157,97 @@ class Task:
 
     def target(self, batch: Any) -> Any:
         return batch[self.target_key] if isinstance(batch, dict) else batch[1]
+
+    # -- the model's call, and what it carries
+
+    def call(self, model: nn.Module, batch: Any) -> Any:
+        """All the model's outputs for `batch`, called by `call_model`'s rule; with task.carry the
+        state carried from the last batch goes last (and the one returned is kept, detached);
+        with task.model_loss or task.target_arg, the targets go too."""
+        inputs = self.input(batch)
+        if not (self.carry or self.model_loss is not None or self.target_arg is not None):
+            return call_model(model, inputs)
+        args = list(inputs) if isinstance(inputs, (tuple, list)) else [] if isinstance(inputs, dict) else [inputs]
+        kwargs = dict(inputs) if isinstance(inputs, dict) else {}
+        if self.model_loss is not None or self.target_arg is not None:
+            target = self.target(batch)
+            if self.target_arg is not None:
+                kwargs[self.target_arg] = target
+            else:
+                args.append(target)
+        if not self.carry:
+            self._check_call(model, args, kwargs)
+            return model(*args, **kwargs)
+        slot, size = "train" if model.training else "eval", len(self.target(batch))
+        state, for_size = self.carried.get(slot, (None, size))
+        state = _moved(state, _device(inputs)) if for_size == size else None  # other streams: start afresh
+        if isinstance(inputs, dict):
+            kwargs["state"] = state
+        else:
+            args.append(state)
+        self._check_call(model, args, kwargs)
+        returned = model(*args, **kwargs)
+        if not (isinstance(returned, (tuple, list)) and len(returned) == 2):
+            kind = f"a {type(returned).__name__}" + (
+                f" of {len(returned)}" if isinstance(returned, (tuple, list)) else ""
+            )
+            raise UserError(
+                f"task.carry=true: {type(model).__name__} returned {kind}; a model that carries a state returns "
+                "(outputs, state), e.g. `return self.decoder(out), hidden`"
+            )
+        self.carried[slot] = (_detached(returned[1]), size)
+        return returned[0]
+
+    def _check_call(self, model: nn.Module, args: list, kwargs: dict) -> None:
+        """A model whose forward cannot take what these options pass is one message (once)."""
+        if getattr(self, "_call_checked", False):
+            return
+        try:
+            inspect.signature(getattr(model, "forward", model)).bind(*args, **kwargs)
+        except TypeError as e:
+            name = f"{type(model).__name__}.forward"
+            if self.carry:
+                raise UserError(
+                    f"task.carry=true: {name} does not take a state after its inputs ({e}); a model that carries a "
+                    "state is called as model(inputs..., state) and returns (outputs, state)"
+                ) from None
+            where = f"as keyword {self.target_arg}" if self.target_arg else "after its inputs"
+            raise UserError(
+                f"task.model_loss={self.model_loss}: {name} does not take the targets {where} ({e}); name its targets "
+                "argument with task.target_arg"
+            ) from None
+        except ValueError:  # a callable without a signature: its own error, if any, at the call
+            pass
+        self._call_checked = True
+
+    def model_loss_of(self, every: Any) -> torch.Tensor | None:
+        """The loss the model computed itself (task.model_loss), or None."""
+        if self.model_loss is None:
+            return None
+        try:
+            loss = every[self.model_loss]
+        except (KeyError, IndexError, TypeError):
+            kind = f"a dict with keys {sorted(every)}" if isinstance(every, dict) else type(every).__name__
+            raise ConfigError(
+                [Problem("task.model_loss", self.model_loss, f"an index or key of the model's outputs ({kind})")]
+            ) from None
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+            what = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise UserError(f"task.model_loss={self.model_loss}: the model's output there is {what}, not one number")
+        return loss.reshape(())
+
+    def reset(self, split: str) -> None:
+        """A new stream starts (every training epoch, every evaluation): no state carried into it."""
+        self.carried.pop("train" if split == "train" else "eval", None)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state carried into the next training batch (task.carry): kept in checkpoints."""
+        state, size = self.carried.get("train", (None, 0))
+        return {"carried": state, "size": size} if self.carry and state is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.carry and state.get("carried") is not None:
+            self.carried["train"] = (state["carried"], int(state["size"]))
 
     # -- metrics
 
@@ -168,6 +291,74 @@ class Task:
     def predictions(self, outputs: Any, batch: Any) -> dict[str, torch.Tensor]:
         preds, target = self.metric_inputs(outputs, batch)
         return {"output": preds, "target": target}
+
+
+class TaskState:
+    """The task's own state as a checkpoint holds it: its `state_dict()`, when it has one. Under
+    several ranks each rank carries the state of its own streams and a checkpoint holds rank
+    0's: a run resumed there starts every rank's afresh (a warning says so)."""
+
+    def __init__(self, task, world_size: int = 1):
+        self.task, self.world_size = task, world_size
+
+    def state_dict(self) -> dict[str, Any]:
+        own = getattr(self.task, "state_dict", None)
+        return dict(own()) if callable(own) else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        own = getattr(self.task, "load_state_dict", None)
+        if not state or not callable(own):
+            return
+        if self.world_size > 1:
+            log.warning(
+                "resume: the checkpoint holds rank 0's task state (a state carried across batches); each of the %d "
+                "ranks starts its own afresh",
+                self.world_size,
+            )
+            return
+        own(state)
+
+
+def _call_problems(carry, model_loss, target_arg, loss_reduction) -> list[Problem]:
+    problems = []
+    if not isinstance(carry, bool):
+        problems.append(Problem("task.carry", carry, "true or false"))
+    if model_loss is not None and (isinstance(model_loss, bool) or not isinstance(model_loss, (str, int))):
+        problems.append(Problem("task.model_loss", model_loss, "null, or the index or key of the model's loss"))
+    if target_arg is not None and not (isinstance(target_arg, str) and target_arg.isidentifier()):
+        problems.append(Problem("task.target_arg", target_arg, "null, or the name of the model's targets argument"))
+    if loss_reduction not in ("mean", "sum"):
+        problems.append(Problem("task.loss_reduction", loss_reduction, "mean or sum (over the batch's samples)"))
+    return problems
+
+
+def _detached(state: Any) -> Any:
+    """A carried state cut from the graph of the batch that made it (truncated BPTT)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach()
+    if isinstance(state, (tuple, list)):
+        return type(state)(_detached(s) for s in state)
+    if isinstance(state, dict):
+        return {k: _detached(v) for k, v in state.items()}
+    return state
+
+
+def _moved(state: Any, device: torch.device | None) -> Any:
+    """A state read from a checkpoint (on the CPU) on the inputs' device; a no-op otherwise."""
+    if device is None or state is None:
+        return state
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, (tuple, list)):
+        return type(state)(_moved(s, device) for s in state)
+    if isinstance(state, dict):
+        return {k: _moved(v, device) for k, v in state.items()}
+    return state
+
+
+def _device(inputs: Any) -> torch.device | None:
+    values = inputs.values() if isinstance(inputs, dict) else inputs if isinstance(inputs, (tuple, list)) else [inputs]
+    return next((v.device for v in values if isinstance(v, torch.Tensor)), None)
 
 
 def _is_metric(obj) -> bool:

@@ -1,4 +1,5 @@
-"""Classification: logits (B, num_classes) against class indices (B,).
+"""Classification: logits (B, num_classes) against class indices (B,); or a class per position,
+logits (B, T, num_classes) against (B, T) (a language model's), each position counted as a sample.
 
 Cross-entropy with label smoothing (or the user's `loss(outputs, targets)`); `acc`, and
 `top5` where it means something (more than 10 classes, or `top_k=5` asked for). Per-class
@@ -16,7 +17,7 @@ from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from saturate.errors import ConfigError, DataError, Problem, UserError, is_integer
-from saturate.tasks.base import Task, call_model, user_loss, wrong_outputs
+from saturate.tasks.base import Task, user_loss, wrong_outputs
 
 
 class Classification(Task):
@@ -37,8 +38,21 @@ class Classification(Task):
         input_key: str | list[str] = "input",
         target_key: str = "target",
         output_key: str | int | None = None,
+        carry: bool = False,
+        model_loss: str | int | None = None,
+        target_arg: str | None = None,
+        loss_reduction: str = "mean",
     ):
-        super().__init__(metrics=metrics, input_key=input_key, target_key=target_key, output_key=output_key)
+        super().__init__(
+            metrics=metrics,
+            input_key=input_key,
+            target_key=target_key,
+            output_key=output_key,
+            carry=carry,
+            model_loss=model_loss,
+            target_arg=target_arg,
+            loss_reduction=loss_reduction,
+        )
         if not 0 <= label_smoothing < 1:
             raise ConfigError([Problem("task.label_smoothing", label_smoothing, "a number in [0, 1)")])
         if top_k != "auto" and not is_integer(top_k, 0, num_classes - 1):
@@ -56,14 +70,23 @@ class Classification(Task):
         return targets if targets.is_floating_point() and targets.ndim == 2 else targets.long()
 
     def forward(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        every = call_model(model, self.input(batch))
+        every = self.call(model, batch)
         outputs, targets = self.output(every), self.target(batch)
-        if not isinstance(outputs, torch.Tensor) or outputs.shape != (len(targets), self.num_classes):
+        soft = targets.is_floating_point()
+        needed = (len(targets), self.num_classes) if soft else (*targets.shape, self.num_classes)
+        if not isinstance(outputs, torch.Tensor) or outputs.shape != needed:
             what = f"{self.name} with {self.num_classes} classes"
-            raise UserError(wrong_outputs(model, outputs, len(targets), f"{(len(targets), self.num_classes)}", what))
+            raise UserError(wrong_outputs(model, outputs, len(targets), f"{needed}", what))
+        own = self.model_loss_of(every)
+        if own is not None:
+            return own, outputs
         if self.loss_fn is not None:
             return self.loss_fn(every, targets), outputs
         try:  # soft targets (a mix's) are probabilities: torch's cross-entropy takes them, label smoothing too
+            if outputs.ndim > 2:  # a class per position (a language model's logits (B, T, C)): one cross-entropy
+                return F.cross_entropy(
+                    outputs.flatten(0, -2), targets.flatten(), label_smoothing=self.label_smoothing
+                ), outputs
             return F.cross_entropy(outputs, targets, label_smoothing=self.label_smoothing), outputs
         except IndexError as e:  # a class index past the outputs (the CPU's error; CUDA asserts on the device)
             raise DataError(
@@ -86,4 +109,7 @@ class Classification(Task):
         return metrics
 
     def metric_inputs(self, outputs, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        return outputs.float(), self.target(batch)
+        targets = self.target(batch)
+        if outputs.ndim > 2 and not targets.is_floating_point():  # per position: every position is a sample
+            return outputs.float().flatten(0, -2), targets.flatten()
+        return outputs.float(), targets

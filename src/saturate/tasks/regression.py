@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, R2Score
 
 from saturate.errors import ConfigError, Problem, UserError
-from saturate.tasks.base import Task, call_model, user_loss, wrong_outputs
+from saturate.tasks.base import Task, user_loss, wrong_outputs
 
 LOSSES = ("mse", "l1", "huber")
 
@@ -36,8 +36,21 @@ class Regression(Task):
         input_key: str | list[str] = "input",
         target_key: str = "target",
         output_key: str | int | None = None,
+        carry: bool = False,
+        model_loss: str | int | None = None,
+        target_arg: str | None = None,
+        loss_reduction: str = "mean",
     ):
-        super().__init__(metrics=metrics, input_key=input_key, target_key=target_key, output_key=output_key)
+        super().__init__(
+            metrics=metrics,
+            input_key=input_key,
+            target_key=target_key,
+            output_key=output_key,
+            carry=carry,
+            model_loss=model_loss,
+            target_arg=target_arg,
+            loss_reduction=loss_reduction,
+        )
         if isinstance(loss, str) and loss not in LOSSES:
             raise ConfigError(
                 [
@@ -60,7 +73,7 @@ class Regression(Task):
 
     def forward(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
         targets = self.target(batch)
-        every = call_model(model, self.input(batch))
+        every = self.call(model, batch)
         outputs = self.output(every)
         if not isinstance(outputs, torch.Tensor) or outputs.numel() != targets.numel():
             per = targets[0].numel() if len(targets) else 1
@@ -68,6 +81,9 @@ class Regression(Task):
             raise UserError(wrong_outputs(model, outputs, len(targets), needed, f"{self.name} with targets"))
         if outputs.shape != targets.shape:
             outputs = outputs.reshape(targets.shape)
+        own = self.model_loss_of(every)
+        if own is not None:
+            return own, outputs
         if self.loss_fn is not None:
             return self.loss_fn(every if self.output_key is not None else outputs, targets), outputs
         o = outputs.float()

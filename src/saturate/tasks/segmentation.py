@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torchmetrics.segmentation import DiceScore, MeanIoU
 
 from saturate.errors import ConfigError, DataError, Problem, UserError, is_integer
-from saturate.tasks.base import Task, call_model, finite_number, user_loss
+from saturate.tasks.base import Task, finite_number, user_loss
 
 PREVIEWS = 4  # images shown per evaluation
 
@@ -69,7 +69,7 @@ class Segmentation(Task):
                 f"data: masks of {size(masks)} for images of {size(images)}; task=segmentation needs each image's "
                 "mask at the image's height and width (resize the masks with nearest-neighbour interpolation)"
             )
-        every = call_model(model, images)
+        every = self.call(model, batch)
         outputs = self.output(every)
         channels = outputs.shape[1] if isinstance(outputs, torch.Tensor) and outputs.ndim == 4 else None
         if (
@@ -83,6 +83,9 @@ class Segmentation(Task):
                 f"{tuple(masks.shape)}; task=segmentation with {self.num_classes} classes needs (B, "
                 f"{self.num_classes} or 1 for binary masks, H, W), the masks' height and width"
             )
+        own = self.model_loss_of(every)
+        if own is not None:
+            return own, outputs
         if self.loss_fn is not None:
             return self.loss_fn(every, masks), outputs
         return self._loss(outputs, masks), outputs

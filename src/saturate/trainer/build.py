@@ -46,7 +46,7 @@ from saturate.loop.faults import NonFiniteGuard
 from saturate.loop.step import TrainStep
 from saturate.loop.target import Target
 from saturate.scale.distributed import Dist
-from saturate.tasks.base import TaskProtocol
+from saturate.tasks.base import TaskProtocol, TaskState
 
 log = logging.getLogger("saturate")
 
@@ -264,6 +264,7 @@ def make_step(
         grad_clip=run.trainer.grad_clip,
         micro_batches=run.trainer.accumulate,
         dist=dist,
+        summed=getattr(task, "loss_reduction", "mean") == "sum",
     )
 
 
@@ -358,7 +359,8 @@ def _search(ingredients: Ingredients, models: Models, transforms):
     started = time.perf_counter()
     samples = sum(len(s) for s in (ingredients.data.train, ingredients.data.val) if s is not None)
     # resident data is placed after the search: its room is kept
-    with room_for_resident(run.loader, ingredients.spec, samples, ingredients.device):
+    # the trials run the task: a state it carries is put back afterwards
+    with room_for_resident(run.loader, ingredients.spec, samples, ingredients.device), untouched_rng(ingredients.task):
         chosen, trials = search_batch_size(ingredients, models, transforms)
     return chosen, trials, time.perf_counter() - started
 
@@ -483,6 +485,7 @@ def build_checkpointer(
             "scaler": parts.precision.scaler,
             "observers": observers,
             "order": parts.loaders.train.sampler,  # the epoch's drawn seed (loader.order=global)
+            "task": TaskState(parts.task, dist.world_size),  # a state the task carries (task.carry)
         },
         config=config,
         fingerprint=env,

@@ -415,7 +415,7 @@ def step_costs(run: RunConfig, parts: Parts, device: torch.device):
     task, precision, model = parts.task, parts.precision, parts.models.raw
     # counted on up to COST_SAMPLES real samples, scaled to the batch (conv and matmul FLOPs are
     # linear in it); the probes run the user's model and task: they draw nothing the run sees
-    with untouched_rng():
+    with untouched_rng(task):
         counted = probe_batch(run, parts, device, COST_SAMPLES)
         cost = step_cost(model, counted, task, precision, batch=parts.batch_size)
         return cost, scaling(model, counted, task, precision, device)
