@@ -78,11 +78,12 @@ def _matches_nothing(model: nn.Module, i: int, given, patterns: list[str], owner
     return Problem(key, given, f"a pattern matching some of {type(model).__name__}'s trainable parameters ({shown})")
 
 
-def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
-    """Multiplier of the base LR after `step` optimizer steps: linear warmup from 0.1, then
-    constant or cosine down to `min_ratio` at `total`."""
+def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float, start: float = 0.1) -> float:
+    """Multiplier of the base LR after `step` optimizer steps: a linear warm-up from `start`
+    over `warmup` steps, then constant, or a cosine down to `min_ratio` at step `total` and
+    `min_ratio` after it."""
     if step < warmup:
-        return 0.1 + 0.9 * step / warmup
+        return start + (1 - start) * step / warmup
     if schedule == "constant":
         return 1.0
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
@@ -146,17 +147,54 @@ def setup_optimizer(
             "torch.optim.Optimizer"
         )
     prime_state(optimizer)
-    warmup = round(cfg.warmup_epochs * steps_per_epoch)
+    warmup = warmup_steps(cfg, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
     if cfg.scheduler is None:
         factor = functools.partial(
-            lr_factor, warmup=warmup, total=total_steps, schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio
+            lr_factor,
+            warmup=warmup,
+            total=total_steps if cfg.decay_steps is None else cfg.decay_steps,
+            schedule=cfg.schedule,
+            min_ratio=cfg.min_lr_ratio,
+            start=cfg.warmup_start_factor,
         )
         return optimizer, Schedule(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor))
     inner = _scheduler(cfg.scheduler, optimizer, monitor)
     planned = total_steps if cfg.scheduler_interval == "step" else math.ceil(total_steps / max(1, steps_per_epoch))
     _check_cycle(inner, dict(cfg.scheduler), planned, cfg.scheduler_interval)
     name = monitor[0] if monitor else None
-    return optimizer, Schedule(optimizer, inner, interval=cfg.scheduler_interval, warmup_steps=warmup, monitor=name)
+    return optimizer, Schedule(
+        optimizer,
+        inner,
+        interval=cfg.scheduler_interval,
+        warmup_steps=warmup,
+        warmup_start=cfg.warmup_start_factor,
+        monitor=name,
+    )
+
+
+def warmup_steps(cfg: OptimConfig, *, steps_per_epoch: int, total_steps: int) -> int:
+    """The warm-up's length in optimizer steps: optim.warmup_steps, else optim.warmup_epochs
+    (1 when unset) x the epoch's steps; a length in steps is at most the run's, and the
+    cosine's end (optim.decay_steps) comes after it."""
+    if cfg.warmup_steps is not None:
+        warmup = cfg.warmup_steps
+        if warmup > total_steps:
+            allowed = (
+                f"at most the run's {total_steps} optimizer steps (trainer.max_steps, or trainer.max_epochs x "
+                f"{steps_per_epoch} steps per epoch)"
+            )
+            raise ConfigError([Problem("optim.warmup_steps", warmup, allowed)])
+    else:
+        epochs = 1.0 if cfg.warmup_epochs is None else cfg.warmup_epochs
+        warmup = round(epochs * steps_per_epoch)
+        if cfg.decay_steps is not None and cfg.decay_steps <= warmup:
+            allowed = (
+                f"an optimizer step after the warm-up's {warmup} (optim.warmup_epochs={epochs:g}"
+                f"{' by default' if cfg.warmup_epochs is None else ''} x {steps_per_epoch} steps per epoch; "
+                "optim.warmup_steps sets it in steps)"
+            )
+            raise ConfigError([Problem("optim.decay_steps", cfg.decay_steps, allowed)])
+    return warmup
 
 
 def _check_cycle(inner, node: dict, planned: int, interval: str) -> None:

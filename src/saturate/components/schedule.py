@@ -2,13 +2,15 @@
 
 Two kinds, with the same calls:
 
-- the built-in schedule (`optim.schedule`): a linear warm-up from 0.1 x the LR, then constant
-  or cosine, one factor per optimizer step (a LambdaLR);
+- the built-in schedule (`optim.schedule`): a linear warm-up from `optim.warmup_start_factor`
+  x the LR, then constant or cosine (to `optim.min_lr_ratio` at `optim.decay_steps`, else at
+  the run's end), one factor per optimizer step (a LambdaLR);
 - any torch.optim.lr_scheduler class (`optim.scheduler`, a `_partial_: true` node called with
   the optimizer), stepped after every optimizer step or at every epoch's end as
   `optim.scheduler_interval` says; `ReduceLROnPlateau` at every evaluation, fed the monitored
-  metric. The warm-up (`optim.warmup_epochs`) multiplies its LR over the first steps, without
-  the scheduler seeing the product (a scheduler that reads the current LR reads its own).
+  metric. The warm-up (`optim.warmup_steps`, or `optim.warmup_epochs` in steps) multiplies its
+  LR over the first steps, without the scheduler seeing the product (a scheduler that reads the
+  current LR reads its own).
 
 The loop calls `step()` after each optimizer step that moved the weights, `epoch_done()`
 after each epoch and `evaluated(metrics)` after each evaluation. Its state (the scheduler's,
@@ -30,10 +32,22 @@ class ScheduleError(UserError):
 
 
 class Schedule:
-    def __init__(self, optimizer, inner, *, interval: str = "step", warmup_steps: int = 0, monitor: str | None = None):
+    def __init__(
+        self,
+        optimizer,
+        inner,
+        *,
+        interval: str = "step",
+        warmup_steps: int = 0,
+        warmup_start: float = 0.1,
+        monitor: str | None = None,
+    ):
         """`inner`: the torch scheduler; `interval`: "step", "epoch" (ReduceLROnPlateau: at each
-        evaluation, whatever it says); `monitor`: the metric a plateau rule reads."""
+        evaluation, whatever it says); `warmup_steps`: the warm-up's length on top of it, from
+        `warmup_start` x its LR (the built-in schedule has its warm-up in its factor: 0 here);
+        `monitor`: the metric a plateau rule reads."""
         self.optimizer, self.inner, self.warmup_steps, self.monitor = optimizer, inner, warmup_steps, monitor
+        self.warmup_start = warmup_start
         self.plateau = isinstance(inner, ReduceLROnPlateau)
         self.interval = "evaluation" if self.plateau else interval
         self.steps = 0  # optimizer steps taken (the warm-up's position)
@@ -71,7 +85,7 @@ class Schedule:
     def warmup_factor(self) -> float:
         if self.steps >= self.warmup_steps:
             return 1.0
-        return 0.1 + 0.9 * self.steps / self.warmup_steps
+        return self.warmup_start + (1 - self.warmup_start) * self.steps / self.warmup_steps
 
     def _inner_step(self, *value: float) -> None:
         """The scheduler's step, guarded as the optimizer's is: an exception from it, or a

@@ -146,7 +146,11 @@ class OptimConfig:
     # any torch.optim.lr_scheduler class as a `_partial_: true` node (called with the optimizer); replaces `schedule`
     scheduler: Any = None
     scheduler_interval: str = "epoch"  # epoch | step: when optim.scheduler steps (ReduceLROnPlateau: each evaluation)
-    warmup_epochs: float = 1.0  # linear warmup from 0.1 x lr (on top of optim.scheduler too)
+    # a linear warm-up over this many epochs (on top of optim.scheduler too); null: 1 epoch, unless warmup_steps is set
+    warmup_epochs: float | None = None
+    warmup_steps: int | None = None  # the warm-up counted in optimizer steps instead (not beside warmup_epochs)
+    warmup_start_factor: float = 0.1  # the LR's factor at the warm-up's first step, rising linearly to 1
+    decay_steps: int | None = None  # the cosine reaches min_lr_ratio at this optimizer step and stays; null: the end
     min_lr_ratio: float = 0.0
     lr_scaling: str = "none"  # none | linear | sqrt: lr x (global batch / base_batch_size) ^ (1 or 1/2)
     base_batch_size: int = 128  # the global batch size the optimizer's lr is meant for
@@ -159,13 +163,36 @@ class OptimConfig:
         yield from choice("scheduler_interval", self.scheduler_interval, ("epoch", "step"))
         yield from choice("lr_scaling", self.lr_scaling, ("none", "linear", "sqrt"))
         yield from at_least("base_batch_size", self.base_batch_size, 1)
-        yield from at_least("warmup_epochs", self.warmup_epochs, 0.0)
+        if self.warmup_epochs is not None:
+            yield from at_least("warmup_epochs", self.warmup_epochs, 0.0)
+        yield from self.recipe_problems()
         yield from unit_interval("min_lr_ratio", self.min_lr_ratio)
         for i, group in enumerate(self.param_groups):
             patterns = group.get("params") if isinstance(group, dict) else None
             if not (isinstance(patterns, str) or (isinstance(patterns, list) and patterns)):
                 allowed = "a mapping with `params` (a name pattern or a list of them) and the group's hyperparameters"
                 yield f"param_groups[{i}]", group, allowed
+
+    def recipe_problems(self) -> Issues:
+        """The warm-up in steps (not beside one in epochs), its start factor, and the cosine's
+        length (the built-in cosine's only, past the warm-up)."""
+        if self.warmup_steps is not None:
+            yield from at_least("warmup_steps", self.warmup_steps, 0)
+            if self.warmup_epochs:  # 0: no warm-up in epochs
+                allowed = f"unset beside optim.warmup_epochs={self.warmup_epochs} (one warm-up: in steps or in epochs)"
+                yield "warmup_steps", self.warmup_steps, allowed
+        if not 0 <= self.warmup_start_factor <= 1:
+            yield "warmup_start_factor", self.warmup_start_factor, "a number in [0, 1] (the LR's factor at step 0)"
+        if self.decay_steps is None:
+            return
+        yield from at_least("decay_steps", self.decay_steps, 1)
+        if self.scheduler is not None:
+            yield "decay_steps", self.decay_steps, "unset: optim.scheduler is set, and has its own length"
+        elif self.schedule == "constant":
+            yield "decay_steps", self.decay_steps, "unset: optim.schedule=constant does not decay"
+        elif isinstance(self.warmup_steps, int) and 0 < self.decay_steps <= self.warmup_steps:
+            allowed = f"an optimizer step after the warm-up's {self.warmup_steps} (optim.warmup_steps)"
+            yield "decay_steps", self.decay_steps, allowed
 
 
 @dataclass
