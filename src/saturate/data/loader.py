@@ -170,15 +170,7 @@ def build_loaders(
             dataset, node, pipe, shard=shard, collate=data.collate, **kw
         )
     train = make(train_set, train_pipeline, cfg, train=True, limit_batches=trainer.limit_train_batches)
-    ranks = shard.world_size  # a random subset of limit_val_batches (train_est_batches) batches for every rank
-    drawn = trainer.limit_val_batches * evaluating.batch_size * ranks if trainer.limit_val_random else 0
-    evaluation = dict(train=False, limit_batches=trainer.limit_val_batches)
-    val = None if data.val is None else make(data.val, pipeline(), evaluating, drawn=drawn, **evaluation)
-    test = None if data.test is None else make(data.test, pipeline(), evaluating, train=False)  # whole, once
-    estimate = None
-    if trainer.train_est_batches:  # the training samples as they are (no augmentation), drawn at each evaluation
-        count = trainer.train_est_batches * evaluating.batch_size * ranks
-        estimate = make(data.train, pipeline(), evaluating, train=False, drawn=count)
+    val, test, estimate = _evaluation_loaders(make, pipeline, evaluating, data, trainer, shard.world_size)
     log.info(
         "loader: batch %d, %s; augmentation: %s %s",
         cfg.batch_size,
@@ -187,6 +179,22 @@ def build_loaders(
         _stages(schedule),
     )
     return Loaders(train, val, test, estimate, note, resident=cfg.resident)
+
+
+def _evaluation_loaders(make, pipeline, cfg: LoaderConfig, data, trainer: TrainerConfig, ranks: int) -> tuple:
+    """The validation, test and training-estimate batches (None where not asked for or not in the data), with
+    loader.eval_batch_size: validation's first trainer.limit_val_batches, or as many drawn at random at each
+    evaluation; the test set whole; trainer.train_est_batches drawn from the training samples as they are (no
+    augmentation). Drawn batches: that many for every rank."""
+    drawn = trainer.limit_val_batches * cfg.batch_size * ranks if trainer.limit_val_random else 0
+    evaluation = dict(train=False, limit_batches=trainer.limit_val_batches)
+    val = None if data.val is None else make(data.val, pipeline(), cfg, drawn=drawn, **evaluation)
+    test = None if data.test is None else make(data.test, pipeline(), cfg, train=False)
+    estimate = None
+    if trainer.train_est_batches:
+        count = trainer.train_est_batches * cfg.batch_size * ranks
+        estimate = make(data.train, pipeline(), cfg, train=False, drawn=count)
+    return val, test, estimate
 
 
 def _decided(
