@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -54,9 +55,12 @@ def test_a_model_that_returns_its_own_loss_trains_on_it(tmp_path, target_arg):
         tokens(256, 0),
         tokens(64, 1),
         task=Classification(5, model_loss=1, output_key=0, target_arg=target_arg),
-        overrides=["trainer.max_epochs=4", "loader.batch_size=32", "optim=adam", "optim.optimizer.lr=0.3", *QUIET],
+        overrides=["trainer.max_epochs=4", "loader.batch_size=32", "optim=adam", "optim.optimizer.lr=0.3", *QUIET]
+        + ["trainer.predict=val"],
         run_dir=tmp_path,
     )
+    predicted = np.load(tmp_path / "predictions" / "val.npz")
+    assert predicted["output"].shape == (64, 6, 5) and predicted["target"].shape == (64, 6)  # per sample, per position
     assert all(t is not None for t in model.given)  # the targets reached the model at every call
     assert metrics["val/acc"] > 0.9  # per position: the metrics read the logits, (B, T, V) against (B, T)
     # val/loss is the model's own loss, averaged per sample

@@ -178,7 +178,9 @@ class Stateful(Classification):
     def forward(self, model, batch):
         self.hidden, self.calls = torch.ones(3), self.calls + 1
         self.seen["sum"] += 1
-        return super().forward(model, batch)
+        loss, outputs = super().forward(model, batch)
+        self.last = outputs.detach()  # a state that did not exist before the first call
+        return loss, outputs
 
 
 def test_saturates_checks_and_measurements_leave_a_tasks_own_state_as_it_was(tmp_path):
@@ -186,7 +188,7 @@ def test_saturates_checks_and_measurements_leave_a_tasks_own_state_as_it_was(tmp
 
     class Watch:
         def on_run_start(self, run):
-            seen.append((task.hidden.tolist(), float(task.seen["sum"]), task.calls))
+            seen.append((task.hidden.tolist(), float(task.seen["sum"]), task.calls, hasattr(task, "last")))
 
     task = Stateful(10)
     x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,))
@@ -201,7 +203,7 @@ def test_saturates_checks_and_measurements_leave_a_tasks_own_state_as_it_was(tmp
     )
     # the start-up check and the batch-size search's trials ran the task (its call counter, not a tensor, says
     # so): the state it holds in tensors is back as it was
-    assert seen[0][:2] == ([0.0, 0.0, 0.0], 0.0) and seen[0][2] > 0
+    assert seen[0][:2] == ([0.0, 0.0, 0.0], 0.0) and seen[0][2] > 0 and seen[0][3] is False
 
 
 def test_a_sequential_order_over_data_that_is_not_a_stream_is_refused(tmp_path):

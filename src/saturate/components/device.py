@@ -192,24 +192,28 @@ def untouched_rng(task=None):
     or a user's task's own), as it was."""
     python, numpy = random.getstate(), np.random.get_state()
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    kept = _tensor_state(task)
+    kept = {name: _copied(value) for name, value in vars(task).items()} if hasattr(task, "__dict__") else None
     try:
         with torch.random.fork_rng(devices=devices):
             yield
     finally:
         random.setstate(python)
         np.random.set_state(numpy)
-        for name, value in kept.items():
-            setattr(task, name, value)
+        if kept is not None:
+            _put_back_tensor_state(task, kept)
 
 
-def _tensor_state(obj) -> dict:
-    """An object's attributes that hold tensors (alone, or in lists, tuples and dicts), copied
-    down to the tensors so that a state changed in place comes back too. Other attributes (a
-    flag a check set, a module, a data set the task refers to) are left as they become."""
-    if obj is None or not hasattr(obj, "__dict__"):
-        return {}
-    return {name: _copied(value) for name, value in vars(obj).items() if _holds_tensors(value)}
+def _put_back_tensor_state(obj, kept: dict) -> None:
+    """The attributes of `obj` that held tensors before (alone, or in lists, tuples and dicts;
+    `kept` copies them down to the tensors, so a state changed in place comes back too) or hold
+    them now, as they were. Other attributes (a flag a check set, a module, a data set the task
+    refers to) are left as they became."""
+    for name in set(vars(obj)) | set(kept):
+        if _holds_tensors(kept.get(name)) or _holds_tensors(vars(obj).get(name)):
+            if name in kept:
+                setattr(obj, name, kept[name])
+            else:
+                delattr(obj, name)
 
 
 def _holds_tensors(value) -> bool:

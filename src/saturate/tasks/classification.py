@@ -108,6 +108,10 @@ class Classification(Task):
             metrics["confusion"] = MulticlassConfusionMatrix(self.num_classes, normalize="true", validate_args=False)
         return metrics
 
+    def predictions(self, outputs, batch) -> dict[str, torch.Tensor]:
+        """Each sample's logits and target (per position: (T, C) and (T,) a sample)."""
+        return {"output": outputs.float(), "target": self.target(batch)}
+
     def metric_inputs(self, outputs, batch) -> tuple[torch.Tensor, torch.Tensor]:
         targets = self.target(batch)
         if outputs.ndim > 2 and not targets.is_floating_point():  # per position: every position is a sample
