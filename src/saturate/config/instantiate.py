@@ -15,9 +15,20 @@ def build(node: dict, what: str, **arguments) -> Any:
     added; the user's own mistake (a UserError) keeps its message, anything else is one line
     naming the target."""
     try:
-        return instantiate({**node, **arguments})
+        if not arguments or node.get("_partial_"):
+            return instantiate({**node, **arguments})
+        # the arguments go to the call as they are: through the node, Hydra would make each value a config node
+        # first (a data set's 8,832 class names: 1.2 s)
+        made = instantiate({**node, "_partial_": True})
     except InstantiationException as e:
-        cause = e.__cause__ or e
-        if isinstance(cause, UserError):
-            raise cause.with_traceback(None) from None
-        raise UserError(f"{what}: cannot build {node['_target_']}: {' '.join(str(cause).split())[:300]}") from None
+        raise _one_line(e.__cause__ or e, node, what) from None
+    try:
+        return made(**arguments)
+    except Exception as e:  # noqa: BLE001 (the user's constructor: one line, as instantiate() gives it)
+        raise _one_line(e, node, what) from None
+
+
+def _one_line(cause: BaseException, node: dict, what: str) -> UserError:
+    if isinstance(cause, UserError):
+        return cause.with_traceback(None)
+    return UserError(f"{what}: cannot build {node['_target_']}: {' '.join(str(cause).split())[:300]}")
