@@ -56,3 +56,25 @@ def test_an_escaped_interpolation_is_recorded_as_the_run_used_it(tmp_path):
         escaped = text.replace("${", "\\${")
         run = validate(compose_config([*TINY, f"run_dir={tmp_path}", f"name={escaped}"]))
         assert run.name == plain(run)["name"] == text
+
+
+def test_a_last_evaluation_at_the_last_step_is_logged_once(make_cfg):
+    """The run's end re-logs the final values to end each curve at the last step; one already
+    logged there (an evaluation at the last step) is not logged a second time."""
+    import saturate
+    from tests.trainer.test_run import events
+
+    cfg = make_cfg("trainer.eval_every=2")  # TINY: 3 steps, evaluations at steps 2 and 3 (the last)
+    saturate.train(cfg)
+    assert [e.step for e in events(cfg.run_dir).Scalars("val/loss")] == [2, 3]
+
+
+def test_a_run_counted_in_steps_says_its_step_of_max_steps(make_cfg, caplog):
+    import logging
+
+    import saturate
+
+    cfg = make_cfg("trainer.max_steps=2", "trainer.progress=true")  # TINY: 3 steps an epoch
+    with caplog.at_level(logging.INFO, logger="saturate.diagnostics.tracking"):
+        saturate.train(cfg)
+    assert any(r.getMessage().startswith("step 2/2 (epoch 0.67): train/loss") for r in caplog.records)

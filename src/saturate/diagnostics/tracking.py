@@ -47,6 +47,7 @@ class Tracker:
         # disable=None: tqdm turns itself off when stderr is not a terminal (logs, CI)
         self.bar = tqdm(unit="step", dynamic_ncols=True, disable=None if enabled and progress else True)
         self.latest: dict[str, float] = {}
+        self.logged: dict[str, tuple[int, float]] = {}  # each metric's last (step, value) logged
         self.counted: dict[str, float] = {}  # the flat counters' last logged values
         self.pictured_at: float | None = None  # when an evaluation's images were last logged
 
@@ -60,6 +61,7 @@ class Tracker:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.latest.update(metrics)
+        self.logged.update((k, (step, v)) for k, v in metrics.items())
         if self.run is not None:
             self.run.metrics.update(metrics)
             self.observers.call("on_log", self.run, metrics, step)
@@ -95,12 +97,20 @@ class Tracker:
         return False
 
     def epoch_line(
-        self, epoch: int, epochs: int, step: int, evaluated: dict[str, float], inside: int | None, started: float
+        self,
+        epoch: float,
+        epochs: int,
+        step: int,
+        evaluated: dict[str, float],
+        inside: int | None,
+        started: float,
+        max_steps: int = -1,
     ) -> None:
         """One line per epoch in the console and train.log, terminal or not (nohup, a
         scheduler's log, a pipe): where the run is, its losses and metrics, its speed.
         `inside`: the step of an evaluation inside the epoch, when it was not at its end;
-        `started`: when the epoch began (perf_counter)."""
+        `started`: when the epoch began (perf_counter). A run counted in steps
+        (`max_steps` > 0) is placed by its step, and its epochs as a fraction."""
         if not self.enabled:
             return
         figures = [
@@ -111,11 +121,12 @@ class Tracker:
         if inside is not None:
             figures[-1] += f" (evaluated at step {inside})"
         speed = self.latest.get(names.SAMPLES_PER_S)
+        where = f"epoch {epoch:.0f}/{epochs}, step {step}" if max_steps <= 0 else f"step {step}/{max_steps}"
+        if max_steps > 0:
+            where += f" (epoch {epoch:.2f})"
         log.info(
-            "epoch %d/%d, step %d: %s%s, %.1f s",
-            epoch,
-            epochs,
-            step,
+            "%s: %s%s, %.1f s",
+            where,
             ", ".join(figures),
             f", {speed:,.0f} samples/s" if speed else "",
             time.perf_counter() - started,
@@ -154,7 +165,7 @@ class Tracker:
             )
         # latest: what was logged; a moment's time (an evaluation's, the target's) is not a curve to end
         ended = {k: v for k, v in finite.items() if (k in self.latest and k not in MOMENTS) or k.startswith("test/")}
-        self.log(ended, step)
+        self.log({k: v for k, v in ended.items() if self.logged.get(k) != (step, v)}, step)  # not twice at one step
 
     def close(self) -> None:
         self.bar.close()

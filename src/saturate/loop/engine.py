@@ -226,7 +226,9 @@ class Engine:
             self.tracker.progress(state.step, state.epoch)
             evaluated = evaluated or self.evaluated_inside
             inside = self.evaluated_at if evaluated and self.evaluated_at != state.step else None
-            self.tracker.epoch_line(state.epoch, self.limits.max_epochs, state.step, evaluated, inside, epoch_start)
+            max_steps = self.limits.max_steps
+            at = state.epoch + state.batch_in_epoch / steps_per_epoch if max_steps > 0 else state.epoch
+            self.tracker.epoch_line(at, self.limits.max_epochs, state.step, evaluated, inside, epoch_start, max_steps)
             if last:
                 if self.run.stop_reason is not None or self.stopping():
                     self.run.request_stop("another rank's callback asked the run to stop")  # keeps rank 0's own reason
