@@ -106,6 +106,22 @@ EXAMPLES = {
         names.VAL_LOSS, 0.015, "min", "val_loss", names.VAL_LOSS, "last_val_loss", quick_ref=("--train_epochs", "2")
     ),
     "mixup": Example("val/acc", 0.90, "max", "val_acc", "val/acc", "last_val_acc", quick_ref=("--epoch", "2")),
+    "chargpt": Example(
+        names.VAL_LOSS,
+        1.75,
+        "min",
+        "val_loss",
+        names.VAL_LOSS,
+        "last_val_loss",
+        quick_sat=("trainer.max_steps=300",),
+        quick_ref=("--max_iters", "300"),
+    ),
+    "wordlm": Example(
+        names.VAL_LOSS, 6.1, "min", "val_loss", names.VAL_LOSS, "last_val_loss", quick_ref=("--epochs", "2")
+    ),
+    "vae": Example(
+        names.VAL_LOSS, 24.2, "min", "val_loss", names.VAL_LOSS, "last_val_loss", quick_ref=("--epochs", "2")
+    ),
 }
 SIDES = ("saturate", "reference")
 

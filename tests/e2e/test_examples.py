@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -28,7 +31,12 @@ EXAMPLES = [  # (folder, experiment, task, a metric it logs, a test metric it lo
     ("segmentation", "segmentation", "segmentation", "val/dice", None),
     ("forecast", "forecast", "regression", "val/rmse", None),
     ("mixup", "mixup", "classification", "val/acc", "test/acc"),
+    ("wordlm", "wordlm", "classification", "val/acc", None),
+    ("vae", "vae", "regression", "val/rmse", None),
 ]
+# chargpt counts its run in optimizer steps (its warm-up is 100 of them): run as TINY_STEPS
+TINY_STEPS = ["trainer.limit_train_batches=-1", "trainer.max_steps=4", "trainer.eval_every=2"]
+TINY_STEPS += ["optim.warmup_steps=3", "optim.decay_steps=4", "trainer.train_est_batches=2"]
 
 
 def example_cli(tmp_path, folder: str, experiment: str, *overrides: str) -> dict:
@@ -53,7 +61,7 @@ def fit_script(tmp_path, folder: str, script: str, *overrides: str) -> tuple[str
     return result.stdout, read_metrics(tmp_path / "run")
 
 
-@pytest.mark.slow  # ten end-to-end CLI runs
+@pytest.mark.slow  # twelve end-to-end CLI runs
 @pytest.mark.parametrize(
     ("folder", "experiment", "kind", "metric", "test_metric"), EXAMPLES, ids=[e[1] for e in EXAMPLES]
 )
@@ -258,3 +266,129 @@ def test_the_readmes_python_example_runs_as_printed(tmp_path):
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["progress/epoch"] == 10 and figures["val/acc"] > 0.9
     assert len(list((tmp_path / "outputs" / "runs").glob("*/*/metrics.json"))) == 1
+
+
+# ---------------------------------------------------------------- the ported language models and VAE
+
+
+def test_chargpt_windows_are_every_window_get_batch_can_draw():
+    """One sample per offset of nanoGPT's get_batch (torch.randint(len(data) - block_size)):
+    the window and the characters after it; the split is prepare.py's 90/10 by position."""
+    from examples.chargpt.chargpt import corpus, encode_chars, load_chars
+
+    chars, train, val = encode_chars()
+    assert chars == sorted(set(corpus())) and len(train) == int(len(corpus()) * 0.9)
+    data = load_chars(block_size=64)
+    for split, ids in (("train", train), ("val", val)):
+        ds = data[split]
+        assert len(ds) == len(ids) - 64 and ds.classes == chars
+        x, y = ds[len(ds) - 1]
+        assert torch.equal(x, ids[-65:-1]) and torch.equal(y, ids[-64:])  # the last offset get_batch can draw
+
+
+def test_chargpt_trains_on_its_own_loss_and_estimates_both_splits_on_random_batches(tmp_path):
+    """experiment=chargpt: the model's own loss (`logits, loss = model(X, Y)`), evaluated every
+    eval_every steps within the first epoch on random batches of val and of train
+    (train_est/loss), the run ended by trainer.max_steps."""
+    metrics = example_cli(tmp_path, "chargpt", "chargpt", *TINY_STEPS)
+    assert metrics["status"] == "completed" and metrics["task"] == "classification" and metrics["progress/step"] == 4
+    run = events(tmp_path / "run")
+    for tag in ("val/loss", "train_est/loss", "val/acc"):
+        assert {e.step for e in run.Scalars(tag)} == {2, 4}, tag
+    first = run.Scalars("val/loss")[0].value
+    assert math.log(103) - 0.5 < first < math.log(103) + 0.5  # 103 characters, near uniform after two steps
+    assert run.Scalars("train_est/loss")[0].value != first  # the training split's own batches
+
+
+def test_chargpt_fit_script_trains_what_the_experiment_trains(tmp_path):
+    """fit_chargpt.py writes nanoGPT's recipe out again as overrides: seed for seed, the
+    same run as experiment=chargpt."""
+    stdout, fitted = fit_script(tmp_path / "fit", "chargpt", "fit_chargpt.py", *TINY_STEPS)
+    cli = example_cli(tmp_path / "cli", "chargpt", "chargpt", *TINY_STEPS)
+    assert "train_est/loss" in stdout and fitted["data"] == "CharWindows"
+    assert (fitted["val/loss"], fitted["train_est/loss"]) == (cli["val/loss"], cli["train_est/loss"])
+
+
+def test_wordlm_windows_follow_one_another_and_the_wrapper_is_the_authors_model_batch_first():
+    """Sample i + 1 continues sample i (`stream = True`, as batchify's columns); BatchFirst gives
+    the author's time-major log-probabilities as (B, T, ntoken) and passes the hidden state on."""
+    from examples.wordlm.wordlm import BatchFirst, RNNModel, TokenWindows, encode_words
+
+    dictionary, train, val = encode_words()
+    assert dictionary.idx2word[train[0]] == dictionary.idx2word[0] and "<eos>" in dictionary.word2idx
+    ds = TokenWindows(train, 35, dictionary.idx2word)
+    assert TokenWindows.stream is True and len(ds) == (len(train) - 1) // 35
+    (x0, y0), (x1, _) = ds[0], ds[1]
+    assert torch.equal(x0[1:], y0[:-1]) and x1[0] == y0[-1]
+    torch.manual_seed(0)
+    author = RNNModel("LSTM", len(dictionary), 16, 16, 2, dropout=0.0).eval()
+    x = torch.stack([ds[0][0], ds[5][0], ds[9][0]])  # (B=3, T=35)
+    out, hidden = BatchFirst(author)(x)
+    expected, expected_hidden = author(x.t(), author.init_hidden(3))  # (T*B, V), zeros as the author starts
+    assert out.shape == (3, 35, len(dictionary))
+    assert torch.allclose(out, expected.view(35, 3, -1).transpose(0, 1))
+    assert torch.allclose(hidden[0], expected_hidden[0]) and torch.allclose(hidden[1], expected_hidden[1])
+    carried, _ = BatchFirst(author)(x, hidden)  # the next window, from the state the first one left
+    assert torch.allclose(carried, author(x.t(), hidden)[0].view(35, 3, -1).transpose(0, 1))
+
+
+def test_wordlm_through_fit_reads_streams_in_order_with_the_state_carried(tmp_path):
+    stdout, metrics = fit_script(tmp_path, "wordlm", "fit_wordlm.py", "loader.batch_size=20")
+    assert "val ppl" in stdout and metrics["task"] == "classification" and metrics["data"] == "TokenWindows"
+    assert 0 < metrics["val/loss"] < math.log(8832) + 1  # per word, in nats
+
+
+def test_vae_loss_is_per_image_as_the_authors_test_loss(tmp_path):
+    """task.loss_reduction=sum: the author's summed loss trains; val/loss is its sum over the
+    evaluated images over their count (main.py's `test_loss /= len(test_loader.dataset)`),
+    recomputed here with the author's loss_function and the run's last weights (the
+    reparameterisation draws noise in evaluation too: equal to a few percent)."""
+    from examples.vae.vae import VAE, load_digits_flat, loss_function
+
+    stdout, metrics = fit_script(tmp_path, "vae", "fit_vae.py")  # TINY: two validation batches of 32
+    assert metrics["task"] == "regression" and "val/rmse" in stdout
+    model = VAE()
+    model.load_state_dict(torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=False)["model"])
+    images = load_digits_flat()["val"].x[:64]
+    torch.manual_seed(0)
+    with torch.no_grad():
+        recon, mu, logvar = model.eval()(images)
+        per_image = float(loss_function(recon, images, mu, logvar)) / len(images)
+    assert metrics["val/loss"] == pytest.approx(per_image, rel=0.05)
+    assert metrics["train/loss"] == pytest.approx(per_image, rel=0.2)  # per image too, not per batch of 32
+
+
+LM_TARGETS = [("chargpt", 1.75), ("wordlm", 6.1), ("vae", 24.2)]  # scripts/bench_examples.py's targets
+
+
+@pytest.mark.slow  # each a whole run: 30 to 60 s
+@pytest.mark.parametrize(("name", "target"), LM_TARGETS, ids=[t[0] for t in LM_TARGETS])
+def test_the_ported_example_meets_its_target_with_its_whole_recipe(tmp_path, name, target):
+    """The example's own command, whole, meets the target its docs and the bench name."""
+    from scripts.bench_examples import EXAMPLES as BENCHED
+
+    assert BENCHED[name].value == target and BENCHED[name].metric == "val/loss"
+    conf = ROOT / "examples" / name / "conf"
+    args = [f"hydra.searchpath=[file://{conf}]", f"experiment={name}", "trainer.seed=1", "trainer.progress=false"]
+    result = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = events(tmp_path / "run")
+    assert min(e.value for e in run.Scalars("val/loss")) <= target
+    if name == "chargpt":  # nanoGPT's get_lr(10) = lr * 11 / (warmup_iters + 1): the LR once 10 steps are done
+        assert run.Scalars("train/lr")[0].step == 10
+        assert run.Scalars("train/lr")[0].value == pytest.approx(1e-3 * 11 / 101, rel=1e-5)
+
+
+@pytest.mark.slow  # both sides of three short pairs
+def test_the_quick_bench_runs_the_language_models_and_the_vae_against_their_references(tmp_path):
+    results = tmp_path / "results.jsonl"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_examples.py"), "--quick", "--examples", "chargpt,wordlm,vae"]
+    cmd += ["--threads", "1", "--out", str(tmp_path), "--results", str(results)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted((r["example"], r["side"]) for r in records) == [
+        (name, side) for name in ("chargpt", "vae", "wordlm") for side in ("reference", "saturate")
+    ]
+    for r in records:
+        assert r["rc"] == 0 and 0 < r["first_step_s"] < r["wall_s"] and 0 < r["final"] < 100, r
