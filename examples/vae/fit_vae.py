@@ -20,10 +20,15 @@ if __name__ == "__main__":
         task="regression",
         loss=vae_loss,  # loss_function(recon_x, x, mu, logvar), given the model's whole (recon, mu, logvar)
         overrides=[
-            *["task.loss_reduction=sum", "task.output_key=0"],
+            *[
+                "task.loss_reduction=sum",
+                "task.output_key=0",
+                *("+task.metrics." + m + "=null" for m in ("mae", "rmse", "r2")),
+            ],
             *["optim=adam", "optim.optimizer.lr=1e-3", "optim.schedule=constant", "optim.warmup_epochs=0"],
             *["loader.batch_size=128", "loader.drop_last=false", "trainer.max_epochs=400"],
+            "trainer.checkpoint_interval=50",
             *sys.argv[1:],
         ],
     )
-    print(f"val/loss {metrics['val/loss']:.4f} per image, val/rmse {metrics['val/rmse']:.4f}")
+    print(f"val/loss {metrics['val/loss']:.4f} per image")

@@ -9,8 +9,10 @@ where it lives here:
                                            1,500 before them to train on; each sample (x, x)
 - `recon_batch, mu, logvar = model(data)`
                                         -> the model returns the tuple; task=regression with
-                                           task.output_key=0 (the reconstruction, against x,
-                                           is what val/rmse and val/r2 read)
+                                           task.output_key=0 (the reconstruction, against x:
+                                           what predictions read); task.metrics drops the
+                                           regression metrics (the author computes the loss
+                                           only)
 - loss_function(recon_x, x, mu, logvar): binary cross-entropy with reduction='sum' plus the
   KL divergence, summed over the batch, backpropagated as it is
                                         -> task.loss: `vae_loss(outputs, targets)` (it gets
