@@ -206,6 +206,7 @@ def _node_problems(run: RunConfig, given: tuple[str, ...]) -> Iterator[Problem]:
     for i, node in enumerate(run.augmentation.transforms):
         yield from check_target(node, f"augmentation.transforms[{i}]", given=())
     yield from _optimizer_problems(dict(run.optim.optimizer), list(run.optim.param_groups))
+    yield from _optimizers_problems(run.optim.optimizers, run.optim.param_groups)
     if run.optim.scheduler is not None:
         yield from check_target(run.optim.scheduler, "optim.scheduler", given=("optimizer",))
         yield from scheduler_problems(run.optim.scheduler)
@@ -232,8 +233,38 @@ def _optimizer_problems(node: dict, groups: list) -> Iterator[Problem]:
         yield from optimizer_problems(node, groups)
 
 
+def _optimizers_problems(optimizers: dict, groups: list) -> Iterator[Problem]:
+    """optim.optimizers: each a name with `params` (a submodule or parameter patterns), an
+    `optimizer` node and maybe a `scheduler` node."""
+    allowed = "{params: <a submodule or a parameter pattern, or a list of them>, optimizer: <a node>, scheduler}"
+    for name, spec in optimizers.items():
+        key = f"optim.optimizers.{name}"
+        if not isinstance(spec, dict) or "params" not in spec or "optimizer" not in spec:
+            yield Problem(key, spec, allowed)
+            continue
+        unknown = sorted(set(spec) - {"params", "optimizer", "scheduler"})
+        if unknown:
+            yield Problem(f"{key}.{unknown[0]}", spec[unknown[0]], "params, optimizer or scheduler")
+        params = spec["params"]
+        if not (isinstance(params, str) and params or isinstance(params, list) and params):
+            yield Problem(f"{key}.params", params, "a submodule's name or a parameter pattern, or a list of them")
+        yield from check_target(spec["optimizer"], f"{key}.optimizer", given=("params",))
+        if spec.get("scheduler") is not None:
+            yield from check_target(spec["scheduler"], f"{key}.scheduler", given=("optimizer",))
+    if optimizers and groups:
+        yield Problem("optim.param_groups", groups, "[] with optim.optimizers (each optimizer names its params)")
+
+
 def _combination_problems(run: RunConfig) -> Iterator[Problem]:
     """Settings that are each valid but not together."""
+    if run.optim.optimizers:  # a task's own steps: no micro-batches, no ranks, no trial steps
+        several = "1 with optim.optimizers (the task takes its own steps: {})"
+        if run.trainer.accumulate > 1:
+            yield Problem("trainer.accumulate", run.trainer.accumulate, several.format("no micro-batches"))
+        if run.trainer.devices not in (1, "auto"):
+            yield Problem("trainer.devices", run.trainer.devices, several.format("one process"))
+        if run.loader.batch_size == "auto":
+            yield Problem("loader.batch_size", "auto", "an integer with optim.optimizers (no trial steps)")
     if run.loader.resident is True and run.augmentation.placement == "cpu":
         allowed = "gpu or none with loader.resident=true (a resident loader has no workers to augment in)"
         yield Problem("augmentation.placement", "cpu", allowed)

@@ -366,9 +366,12 @@ class Engine:
             self.tracker.progress(state.step, state.epoch)
 
     def progress(self, state: TrainState, steps_per_epoch: int) -> dict[str, float]:
-        """Where the run is: its LR, epoch, step, peak memory and time since the start."""
+        """Where the run is: its LR (and each optimizer's, with several), epoch, step, peak
+        memory and time since the start."""
+        named = getattr(self.training.scheduler, "named_lrs", None)
         return {
             names.TRAIN_LR: self.training.scheduler.get_last_lr()[0],
+            **({f"{names.TRAIN_LR}/{k}": lr for k, lr in named().items()} if named is not None else {}),
             names.EPOCH: state.epoch + state.batch_in_epoch / steps_per_epoch,
             names.STEP: state.step,
             names.PEAK_MB: self.instruments.memory(),

@@ -59,7 +59,14 @@ class Tracker(Protocol):
     def pictures_due(self, at_end: bool) -> bool: ...
 
     def epoch_line(
-        self, epoch: int, epochs: int, step: int, evaluated: dict[str, float], inside: int | None, started: float
+        self,
+        epoch: float,
+        epochs: int,
+        step: int,
+        evaluated: dict[str, float],
+        inside: int | None,
+        started: float,
+        max_steps: int = -1,
     ) -> None: ...
 
 

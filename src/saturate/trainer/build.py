@@ -27,7 +27,8 @@ from saturate.checkpoint.checkpointer import Checkpointer
 from saturate.components.batch_size import Trial, TrialSetup, choose
 from saturate.components.device import autotune_convolutions, untouched_rng
 from saturate.components.model import Models, make, setup_model
-from saturate.components.optim import prime_state, setup_optimizer
+from saturate.components.optim import prime_state
+from saturate.components.optimizers import check_steps, setup_optimizers
 from saturate.components.precision import Precision, setup_precision
 from saturate.components.schedule import Schedule
 from saturate.config import data_info
@@ -402,6 +403,7 @@ def data_and_task(run: RunConfig, invocation: Invocation, objects: UserObjects, 
         key: data_info.bind(getattr(run, key), values, key) for key in ("model", "task") if key not in objects.nodes()
     }
     task = build_task(nodes.get("task"), values, objects)
+    check_steps(run.optim, task)  # one optimizer, or several with a task that takes its own steps
     spec = dataclasses.replace(spec, host_keys=tuple(getattr(task, "host_keys", ())))  # CTC's lengths
     return data, spec, values, nodes, task
 
@@ -447,9 +449,10 @@ def build_parts(
     check_last_batch(run, batch_size, models.raw, data.train, dist)
     mark("loaders")
     total_steps = _total_steps(run.trainer, len(loaders.train))
-    optimizer, scheduler = setup_optimizer(
+    optimizer, scheduler = setup_optimizers(
         run.optim,
         models.raw,
+        task,
         steps_per_epoch=len(loaders.train),
         total_steps=total_steps,
         global_batch=batch_size * dist.world_size,
