@@ -25,7 +25,6 @@ from saturate.callbacks import CallbackError, Observers, Plan, Run
 from saturate.callbacks.profiler import Profiler
 from saturate.checkpoint.rundir import RunDirTaken, hold, prepare, record_failure
 from saturate.components.device import seeded, setup_device
-from saturate.components.optimizers import Optimizers
 from saturate.config.instantiate import build
 from saturate.config.invocation import Invocation, from_hydra
 from saturate.config.naming import identity
@@ -38,13 +37,11 @@ from saturate.diagnostics.tracking import Tracker
 from saturate.errors import UserError
 from saturate.loop.engine import Engine, Instruments, Limits, Training, TrainState
 from saturate.loop.evaluate import EvaluationError, Evaluator
-from saturate.loop.faults import NonFiniteGuard, NotRequeued, Preempted, StopSignal, TrainingDiverged
-from saturate.loop.manual import ManualStep
-from saturate.loop.step import TrainStep
+from saturate.loop.faults import NotRequeued, Preempted, StopSignal, TrainingDiverged
 from saturate.scale.distributed import Dist, peer_failed, stopped_by_peer, world_size
 from saturate.scale.launch import resume_hint
 from saturate.started import StoppedEarly
-from saturate.trainer.build import Parts, UserObjects, build_checkpointer, build_parts, build_target, make_step
+from saturate.trainer.build import Parts, UserObjects, build_checkpointer, build_parts, build_target
 from saturate.trainer.outcome import (
     Metrics,
     Session,
@@ -58,6 +55,7 @@ from saturate.trainer.outcome import (
     task_name,
     write,
 )
+from saturate.trainer.steps import train_step
 
 log = logging.getLogger("saturate")
 
@@ -262,37 +260,9 @@ def _fit(session: Session, state: TrainState, attempt: Attempt) -> Metrics:
 def _training(run: RunConfig, parts: Parts, device: torch.device, dist: Dist) -> Training:
     """What the loop trains: the model, the step (with the non-finite guard), the schedule, the batches."""
     dist.check_every = run.trainer.log_interval if dist.world_size > 1 else 1  # stop flags agreed at log steps
-    if isinstance(parts.optimizer, Optimizers):  # the task takes its own steps, one per optimizer
-        step: TrainStep = _manual_step(run, parts, device, dist)
-    else:
-        step = make_step(run, parts.models, parts.optimizer, parts.precision, parts.task, device, dist)
+    step = train_step(run, parts, device, dist)  # one optimizer's, or a task's own steps (optim.optimizers)
     reset = getattr(parts.task, "reset", None)  # optional: a task that carries a state starts each epoch afresh
     return Training(parts.models.train, step, parts.scheduler, parts.loaders.train, reset if callable(reset) else None)
-
-
-def _manual_step(run: RunConfig, parts: Parts, device: torch.device, dist: Dist) -> ManualStep:
-    """The step of a task that takes its own steps (optim.optimizers): the guard, clipping and
-    precision of a one-optimizer step, per optimizer; one process."""
-    if dist.world_size > 1:
-        raise UserError(
-            f"optim.optimizers: one process (this run has {dist.world_size}); a task's own steps are not synchronised "
-            "across ranks: trainer.devices=1"
-        )
-    guard = NonFiniteGuard(
-        skip=run.trainer.skip_nonfinite,
-        check_grads=not parts.precision.scaler.is_enabled(),
-        max_consecutive=run.trainer.max_nonfinite_steps,
-        device=device,
-    )
-    return ManualStep(
-        parts.models.train,
-        parts.optimizer,
-        parts.scheduler,
-        parts.precision,
-        guard,
-        training_step=parts.task.training_step,  # type: ignore[attr-defined]  # checked when the optimizers were built
-        grad_clip=run.trainer.grad_clip,
-    )
 
 
 def _evaluator(run: RunConfig, parts: Parts) -> Evaluator:
