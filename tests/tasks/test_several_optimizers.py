@@ -19,7 +19,7 @@ from saturate.errors import ConfigError, UserError
 from saturate.loop.faults import Preempted
 from saturate.tasks.base import Task
 from tests.checkpoint.test_resume import final_weights, signal_at, step_losses
-from tests.conftest import TINY, read_metrics, run_cli
+from tests.conftest import ROOT, TINY, python, read_metrics, run_cli
 from tests.trainer.test_run import events
 
 NZ = 4
@@ -203,3 +203,32 @@ def test_a_config_error_lists_the_optimizers_problems_before_any_work(tmp_path):
             overrides=[*OPTIMIZERS, "optim.param_groups=[{params:'netG.*',lr:0.1}]"],
             run_dir=tmp_path,
         )
+
+
+def test_the_one_module_is_what_eval_and_export_load_with_its_forward_the_generator(tmp_path):
+    """best.pt holds the module with both nets (EMA's average of all of them, with
+    callbacks=[ema]); saturate eval runs the task's forward on it, saturate export records its
+    forward: the generator's, from noise."""
+    run = tmp_path / "run"
+    trained = run_cli(*TINY, *GAN_CLI, "callbacks=[ema]", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    env = {"PYTHONPATH": str(ROOT)}  # this module's GAN and task
+    evaluated = python(
+        "-m", "saturate", "eval", run, "--run-saved-config", "--out", tmp_path / "ev", cwd=tmp_path, env=env
+    )
+    assert evaluated.returncode == 0 and "val/loss" in evaluated.stdout, evaluated.stderr[-2000:]
+    exported = python(
+        "-m",
+        "saturate",
+        "export",
+        run,
+        "--run-saved-config",
+        "--to",
+        "safetensors",
+        "--out",
+        tmp_path / "ex",
+        cwd=tmp_path,
+        env=env,
+    )
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert "(tests.tasks.test_several_optimizers.GAN); inputs noise (" in exported.stdout
