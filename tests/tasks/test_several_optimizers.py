@@ -91,7 +91,7 @@ GAN_CLI = [
     "~model.width",
     "~model.norm",
     "task._target_=tests.tasks.test_several_optimizers.GANTask",
-    f"+optim.optimizers={{D:{{params:netD,optimizer:{ADAM}}},G:{{params:netG,optimizer:{ADAM}}}}}",
+    f"optim.optimizers={{D:{{params:netD,optimizer:{ADAM}}},G:{{params:netG,optimizer:{ADAM}}}}}",
     "optim.schedule=constant",
     "optim.warmup_epochs=0",
     "checkpoint.monitor=val/loss",

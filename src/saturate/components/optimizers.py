@@ -138,7 +138,7 @@ def setup_optimizers(cfg: OptimConfig, model: nn.Module, task, **schedule_args):
     optimizers, schedules = {}, {}
     for name, spec in cfg.optimizers.items():
         one = dataclasses.replace(
-            cfg, optimizer=spec["optimizer"], scheduler=spec.get("scheduler"), optimizers={}, param_groups=[]
+            cfg, optimizer=spec["optimizer"], scheduler=spec.get("scheduler"), optimizers=None, param_groups=[]
         )
         part = _Part(model, chosen[name])
         optimizers[name], schedules[name] = setup_optimizer(one, part, **schedule_args)  # type: ignore[arg-type]

@@ -157,8 +157,9 @@ class OptimConfig:
     # [{params: "backbone.*", lr: 1e-4, ...}]: parameters by name pattern and their own hyperparameters; the rest
     # (and a group's norms and biases, unless it sets weight_decay) as the optimizer node says
     param_groups: list[Any] = field(default_factory=list)
-    # several optimizers, for a task with training_step (a GAN): {name: {params, optimizer, scheduler}} (schema.py)
-    optimizers: dict[str, Any] = field(default_factory=dict)
+    # several optimizers, for a task with training_step (a GAN): {name: {params, optimizer, scheduler}} (schema.py);
+    # null: one, optim.optimizer
+    optimizers: Any = None
 
     def problems(self) -> Issues:
         yield from choice("schedule", self.schedule, ("cosine", "constant"))

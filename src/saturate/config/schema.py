@@ -233,9 +233,14 @@ def _optimizer_problems(node: dict, groups: list) -> Iterator[Problem]:
         yield from optimizer_problems(node, groups)
 
 
-def _optimizers_problems(optimizers: dict, groups: list) -> Iterator[Problem]:
-    """optim.optimizers: each a name with `params` (a submodule or parameter patterns), an
-    `optimizer` node and maybe a `scheduler` node."""
+def _optimizers_problems(optimizers, groups: list) -> Iterator[Problem]:
+    """optim.optimizers: null, or each a name with `params` (a submodule or parameter
+    patterns), an `optimizer` node and maybe a `scheduler` node."""
+    if optimizers is None:
+        return
+    if not isinstance(optimizers, dict):
+        yield Problem("optim.optimizers", optimizers, "null, or a mapping {name: {params, optimizer, scheduler}}")
+        return
     allowed = "{params: <a submodule or a parameter pattern, or a list of them>, optimizer: <a node>, scheduler}"
     for name, spec in optimizers.items():
         key = f"optim.optimizers.{name}"
