@@ -122,6 +122,16 @@ EXAMPLES = {
     "vae": Example(
         names.VAL_LOSS, 24.2, "min", "val_loss", names.VAL_LOSS, "last_val_loss", quick_ref=("--epochs", "2")
     ),
+    "dcgan": Example(
+        "val/fd_pixels",
+        2.0,
+        "min",
+        "fd_pixels",
+        "val/fd_pixels",
+        "last_fd_pixels",
+        ("--outf", "{out}"),
+        quick_ref=("--niter", "2"),
+    ),
 }
 SIDES = ("saturate", "reference")
 

@@ -33,6 +33,7 @@ EXAMPLES = [  # (folder, experiment, task, a metric it logs, a test metric it lo
     ("mixup", "mixup", "classification", "val/acc", "test/acc"),
     ("wordlm", "wordlm", "classification", "val/acc", None),
     ("vae", "vae", "regression", "val/loss", None),
+    ("dcgan", "dcgan", "gan", "val/fd_pixels", None),
 ]
 # chargpt counts its run in optimizer steps (its warm-up is 100 of them): run as TINY_STEPS
 TINY_STEPS = ["trainer.limit_train_batches=-1", "trainer.max_steps=4", "trainer.eval_every=2"]
@@ -422,3 +423,72 @@ def test_dcgan_fd_pixels_is_the_frechet_distance_of_the_pooled_pixels():
     images = torch.rand(200, 1, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
     assert fd_pixels(images, images) == pytest.approx(0, abs=1e-3)
     assert fd_pixels(images, images + 0.5) == pytest.approx(16, rel=1e-3)
+
+
+def test_dcgan_trains_both_nets_from_its_config_dir_each_with_its_own_adam(tmp_path):
+    """The experiment's two optimizers, each logged with its own LR (the author's 2e-4, constant,
+    no warm-up), and the Fréchet distance of the generated images at evaluation."""
+    from examples.dcgan.dcgan import GAN, NOISE_SEED, fd_pixels, load_digits32
+
+    metrics = example_cli(tmp_path, "dcgan", "dcgan", "trainer.seed=1")
+    assert metrics["status"] == "completed" and metrics["task"] == "gan"
+    run = events(tmp_path / "run")
+    for name in ("D", "G"):
+        assert [e.value for e in run.Scalars(f"train/lr/{name}")] == pytest.approx([2e-4] * 3)
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=False)
+    steps = {name: {float(s["step"]) for s in state["state"].values()} for name, state in saved["optimizer"].items()}
+    assert steps == {"D": {3.0}, "G": {3.0}}  # each Adam stepped each of its net's tensors at each of the 3 batches
+    # the reference's measure (reference.py: the validation images against as many generated from the
+    # evaluation's noise in one batch, eval mode) on the weights saved: what validation logged (2 batches of 32)
+    gan = GAN()
+    gan.load_state_dict(saved["model"])
+    real = (load_digits32()["val"].images[:64] - 0.5) / 0.5
+    with torch.no_grad():
+        fake = gan.eval()(torch.randn(64, gan.nz, generator=torch.Generator().manual_seed(NOISE_SEED)))
+    assert metrics["val/fd_pixels"] == pytest.approx(fd_pixels(real, fake), rel=1e-5) and 10 < fd_pixels(real, fake)
+
+
+def test_dcgan_through_fit_with_its_task_object(tmp_path):
+    stdout, metrics = fit_script(tmp_path, "dcgan", "fit_dcgan.py")
+    assert "val/fd_pixels" in stdout and metrics["data"] == "DigitImages" and metrics["task"] == "gan"
+
+
+@pytest.mark.slow  # a short run, then ONNX and torch.export of the generator
+def test_dcgan_exports_its_generator_for_any_number_of_noise_vectors(tmp_path):
+    example_cli(tmp_path, "dcgan", "dcgan")
+    conf = ROOT / "examples" / "dcgan" / "conf"
+    done = python(
+        "-m", "saturate", "export", tmp_path / "run", f"hydra.searchpath=[file://{conf}]", "experiment=dcgan",
+        "--out", tmp_path / "export", cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "inputs noise (" in done.stdout and "dynamic: noise: batch" in done.stdout
+    assert (tmp_path / "export" / "model.onnx").is_file() and (tmp_path / "export" / "model.pt2").is_file()
+
+
+@pytest.mark.slow  # the whole recipe: about 50 s
+def test_dcgan_meets_its_target_with_its_whole_recipe(tmp_path):
+    from scripts.bench_examples import EXAMPLES as BENCHED
+
+    spec = BENCHED["dcgan"]
+    assert (spec.metric, spec.value, spec.better) == ("val/fd_pixels", 2.0, "min")
+    conf = ROOT / "examples" / "dcgan" / "conf"
+    args = [f"hydra.searchpath=[file://{conf}]", "experiment=dcgan", "trainer.seed=1", "trainer.progress=false"]
+    result = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert min(e.value for e in events(tmp_path / "run").Scalars("val/fd_pixels")) <= spec.value
+
+
+@pytest.mark.slow  # both sides of one short pair
+def test_the_quick_bench_runs_the_dcgan_against_its_reference(tmp_path):
+    """Both sides report the same metric: the reference's BENCH lines and saturate's
+    metrics.json, each a Fréchet distance of a barely trained generator (tens, not 0 or nan)."""
+    results = tmp_path / "results.jsonl"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_examples.py"), "--quick", "--examples", "dcgan"]
+    cmd += ["--threads", "1", "--out", str(tmp_path), "--results", str(results)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted(r["side"] for r in records) == ["reference", "saturate"]
+    for r in records:
+        assert r["rc"] == 0 and 0 < r["first_step_s"] < r["wall_s"] and 5 < r["final"] < 60, r
