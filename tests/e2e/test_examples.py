@@ -359,6 +359,32 @@ def test_vae_loss_is_per_image_as_the_authors_test_loss(tmp_path):
     assert metrics["train/loss"] == pytest.approx(per_image, rel=0.2)  # per image too, not per batch of 32
 
 
+def test_a_run_whose_task_has_no_metrics_never_imports_torchmetrics(tmp_path):
+    """The VAE logs its loss only (its regression metrics nulled): torchmetrics, whose import
+    brings scipy.signal and matplotlib (about a second of a 7-s run's start-up on a 2-core CPU),
+    is never imported, and val/loss is still the mean over the evaluated images."""
+    conf = ROOT / "examples" / "vae" / "conf"
+    result = python(
+        "-X",
+        "importtime",
+        ROOT / "train.py",
+        f"hydra.searchpath=[file://{conf}]",
+        "experiment=vae",
+        *TINY,
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT)},
+        fresh=True,  # a new interpreter: the tests' zygote has torchmetrics imported already
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time")
+    }
+    assert "torch._C" in imported and "torchmetrics" not in imported
+    metrics = read_metrics(tmp_path / "run")
+    assert metrics["val/loss"] > 0 and "imports/torchmetrics_s" not in metrics
+
+
 LM_TARGETS = [("chargpt", 1.75), ("wordlm", 6.1), ("vae", 24.2)]  # scripts/bench_examples.py's targets
 
 

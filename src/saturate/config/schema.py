@@ -137,7 +137,7 @@ def validate(cfg: DictConfig, *, given: tuple[str, ...] = ()) -> RunConfig:
     if problems:
         raise ConfigError(problems)
     # the heavy dependencies that the targets' modules import, each timed for the run's start-up line
-    import_timed("torch", "torchmetrics")
+    import_timed("torch")  # torchmetrics: when a task first builds a metric (saturate.tasks)
     problems = list(_node_problems(run, given))
     if problems:
         raise ConfigError(problems)

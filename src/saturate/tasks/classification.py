@@ -10,13 +10,13 @@ shows the validation confusion matrix as an image in TensorBoard.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torchmetrics import Metric
-from torchmetrics.classification import MulticlassAccuracy
 
 from saturate.errors import ConfigError, DataError, Problem, UserError, is_integer
+from saturate.started import import_timed
 from saturate.tasks.base import Task, user_loss, wrong_outputs
 
 
@@ -97,7 +97,10 @@ class Classification(Task):
     def own_metrics(self) -> dict:
         # validate_args=False: torchmetrics' checks read the device per batch; the targets were
         # checked at start-up (saturate.components.model) and the outputs' shape in forward
-        metrics: dict[str, Metric] = {"acc": MulticlassAccuracy(self.num_classes, average="micro", validate_args=False)}
+        import_timed("torchmetrics")  # imported with the first metric (saturate.tasks.base.Task.metrics)
+        from torchmetrics.classification import MulticlassAccuracy
+
+        metrics: dict[str, Any] = {"acc": MulticlassAccuracy(self.num_classes, average="micro", validate_args=False)}
         if self.top_k:
             metrics[f"top{self.top_k}"] = MulticlassAccuracy(
                 self.num_classes, top_k=self.top_k, average="micro", validate_args=False

@@ -10,12 +10,13 @@ own units as `<name>_raw` (`test/rmse_raw`, `test/mape_raw`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torchmetrics import MeanAbsoluteError, MeanSquaredError, R2Score
 
 from saturate.errors import ConfigError, Problem, UserError
+from saturate.started import import_timed
 from saturate.tasks.base import Task, user_loss, wrong_outputs
 
 LOSSES = ("mse", "l1", "huber")
@@ -92,11 +93,20 @@ class Regression(Task):
         return (F.l1_loss if self.loss_name == "l1" else F.mse_loss)(o, targets), outputs
 
     def own_metrics(self) -> dict:
-        return {
-            "mae": MeanAbsoluteError(),
-            "rmse": MeanSquaredError(squared=False),
-            "r2": R2Score(multioutput="uniform_average"),
+        """mae, rmse and r2, less those the user's task.metrics set to null: a run that logs its
+        loss only never imports torchmetrics."""
+        wanted = [name for name in ("mae", "rmse", "r2") if not (name in self.extra and self.extra[name] is None)]
+        if not wanted:
+            return {}
+        import_timed("torchmetrics")  # imported with the first metric (saturate.tasks.base.Task.metrics)
+        from torchmetrics import MeanAbsoluteError, MeanSquaredError, R2Score
+
+        made: dict[str, Callable[[], Any]] = {
+            "mae": MeanAbsoluteError,
+            "rmse": lambda: MeanSquaredError(squared=False),
+            "r2": lambda: R2Score(multioutput="uniform_average"),
         }
+        return {name: made[name]() for name in wanted}
 
     def metrics(self) -> dict:
         metrics = super().metrics()

@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torchmetrics.segmentation import DiceScore, MeanIoU
 
 from saturate.errors import ConfigError, DataError, Problem, UserError, is_integer
+from saturate.started import import_timed
 from saturate.tasks.base import Task, finite_number, user_loss
 
 PREVIEWS = 4  # images shown per evaluation
@@ -154,6 +154,9 @@ class Segmentation(Task):
         """Dice and IoU fed one-hot masks (`update`): in the index format torchmetrics one-hots
         both masks into int64 for each metric at every update (Dice and IoU together: 17 ms a
         batch of 16 masks of 128x128 on one CPU thread; 3 ms fed one-hot). Same values."""
+        import_timed("torchmetrics")  # imported with the first metric (saturate.tasks.base.Task.metrics)
+        from torchmetrics.segmentation import DiceScore, MeanIoU
+
         classes = self.num_classes
         metrics = {
             "dice": DiceScore(classes, include_background=False, average="macro", input_format="one-hot"),

@@ -21,11 +21,9 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
-from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
-from torchmetrics.text import CharErrorRate
 
 from saturate.errors import ConfigError, DataError, Problem, is_integer
+from saturate.started import import_timed
 from saturate.tasks.base import Task
 
 IGNORE = -100
@@ -169,6 +167,11 @@ class Sequence(Task):
             )
 
     def own_metrics(self) -> dict:
+        import_timed("torchmetrics")  # imported with the first metric (saturate.tasks.base.Task.metrics)
+        from torchmetrics import MeanMetric
+        from torchmetrics.classification import MulticlassAccuracy
+        from torchmetrics.text import CharErrorRate
+
         if self.mode == "per_step":
             return {
                 "acc": MulticlassAccuracy(self.num_classes, average="micro", ignore_index=IGNORE, validate_args=False)
