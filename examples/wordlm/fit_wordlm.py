@@ -24,6 +24,7 @@ if __name__ == "__main__":
         overrides=[
             "task.carry=true",  # model(input, hidden) -> (log-probs, hidden)
             "task.top_k=0",  # the author's loop computes no accuracy
+            "+task.metrics.acc=null",  # nor val/acc: the loss (and its exp) only
             *["loader.order=sequential", "loader.batch_size=20", "loader.eval_batch_size=10"],
             *["optim=custom", "optim.optimizer._target_=torch.optim.SGD", "optim.optimizer.lr=20"],
             "optim.scheduler={_target_:torch.optim.lr_scheduler.ReduceLROnPlateau,_partial_:true,"

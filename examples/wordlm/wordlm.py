@@ -27,9 +27,10 @@ and where it lives here:
                                            with task.loss: `nll_loss`, the author's NLLLoss
                                            (the task's own cross-entropy would give the same
                                            loss through one more log_softmax over 8,832
-                                           words: 25 ms of a 58 ms step here); val/acc per
-                                           position; task.top_k=0: no val/top5 of 8,832
-                                           words, which the author's loop does not compute
+                                           words: 25 ms of a 58 ms step here); no val/acc
+                                           (task.metrics: acc null) and task.top_k=0: no
+                                           val/top5 of 8,832 words, which the author's loop
+                                           does not compute
 - `p.data.add_(p.grad, alpha=-lr)` at lr 20, clip_grad_norm_ 0.25
                                         -> optim=custom (torch.optim.SGD, lr 20, no momentum),
                                            trainer.grad_clip=0.25, optim.warmup_epochs=0

@@ -252,8 +252,13 @@ class Task:
     # -- metrics
 
     def own_metrics(self) -> dict[str, Any]:
-        """The task's own metrics (subclasses), fresh."""
+        """The task's own metrics (subclasses), fresh; those in `removed()` need not be built."""
         return {}
+
+    def removed(self) -> set[str]:
+        """The task's metrics the user's task.metrics set to null: a run left with none never
+        imports torchmetrics (about a second of start-up: it brings scipy.signal and matplotlib)."""
+        return {name for name, metric in self.extra.items() if metric is None}
 
     def metrics(self) -> dict[str, Any]:
         """The task's metrics and the user's, fresh for one evaluation."""

@@ -97,6 +97,13 @@ class Classification(Task):
     def own_metrics(self) -> dict:
         # validate_args=False: torchmetrics' checks read the device per batch; the targets were
         # checked at start-up (saturate.components.model) and the outputs' shape in forward
+        wanted = {
+            "acc",
+            *([f"top{self.top_k}"] if self.top_k else []),
+            *(["confusion"] if self.confusion_matrix else []),
+        }
+        if not wanted - self.removed():
+            return {}
         import_timed("torchmetrics")  # imported with the first metric (saturate.tasks.base.Task.metrics)
         from torchmetrics.classification import MulticlassAccuracy
 

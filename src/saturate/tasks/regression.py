@@ -95,7 +95,7 @@ class Regression(Task):
     def own_metrics(self) -> dict:
         """mae, rmse and r2, less those the user's task.metrics set to null: a run that logs its
         loss only never imports torchmetrics."""
-        wanted = [name for name in ("mae", "rmse", "r2") if not (name in self.extra and self.extra[name] is None)]
+        wanted = [name for name in ("mae", "rmse", "r2") if name not in self.removed()]
         if not wanted:
             return {}
         import_timed("torchmetrics")  # imported with the first metric (saturate.tasks.base.Task.metrics)
