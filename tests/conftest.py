@@ -109,12 +109,13 @@ def popen(*argv, cwd: Path | str = ROOT, env: dict | None = None, stdout: int = 
 
 
 def stopped_after_first_save(args: list[str], run_dir: Path, cwd: Path) -> tuple[int, str]:
-    """`python train.py ARGS hydra.run.dir=RUN_DIR`, sent SIGTERM once its first last.pt exists:
-    (its exit status, its output: Hydra logs to stdout)."""
+    """`python train.py ARGS hydra.run.dir=RUN_DIR`, sent SIGTERM once its first last.pt exists
+    (a save at every epoch's end, unless ARGS say otherwise): (its exit status, its output:
+    Hydra logs to stdout)."""
     import signal
     import time
 
-    proc = popen(ROOT / "train.py", *args, f"hydra.run.dir={run_dir}", cwd=cwd)
+    proc = popen(ROOT / "train.py", "trainer.checkpoint_interval=1", *args, f"hydra.run.dir={run_dir}", cwd=cwd)
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoints" / "last.pt").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

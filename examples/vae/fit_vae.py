@@ -27,7 +27,6 @@ if __name__ == "__main__":
             ],
             *["optim=adam", "optim.optimizer.lr=1e-3", "optim.schedule=constant", "optim.warmup_epochs=0"],
             *["loader.batch_size=128", "loader.drop_last=false", "trainer.max_epochs=400"],
-            "trainer.checkpoint_interval=50",
             *sys.argv[1:],
         ],
     )

@@ -88,7 +88,8 @@ def test_the_cli_refuses_in_one_line(tmp_path):
 
 def test_a_second_run_into_a_dir_in_use_is_refused(make_cfg, tmp_path):
     run_dir = tmp_path / "busy"
-    args = [*TINY, "trainer.max_epochs=1000", "trainer.limit_train_batches=-1", f"hydra.run.dir={run_dir}"]
+    args = [*TINY, "trainer.max_epochs=1000", "trainer.limit_train_batches=-1", "trainer.checkpoint_interval=1"]
+    args.append(f"hydra.run.dir={run_dir}")
     proc = popen(ROOT / "train.py", *args, cwd=tmp_path, stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120

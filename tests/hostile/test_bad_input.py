@@ -380,7 +380,7 @@ def test_a_folder_in_a_checkpoints_place_is_named_and_nothing_said_intact(tmp_pa
 
 
 def test_disk_full_during_a_save_keeps_the_previous_checkpoint(make_cfg, monkeypatch):
-    cfg = make_cfg("trainer.max_epochs=2")
+    cfg = make_cfg("trainer.max_epochs=2", "trainer.checkpoint_interval=1")  # a save at each epoch's end
     real_fsync, calls = os.fsync, []
 
     def fsync(fd):

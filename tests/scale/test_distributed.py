@@ -92,6 +92,7 @@ def test_two_processes_stop_on_sigterm_and_resume_to_the_same_weights(ddp_run, t
         str(ROOT / "train.py"),
         *SAME,
         "loader.batch_size=32",
+        "trainer.checkpoint_interval=1",  # its first save: training is under way
         f"hydra.run.dir={run_dir}",
     ]
     proc = subprocess.Popen(
@@ -375,6 +376,7 @@ def test_sigterm_to_the_trainer_devices_launcher_saves_and_exits_143(tmp_path):
         "trainer.devices=2",
         "trainer.max_epochs=400",
         "trainer.progress=false",
+        "trainer.checkpoint_interval=1",  # its first save: training is under way
         f"hydra.run.dir={run_dir}",
     ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -3,6 +3,14 @@ one file written atomically (saturate.checkpoint.files). `last.pt` is
 rewritten at every save; `best.pt` when the monitored metric improves; with top_k > 1 the
 k best are also kept as `top-<epoch>-<step>.pt`.
 
+When an epoch's end saves (`Cadence`): every N-th epoch with an integer
+trainer.checkpoint_interval; with `auto` (the default) once a bounded stretch of wall time has
+passed since the last save, as Lightning's `ModelCheckpoint(train_time_interval=...)`, so that a
+run of short epochs is not spent writing files. The last epoch, a stop and a failure always
+save. An evaluation whose epoch end saves nothing but improves on the best is held in host
+memory and written as best.pt with the next save, so that best.pt does not depend on the
+interval.
+
 The saves during training (`checkpoint.background`, on by default) are written by a thread
 beside it, as Lightning's AsyncCheckpointIO and torch.distributed.checkpoint's async_save do:
 the loop waits only while the state is copied to the host, one save is in flight at a time,
@@ -17,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +55,37 @@ from saturate.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
+# checkpoint_interval=auto: an epoch's end saves once this much wall time has passed since the last save. A minute
+# bounds what a SIGKILL (or a crash that leaves no stop's save) can lose, at about one save a minute: under 5 % of
+# the loop for any save the loop waits less than 3 s for (with checkpoint.background, the copy to the host).
+AUTO_INTERVAL_S = 60.0
+# ...and never more often than this share of the time between saves goes to the loop's wait for one (a model
+# whose copy takes 10 s saves every 200 s)
+AUTO_SAVE_SHARE = 0.05
+
+
+class Cadence:
+    """Whether an epoch's end saves last.pt: every `every`-th epoch (an integer
+    trainer.checkpoint_interval), or with "auto" once AUTO_INTERVAL_S of wall time (`clock`, in
+    seconds) has passed since the last save, or the loop's wait for that save over
+    AUTO_SAVE_SHARE when that is longer."""
+
+    def __init__(self, interval: int | str, clock: Callable[[], float] = time.monotonic):
+        self.every = None if interval == "auto" else int(interval)
+        self.clock = clock
+        self.saved_at = clock()  # the run's start counts as a save: the first one after a full interval
+        self.waited = 0.0
+
+    def due(self, epoch: int) -> bool:
+        if self.every is not None:
+            return epoch % self.every == 0
+        return self.clock() - self.saved_at >= max(AUTO_INTERVAL_S, self.waited / AUTO_SAVE_SHARE)
+
+    def saved(self, waited: float) -> None:
+        """A save was made (at an epoch's end, every_n_steps, an evaluation inside the epoch): the
+        interval starts again from now."""
+        self.saved_at, self.waited = self.clock(), waited
+
 
 class Checkpointer:
     """Saves and restores a run. `model`: the trained module; `stateful`: the optimizer,
@@ -61,14 +101,21 @@ class Checkpointer:
         directory: Path,
         cfg: CheckpointConfig,
         *,
-        interval: int,
+        interval: int | str,
         model,
         stateful: dict[str, Any],
         config: dict,
         fingerprint: dict,
         enabled: bool = True,
+        agree: Callable[[bool], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
-        self.directory, self.cfg, self.interval, self.stateful = directory, cfg, interval, stateful
+        self.directory, self.cfg, self.stateful = directory, cfg, stateful
+        self.cadence = Cadence(interval, clock)
+        # several ranks: whether any rank's flag is set (saturate.scale.distributed.Dist.any), so that rank 0's
+        # decision of a time-based save reaches the others
+        self.agree = agree
+        self.held: dict[str, Any] | None = None  # an improved evaluation not yet written as best.pt (hold)
         self.model, self.config, self.fingerprint, self.enabled = model, config, fingerprint, enabled
         self.pending: dict[str, Any] = {}  # restored once the observers have started (restore_run)
         self.best: float | None = None
@@ -84,8 +131,15 @@ class Checkpointer:
             directory.mkdir(parents=True, exist_ok=True)
 
     def due(self, epoch: int, last: bool) -> bool:
-        """After every `interval`-th epoch and the last one."""
-        return last or epoch % self.interval == 0
+        """Whether this epoch's end saves: the last one always; else by the cadence. A time-based
+        decision is rank 0's (the others' clocks differ), given to every rank in one small
+        collective, so that all take the same path."""
+        if last:
+            return True
+        if self.cadence.every is not None:
+            return self.cadence.due(epoch)
+        due = self.enabled and self.cadence.due(epoch)
+        return self.agree(due) if self.agree is not None else due
 
     def due_step(self, step: int) -> bool:
         return self.cfg.every_n_steps > 0 and step % self.cfg.every_n_steps == 0
@@ -155,26 +209,9 @@ class Checkpointer:
         else:  # a stop's or a failure's save: an earlier write's failure is logged, this save still made
             self.close()
         checkpoint = self.state_dict(state, metrics, run)
-        bad = non_finite(checkpoint["model"]) + non_finite(checkpoint.get("train_model", {}))
-        if bad:  # never write a state that cannot be trained on: the previous file stays the last good one
-            log.error(
-                "step %d: not saving a checkpoint: %d tensor(s) of the model hold NaN or inf (%s); the last good "
-                "state is %s",
-                state.step,
-                len(bad),
-                ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else ""),
-                self.last_good(),
-            )
+        if self._refused(checkpoint, state.step):
             return 0.0
-        value = metrics.get(self.cfg.monitor)
-        if value is not None and not math.isfinite(value):
-            log.warning(
-                "checkpoint.monitor: %s is %s at step %d; no best.pt from this evaluation",
-                self.cfg.monitor,
-                value,
-                state.step,
-            )
-        value = value if value is not None and math.isfinite(value) else None  # a NaN is never "better"
+        value = self._monitored(metrics, state.step)
         improved = value is not None and self._better(value, self.best)
         if improved:
             self.best, self.best_at = value, (state.epoch, state.step)
@@ -188,13 +225,20 @@ class Checkpointer:
         top = f"top-{state.epoch:03d}-{state.step:07d}.pt" if ranked else None
         removed = self._keep_top(value, top) if top and value is not None else []
         paths += [self.directory / top] if top else []
+        # a better evaluation held since the last save, unless this one beats it: its own best.pt (checked as
+        # it is written, once, not at each evaluation held)
+        held = [(self.held, [self.directory / "best.pt"])] if self.held is not None and not improved else []
+        if held and self._refused(held[0][0], held[0][0]["step"]):
+            held = []
+        self.held = None
         written = lambda step=state.step: setattr(self, "saved_step", step)
         if background:
-            self.writer.submit(snapshot(checkpoint), paths, removed, written)
+            self.writer.submit(snapshot(checkpoint), paths, removed, written, also=held)
         else:
-            write_files(checkpoint, paths, removed)
+            write_files(checkpoint, paths, removed, also=held)
             written()
         seconds = time.perf_counter() - start
+        self.cadence.saved(seconds)
         if seconds > SLOW_SAVE_S:
             log.warning(
                 "checkpoint at step %d took %.1fs (> %.0fs): a preempted run may be killed before it finishes",
@@ -203,6 +247,45 @@ class Checkpointer:
                 SLOW_SAVE_S,
             )
         return seconds
+
+    def hold(self, state: Any, metrics: dict[str, float], run: Any = None) -> None:
+        """An evaluation at an epoch's end that saves nothing (trainer.checkpoint_interval):
+        when it improves on the best, the run's state is copied to host memory and written
+        as best.pt with the next save (the run's last at the latest, or a stop's), so that
+        best.pt holds the best evaluation's weights whatever the interval. A SIGKILL before
+        that save loses it with last.pt's progress: the files on disk stay consistent."""
+        if not self.enabled:
+            return
+        value = self._monitored(metrics, state.step)
+        if value is None or not self._better(value, self.best):
+            return
+        checkpoint = self.state_dict(state, metrics, run)
+        self.best, self.best_at = value, (state.epoch, state.step)
+        checkpoint["best"], checkpoint["best_at"] = value, list(self.best_at)
+        fixed = {key: checkpoint.pop(key) for key in ("config", "fingerprint")}  # the run's own: never change
+        self.held = {**snapshot(checkpoint), **fixed}
+
+    def _refused(self, checkpoint: dict, step: int) -> bool:
+        """Whether the state is not finite: never written, so that the previous file stays the last good one."""
+        bad = non_finite(checkpoint["model"]) + non_finite(checkpoint.get("train_model", {}))
+        if bad:
+            log.error(
+                "step %d: not saving a checkpoint: %d tensor(s) of the model hold NaN or inf (%s); the last good "
+                "state is %s",
+                step,
+                len(bad),
+                ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else ""),
+                self.last_good(),
+            )
+        return bool(bad)
+
+    def _monitored(self, metrics: dict[str, float], step: int) -> float | None:
+        """checkpoint.monitor's value in `metrics`, when finite (a NaN is never "better")."""
+        value = metrics.get(self.cfg.monitor)
+        if value is not None and not math.isfinite(value):
+            what = "checkpoint.monitor: %s is %s at step %d; no best.pt from this evaluation"
+            log.warning(what, self.cfg.monitor, value, step)
+        return value if value is not None and math.isfinite(value) else None
 
     def _keep_top(self, value: float, name: str) -> list[Path]:
         """`name` (about to be written) among the k best; the files that drop out, for the

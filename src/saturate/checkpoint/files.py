@@ -18,7 +18,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,22 +104,36 @@ def _atomic_save(obj: Any, path: Path) -> None:
         raise CheckpointError(f"cannot write checkpoint {path}: {cause.strerror or cause}; {kept}") from None
 
 
+def _immutable(x: Any) -> bool:
+    """A tuple of plain values (Python's random state: 625 ints), kept whole: a pytree would
+    copy it value by value (4 ms a save)."""
+    return isinstance(x, tuple) and all(type(v) in (int, float, str, bool, type(None)) for v in x)
+
+
 def snapshot(obj: Any) -> Any:
     """A copy of a checkpoint that training can no longer change: every tensor copied to the
-    host (on the CPU: cloned), the containers rebuilt, anything else deep-copied."""
+    host (on the CPU: cloned), the containers rebuilt, anything else deep-copied (a tuple of
+    plain values, which nothing can change, kept as it is)."""
     from torch.utils._pytree import tree_map
 
-    copied = lambda x: x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else copy.deepcopy(x)
-    return tree_map(copied, obj)
+    def copied(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.detach().to("cpu", copy=True)
+        return x if _immutable(x) else copy.deepcopy(x)
+
+    return tree_map(copied, obj, is_leaf=_immutable)
 
 
-def write_files(checkpoint: dict, paths: list[Path], removed: list[Path]) -> None:
-    """`paths` written, each atomically, then `removed` deleted: a top-k file that drops out
-    leaves only once the file that replaces it is whole."""
+Also = Sequence[tuple[dict, list[Path]]]  # other checkpoints of the same save, each with its files (a held best.pt)
+
+
+def write_files(checkpoint: dict, paths: list[Path], removed: list[Path], also: Also = ()) -> None:
+    """`paths` written, each atomically, then `also`'s, then `removed` deleted: a top-k file
+    that drops out leaves only once the file that replaces it is whole."""
     written: list[str] = []
-    for path in paths:
+    for state, path in [(checkpoint, p) for p in paths] + [(other, p) for other, ps in also for p in ps]:
         try:
-            _atomic_save(checkpoint, path)
+            _atomic_save(state, path)
         except CheckpointError as e:
             if written:  # the message says what of this step is on disk
                 raise CheckpointError(f"{e}; {' and '.join(written)} of step {checkpoint['step']} written") from None
@@ -138,16 +152,20 @@ class Writer:
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
-    def submit(self, checkpoint: dict, paths: list[Path], removed: list[Path], done: Callable[[], None]) -> None:
+    def submit(
+        self, checkpoint: dict, paths: list[Path], removed: list[Path], done: Callable[[], None], also: Also = ()
+    ) -> None:
         self.wait()
-        job = (checkpoint, paths, removed, done)
+        job = (checkpoint, paths, removed, done, also)
         self.thread = threading.Thread(target=self._write, args=job, name="saturate-checkpoint")
         self.thread.start()
 
-    def _write(self, checkpoint: dict, paths: list[Path], removed: list[Path], done: Callable[[], None]) -> None:
+    def _write(
+        self, checkpoint: dict, paths: list[Path], removed: list[Path], done: Callable[[], None], also: Also
+    ) -> None:
         start = time.perf_counter()
         try:
-            write_files(checkpoint, paths, removed)
+            write_files(checkpoint, paths, removed, also)
         except BaseException as e:  # noqa: BLE001 (raised in the training thread, at its next wait)
             self.error = e
             return

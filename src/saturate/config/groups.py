@@ -16,7 +16,7 @@ from omegaconf import MISSING
 from saturate import names
 from saturate.config.checks import Issues, at_least, choice, int_or_auto, unit_interval
 from saturate.config.policy import PRESETS
-from saturate.errors import ConfigError, Problem, UserError
+from saturate.errors import ConfigError, Problem, UserError, is_number
 
 MAX_SEED = 2**32 - 1
 
@@ -245,7 +245,10 @@ class TrainerConfig:
     # inside the epoch: every N optimizer steps (an integer), or a fraction of an epoch (0 < x < 1); 0: by epochs
     eval_every: float = 0
     eval_test: bool = False  # also evaluate the test split at every evaluation (test/* at each step)
-    checkpoint_interval: int = 1  # epochs; the last epoch is always saved
+    # last.pt at the end of every N-th epoch, or "auto": at an epoch's end once a minute of wall time has passed since
+    # the last save (saturate.checkpoint.checkpointer.Cadence); the last epoch and a stop always save, and best.pt
+    # always holds the best evaluation
+    checkpoint_interval: Any = "auto"
     log_interval: int = 10  # steps between logged (host-synchronised) metrics
     seed: int = 0
     deterministic: bool = False  # deterministic kernels; bit-exact resume on CPU
@@ -285,8 +288,11 @@ class TrainerConfig:
             yield "seed", self.seed, f"an integer in [0, {MAX_SEED}] (what every generator accepts)"
         if self.max_steps != -1:
             yield from at_least("max_steps", self.max_steps, 1, " or -1")
-        for key in ("eval_interval", "checkpoint_interval", "log_interval"):
+        for key in ("eval_interval", "log_interval"):
             yield from at_least(key, getattr(self, key), 1)
+        every = self.checkpoint_interval
+        if every != "auto" and not (is_number(every, 1) and float(every).is_integer()):
+            yield "checkpoint_interval", every, "an integer >= 1 (every N-th epoch) or 'auto' (by wall time)"
         every = self.eval_every
         if not (every == 0 or 0 < every < 1 or (every >= 1 and float(every).is_integer())):
             yield (

@@ -223,6 +223,9 @@ class Engine:
                 last = last or self.stopping()  # a stop asked for at this evaluation (early stopping)
             if fresh and self.checkpointer.due(state.epoch, last):
                 self.save(state, self.tracker.latest, background=True)
+            elif evaluated:  # no save at this epoch's end: an improved best held for the next one
+                with self.phase("checkpoint"):
+                    self.checkpointer.hold(state, self.tracker.latest, self.run)
             self.tracker.progress(state.step, state.epoch)
             evaluated = evaluated or self.evaluated_inside
             inside = self.evaluated_at if evaluated and self.evaluated_at != state.step else None

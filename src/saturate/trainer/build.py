@@ -493,4 +493,5 @@ def build_checkpointer(
         config=config,
         fingerprint=env,
         enabled=dist.is_main,
+        agree=dist.any if dist.world_size > 1 else None,  # checkpoint_interval=auto: rank 0's clock decides
     )
