@@ -81,6 +81,7 @@ FIXED_FRAC = "cost/fixed_frac"  # CPU: the share of a step that does not grow wi
 PER_SAMPLE_MS = "cost/per_sample_ms"
 COST_DEVICE = "cost/device"
 COST_PROBE_S = "time/cost_probes_s"  # counting them, after training (off the way to the first step)
+PROBES_SKIPPED = "cost/probes_skipped"  # the probes that did not fit in their share of the loop's time
 
 # -- other records
 SKIPPED_FILES = "data/skipped_files"  # broken files an image folder skipped

@@ -16,6 +16,11 @@ on a real batch before training, and what that makes of the measured step time.
   grows; the rest of the measured step compute (operator dispatch, Python, module calls, the
   optimizer's update) is the fixed cost per step, and its share is the CPU's
   launch-boundness.
+
+The probes are bounded by the run: they count samples, not data-set items (a data set whose
+items are whole batches gives one item, cut to COST_SAMPLES samples), and they take at most
+PROBE_SHARE of the training loop's time (`Budget`; PROBE_FLOOR_S in a loop of a few seconds):
+a probe whose estimated time no longer fits is skipped and named in `cost/probes_skipped`.
 """
 
 from __future__ import annotations
@@ -120,6 +125,47 @@ class _CountOps(TorchDispatchMode):
 
 
 COST_SAMPLES = 8  # real samples the step's cost is counted on
+PROBE_SHARE = 0.05  # the after-training probes take at most this share of the training loop's time,
+# or this long in a loop under 5 s (a run whose start-up, seconds, dwarfs it), so that a short run still times its
+# batch scaling (what the report's launch-bound verdict on the CPU reads)
+PROBE_FLOOR_S = 0.25
+
+
+class Budget:
+    """The seconds the after-training probes may take, on `clock`; what did not fit is named
+    in `skipped` (each probe estimates its time before it starts and is skipped when the
+    estimate passes what is left)."""
+
+    def __init__(self, seconds: float, clock=time.perf_counter):
+        self.seconds, self.clock, self.start = seconds, clock, clock()
+        self.skipped: list[str] = []
+
+    def left(self) -> float:
+        return self.seconds - (self.clock() - self.start)
+
+    def fits(self, estimate: float, what: str) -> bool:
+        if estimate <= self.left():
+            return True
+        if what not in self.skipped:
+            self.skipped.append(what)
+            log.info(
+                "costs: %s skipped: it would take the probes past %.0f%% of the training loop (%.2f s)",
+                what,
+                100 * PROBE_SHARE,
+                self.seconds,
+            )
+        return False
+
+
+def first_samples(batch, size: int):
+    """`batch` cut to its first `size` samples along the batch dimension (the tensors whose
+    first dimension is the batch's sample count; anything else as it is)."""
+    from torch.utils._pytree import tree_map
+
+    n = batch_size(batch)
+    if n <= size:
+        return batch
+    return tree_map(lambda t: t[:size] if isinstance(t, torch.Tensor) and t.ndim and len(t) == n else t, batch)
 
 
 def step_cost(model: torch.nn.Module, sample, task, precision, *, batch: int | None = None) -> StepCost | None:
@@ -147,12 +193,16 @@ def step_cost(model: torch.nn.Module, sample, task, precision, *, batch: int | N
         model.load_state_dict(saved)
 
 
-def scaling(model: torch.nn.Module, sample, task, precision, device: torch.device) -> tuple[float, float, int] | None:
+def scaling(
+    model: torch.nn.Module, sample, task, precision, device: torch.device, budget: Budget | None = None, guess=0.0
+) -> tuple[float, float, int] | None:
     """On the CPU: (seconds for one sample, seconds for all of `sample`'s n samples, n): the
-    forward and backward timed on both (median of 3 after a warm-up). What grows with the
-    batch is arithmetic; what does not (operator dispatch, Python, module calls, and in the
-    step the optimizer's update) is the step's fixed cost. None on CUDA (there the device's
-    own timings say it) and for a model that cannot be timed so."""
+    forward and backward timed on both, alternately (median of up to 3 after a warm-up). What
+    grows with the batch is arithmetic; what does not (operator dispatch, Python, module calls,
+    and in the step the optimizer's update) is the step's fixed cost. With a `budget`, a pass
+    starts only if the longest pass of its size so far (`guess` before the first) fits in what
+    is left; fewer than a warm-up and one timing of each size gives None, as on CUDA (there
+    the device's own timings say it) and for a model that cannot be timed so."""
     n = batch_size(sample)
     if device.type != "cpu" or n < 2:
         return None
@@ -160,22 +210,34 @@ def scaling(model: torch.nn.Module, sample, task, precision, device: torch.devic
 
     one = tree_map(lambda t: t[:1] if isinstance(t, torch.Tensor) and t.ndim else t, sample)
     saved = copy.deepcopy(model.state_dict())
+    clock = budget.clock if budget is not None else time.perf_counter
 
-    def timed(batch) -> float:
-        timings = []
-        for _ in range(4):
-            start = time.perf_counter()
-            with precision.autocast():
-                loss, _ = task.forward(model, batch)
-            loss.backward()
-            timings.append(time.perf_counter() - start)
-        return sorted(timings[1:])[1]
+    def once(batch) -> float:
+        start = clock()
+        with precision.autocast():
+            loss, _ = task.forward(model, batch)
+        loss.backward()
+        return clock() - start
 
+    ones: list[float] = []
+    manys: list[float] = []
     try:
-        return timed(one), timed(sample), n
+        for batch, times in [(one, ones), (sample, manys)] * 4:
+            timed = min(len(ones), len(manys)) >= 2  # a warm-up and a timing of each: a result
+            what = "batch scaling's further repeats" if timed else "batch scaling"
+            if budget is not None and not budget.fits(max(times, default=guess), what):
+                break
+            times.append(once(batch))
+        if min(len(ones), len(manys)) < 2:
+            return None
+        return median(ones[1:]), median(manys[1:]), n
     except Exception as e:  # noqa: BLE001 (a model that cannot take one sample, e.g. BatchNorm in training mode)
         log.info("costs: batch scaling not timed (%s: %s)", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return None
     finally:
         model.zero_grad(set_to_none=True)
         model.load_state_dict(saved)
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]

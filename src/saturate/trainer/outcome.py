@@ -30,7 +30,16 @@ from saturate.config.schema import RunConfig
 from saturate.config.secrets import masked
 from saturate.data import Data
 from saturate.data.loader import build_pipeline, cpus_per_process
-from saturate.diagnostics.costs import COST_SAMPLES, scaling, step_cost
+from saturate.diagnostics.costs import (
+    COST_SAMPLES,
+    PROBE_FLOOR_S,
+    PROBE_SHARE,
+    Budget,
+    batch_size,
+    first_samples,
+    scaling,
+    step_cost,
+)
 from saturate.diagnostics.monitor import device_memory_mb
 from saturate.diagnostics.report import RunFacts, diagnose, render
 from saturate.diagnostics.timing import Startup
@@ -228,23 +237,28 @@ def _target_note(session: Session, metrics: dict) -> str | None:
 
 
 def costs(session: Session, steady: dict) -> dict:
-    """FLOPs, MFU and launches of the steady-state step (saturate.diagnostics.costs), when counted."""
+    """FLOPs, MFU and launches of the steady-state step (saturate.diagnostics.costs), when counted
+    within PROBE_SHARE of the training loop's time, PROBE_FLOOR_S at least (what did not fit:
+    cost/probes_skipped)."""
     if names.STEP_MS not in steady:
         return {}
     started = time.perf_counter()
+    budget = Budget(max(PROBE_SHARE * session.engine.clock.metrics().get(names.LOOP_S, 0.0), PROBE_FLOOR_S))
     try:
-        cost, fixed = step_costs(session.config, session.parts, session.device)
+        cost, fixed = step_costs(session.config, session.parts, session.device, budget, steady.get(names.COMPUTE_MS))
     except Exception as e:  # noqa: BLE001 (after training, for the report only: a run that trained is not lost to it)
         log.warning("costs: not counted after training (%s: %s)", type(e).__name__, str(e)[:200])
         return {}
+    skipped = {names.PROBES_SKIPPED: ", ".join(budget.skipped)} if budget.skipped else {}
     if cost is None:
-        return {}
+        return {**skipped, names.COST_PROBE_S: time.perf_counter() - started} if skipped else {}
     name = torch.cuda.get_device_name(session.device) if session.device.type == "cuda" else None
     dtype = session.parts.precision.name
     if dtype == "fp32" and session.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
         dtype = "tf32"
     figures = cost.figures(steady[names.STEP_MS] / 1000, name, dtype, fixed, steady.get(names.COMPUTE_MS, 0.0) / 1000)
-    return {**figures, names.COST_DEVICE: session.device.type, names.COST_PROBE_S: time.perf_counter() - started}
+    probes = {names.COST_DEVICE: session.device.type, names.COST_PROBE_S: time.perf_counter() - started}
+    return {**figures, **probes, **skipped}
 
 
 def _advice(run, parts: Parts, device: torch.device) -> tuple[bool, bool]:
@@ -406,26 +420,38 @@ def setup_record(parts: Parts, monitor: str, started_at: str, overrides: list[st
     return outcome
 
 
-def step_costs(run: RunConfig, parts: Parts, device: torch.device):
+def step_costs(
+    run: RunConfig, parts: Parts, device: torch.device, budget: Budget | None = None, compute_ms: float | None = None
+):
     """A step's FLOPs and launches, and its batch scaling (saturate.diagnostics.costs), or (None,
     None). Counted after training, for the report: off the way to the first step (the count
-    needs no trained weights, and the timings are steadier with warm caches)."""
+    needs no trained weights, and the timings are steadier with warm caches). Within `budget`:
+    the count is skipped when the step's measured compute (`compute_ms`), scaled to the probe's
+    samples, does not fit; the scaling's passes are estimated from the count's time."""
     if not run.monitor.costs:
         return None, None
     task, precision, model = parts.task, parts.precision, parts.models.raw
-    # counted on up to COST_SAMPLES real samples, scaled to the batch (conv and matmul FLOPs are
-    # linear in it); the probes run the user's model and task: they draw nothing the run sees
+    # counted on up to COST_SAMPLES real samples, scaled to the step's samples (conv and matmul FLOPs
+    # are linear in it); the probes run the user's model and task: they draw nothing the run sees
     with untouched_rng(task):
         counted = probe_batch(run, parts, device, COST_SAMPLES)
-        cost = step_cost(model, counted, task, precision, batch=parts.batch_size)
-        return cost, scaling(model, counted, task, precision, device)
+        per_step = parts.batch_size * batch_size(host_batch(parts.data, range(1)))  # an item may be a whole batch
+        guess = (compute_ms or 0.0) / 1000 * min(1.0, batch_size(counted) / per_step)
+        if budget is not None and not budget.fits(guess, "the FLOP count"):
+            return None, None
+        start = budget.clock() if budget is not None else 0.0
+        cost = step_cost(model, counted, task, precision, batch=per_step)
+        guess = budget.clock() - start if budget is not None else 0.0
+        return cost, scaling(model, counted, task, precision, device, budget, guess)
 
 
 def probe_batch(run: RunConfig, parts: Parts, device: torch.device, size: int):
     """Up to `size` real training samples on the device, as a step gets them (for the probes
-    after training)."""
+    after training). Counted in samples: no more data-set items than a step's batch holds (an
+    item may be a whole batch), the result cut to `size` samples along the batch dimension."""
     with untouched_rng():
-        samples = host_batch(parts.data, range(min(len(parts.data.train), size)))
+        items = min(len(parts.data.train), size, parts.batch_size)
+        samples = first_samples(host_batch(parts.data, range(items)), size)
         return build_pipeline(run.loader, parts.spec, device, run.trainer)(samples)
 
 
