@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import os
 import random
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,17 +23,75 @@ log = logging.getLogger(__name__)
 
 _THREADS = {"default": torch.get_num_threads(), "set": False}  # torch's own choice; whether a run changed it
 
+# the CPU quota of this process's cgroup: v2's "quota period" (or "max period": none), v1's two files
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+QUOTA, AFFINITY = "the cgroup's CPU quota", "the CPU affinity mask"
 
-def set_threads(threads) -> None:
-    """device.threads: a number; or auto: SLURM's CPUs per task in a SLURM job, else what
-    torch chose, put back after an earlier run in this process set another (tune's trials)
-    and otherwise left as the caller has it."""
-    chosen = threads if threads != "auto" else cpus_per_task()
+
+def quota_cores(cpu_max: Path | None = None) -> int | None:
+    """The cores this process's cgroup CPU quota allows (quota / period, rounded up), or None
+    where it sets none or cannot be read. `cpu_max`: a cgroup v2 cpu.max file; by default the
+    one of this process's own cgroup and the root's (the smaller), else cgroup v1's
+    cpu.cfs_quota_us and cpu.cfs_period_us. torch's default thread count ignores the quota: a
+    container given 1 core on a 2-core host would start 2 threads that share it."""
+    if cpu_max is not None:
+        return _quota(_read(cpu_max).split())
+    found = [_quota(_read(path).split()) for path in _cpu_max_files()]
+    found.append(_quota([_read(CGROUP_ROOT / "cpu" / f"cpu.cfs_{part}_us") for part in ("quota", "period")]))
+    known = [n for n in found if n is not None]
+    return min(known) if known else None
+
+
+def _cpu_max_files() -> list[Path]:
+    own = [line.partition("::")[2] for line in _read(Path("/proc/self/cgroup")).splitlines() if line.startswith("0::")]
+    return [CGROUP_ROOT / own[0].lstrip("/") / "cpu.max", CGROUP_ROOT / "cpu.max"] if own else [CGROUP_ROOT / "cpu.max"]
+
+
+def _read(path: Path) -> str:
+    try:
+        with open(path) as f:
+            return f.read(4096).strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _quota(fields: list[str]) -> int | None:
+    """ceil(quota / period) from the two figures, or None: no quota ("max", v1's -1), or not two whole numbers."""
+    if len(fields) != 2 or not all(f.isdigit() for f in fields) or int(fields[1]) == 0 or int(fields[0]) == 0:
+        return None
+    return max(1, math.ceil(int(fields[0]) / int(fields[1])))
+
+
+def auto_threads(cpu_max: Path | None = None) -> tuple[int | None, str]:
+    """device.threads=auto: (the count, why), or (None, "") for torch's own. SLURM's CPUs per
+    task in a SLURM job; else the cores this process may use, where that is fewer than torch's
+    default: the cgroup's CPU quota (which torch ignores) within the affinity mask (which torch
+    reads once, at import: a mask set later, a launcher's or a notebook's, is followed here);
+    OMP_NUM_THREADS set by the user wins over both (torch has read it)."""
+    slurm = cpus_per_task()
+    if slurm is not None:
+        return slurm, ""
+    if "OMP_NUM_THREADS" in os.environ:
+        return None, ""
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = quota_cores(cpu_max)
+    cores = min(quota or affinity, affinity)
+    if cores >= _THREADS["default"]:
+        return None, ""
+    return cores, QUOTA if quota is not None and quota < affinity else AFFINITY
+
+
+def set_threads(threads) -> str:
+    """device.threads: a number; or auto (auto_threads), else what torch chose, put back after
+    an earlier run in this process set another (tune's trials) and otherwise left as the caller
+    has it. Returns why auto chose fewer than torch would ("" when it did not)."""
+    chosen, why = (threads, "") if threads != "auto" else auto_threads()
     if chosen is None and _THREADS["set"]:
         chosen = _THREADS["default"]
     if chosen is not None:
         torch.set_num_threads(chosen)
         _THREADS["set"] = chosen != _THREADS["default"]
+    return why
 
 
 def setup_device(cfg: DeviceConfig, local_rank: int = 0) -> torch.device:
@@ -41,19 +101,21 @@ def setup_device(cfg: DeviceConfig, local_rank: int = 0) -> torch.device:
     GPUs; a process that sees one (one GPU per rank: SLURM's --gpus-per-task, Kubernetes)
     takes that one. `index` counts within CUDA_VISIBLE_DEVICES, which CUDA itself honours.
     `threads`: torch's intra-op threads; auto: as many as SLURM gave the task CPUs in a SLURM
-    job, else torch's own default (its cores, or OMP_NUM_THREADS), also after an earlier run
-    of this process set another number (tune's trials).
+    job, else the cores the cgroup's CPU quota allows where that is fewer than torch's own
+    default (its cores in the affinity mask, or OMP_NUM_THREADS, which wins), else torch's
+    default, also after an earlier run of this process set another number (tune's trials).
     """
     if cfg.keep_host_memory:
         keep_host_memory()
-    set_threads(cfg.threads)
+    why = set_threads(cfg.threads)
     has_cuda = torch.cuda.is_available()
     if cfg.type == "cuda" and not has_cuda:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         hint = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
         raise UserError(f"device.type='cuda': no CUDA device is available{hint}; use device=cpu or device=auto")
     if cfg.type == "cpu" or not has_cuda:
-        log.info("device: cpu (%d threads)%s", torch.get_num_threads(), "" if cfg.type == "cpu" else ", no CUDA found")
+        threads = f"{torch.get_num_threads()} threads" + (f": {why}" if why else "")
+        log.info("device: cpu (%s)%s", threads, "" if cfg.type == "cpu" else ", no CUDA found")
         return torch.device("cpu")
 
     count = torch.cuda.device_count()
@@ -230,15 +292,6 @@ def _holds_tensors(value) -> bool:
 
 def _copied(value):
     if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
-        return value.clone()
-    if type(value) in (list, tuple):
-        return type(value)(_copied(v) for v in value)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
-        return type(value)(*(_copied(v) for v in value))
-    if type(value) is dict:
-        return {k: _copied(v) for k, v in value.items()}
-    return value
-    if isinstance(value, torch.Tensor):
         return value.clone()
     if type(value) in (list, tuple):
         return type(value)(_copied(v) for v in value)
