@@ -4,8 +4,10 @@ built in, and the verdict saturate gives must name it.
     python scripts/bench_verdict.py                       # every CPU case, 3 rounds, TraceML beside it when installed
     python scripts/bench_verdict.py --rounds 1 --cases slow-decoding,compute-bound --no-traceml
 
-For each case the table gives the expected verdict, saturate's verdict in each round, the
-facts behind the last one (data wait, the run's own CPU share and the host's, the loop's
+For each case the table gives the expected verdict, saturate's verdict in each round (and
+whether its advice is the one the cause calls for, where the case says: `device.threads`
+first when torch's threads outnumber the free cores, no `trainer.channels_last` for a model
+without convolutions), the facts behind the last one (data wait, the run's own CPU share and the host's, the loop's
 time outside the steps, dispatch overhead), and TraceML's verdict on an equivalent plain
 PyTorch loop (`traceml run`, traceml-ai on PyPI, instrumented with `traceml.trace_step` as
 its README shows) when traceml-ai is installed: an optional comparison, skipped with a
@@ -109,9 +111,17 @@ class Case:
     data: str  # key of DATA
     model: str  # key of MODELS
     overrides: list[str] = field(default_factory=list)
-    burn: int = 0  # CPU-burning processes beside the run (not its children)
+    burn: int = 0  # CPU-burning processes beside the run (not its children); -1: all the host's cores but one
     loggers: list = field(default_factory=list)
     cuda: bool = False  # needs a GPU
+    first: str = ""  # the first suggestion starts with this
+    advised: tuple[str, ...] = ()  # suggested
+    never: tuple[str, ...] = ()  # never suggested (a change the model has nothing for)
+
+    def advice_ok(self, suggestions: list[str]) -> bool:
+        """Whether the suggestions are the ones this case's cause calls for."""
+        first = not self.first or bool(suggestions) and suggestions[0].startswith(self.first)
+        return first and set(self.advised) <= set(suggestions) and not set(self.never) & set(suggestions)
 
 
 DATA = {
@@ -127,6 +137,7 @@ MODELS = {
     "cnn": lambda: cnn(),
     "tiny-mlp": lambda: mlp(16, 8, 8),
     "image-mlp": lambda: mlp(3 * 64 * 64, 64, 1),
+    "small-image-mlp": lambda: mlp(3 * 32 * 32, 512, 2),
     "wide-mlp": lambda: mlp(256, 2048, 4),
 }
 STEADY = ["trainer.progress=false", "trainer.log_interval=10", "monitor.interval_s=0.2"]
@@ -157,8 +168,9 @@ CASES = [
     ),
     Case(
         "cpu-contention",
-        "compute-bound",
-        "a compute-bound run with one persistent worker beside two processes burning the host's cores",
+        "oversubscribed",
+        "a compute-bound run with one persistent worker beside two processes burning the host's cores: torch's "
+        "threads outnumber the cores left free",
         "images-small",
         "cnn",
         # batch 128 and a worker restarted each epoch waited 3.5-4.3 % here and 6 % on CI: each
@@ -166,6 +178,8 @@ CASES = [
         # 5 % is the compute-bound line; batch 256, persistent: 1.4-2.1 % (cpu-2, 3 rounds)
         ["loader.num_workers=1", "loader.persistent_workers=true", "loader.batch_size=256", "trainer.max_steps=30"],
         burn=2,
+        first="device.threads=",
+        never=("loader.num_workers=0", "loader.num_workers=2"),
     ),
     Case(
         "compute-bound",
@@ -174,6 +188,26 @@ CASES = [
         "images-small",
         "cnn",
         ["loader=resident", "loader.batch_size=128", "trainer.max_steps=40"],
+        advised=("trainer.channels_last=true",),
+    ),
+    Case(
+        "oversubscribed",
+        "oversubscribed",
+        "the same network with torch's default threads beside a process holding all the host's cores but one",
+        "images-small",
+        "cnn",
+        ["loader=resident", "loader.batch_size=128", "trainer.max_steps=40"],
+        burn=-1,
+        first="device.threads=1",
+    ),
+    Case(
+        "conv-less-compute-bound",
+        "compute-bound",
+        "an MLP on the same images resident in memory: no convolution for channels_last to change",
+        "images-small",
+        "small-image-mlp",
+        ["loader=resident", "loader.batch_size=256", "trainer.max_steps=40"],
+        never=("trainer.channels_last=true",),
     ),
     Case(
         "launch-bound",
@@ -250,6 +284,7 @@ def burning(count: int):
     """`count` processes spinning on the CPU that are not the run's children (started through a
     shell that exits at once, so that they belong to init: another job on the same host). Yields
     their process ids."""
+    count = max(1, (os.cpu_count() or 1) - 1) if count < 0 else count
     if not count:
         yield []
         return
@@ -290,6 +325,8 @@ def facts_line(m: dict) -> str:
         parts.append(f"run CPU {f['cpu_util']:.0f}%")
     if f.get("other_cpu") is not None:
         parts.append(f"others {f['other_cpu']:.0f}%")
+    if f.get("run_cores") is not None:
+        parts.append(f"{f.get('threads')} threads got {f['run_cores']:.2f} cores")
     shares = f.get("loop_shares") or {}
     parts += [f"{k[:4]} {v:.0%}" for k, v in shares.items() if v >= 0.05]
     if m.get(names.FIXED_FRAC) is not None:
@@ -395,10 +432,11 @@ def main() -> int:
             if case.cuda and not cuda:
                 rows.append(f"| {case.name} | {case.expected} | skipped: needs a GPU | | |")
                 continue
-            given, last = [], {}
+            given, advice, last = [], [], {}
             for r in range(args.rounds):
                 last = run_saturate(case, Path(tmp) / f"{case.name}-{r}")
                 given.append(last["verdict"])
+                advice.append(case.advice_ok(last.get("suggestions", [])))
             traced = (
                 run_traceml(case, Path(tmp) / f"{case.name}-traceml") if have_traceml and not case.cuda else "not run"
             )
@@ -409,22 +447,25 @@ def main() -> int:
                 "facts": facts_line(last),
                 "other_cpu": last.get("facts", {}).get("other_cpu"),  # % of the host other processes used (last round)
                 "suggestions": last.get("suggestions", []),
+                "advice_ok": advice,
             }
-            ok = "yes" if all(g == case.expected for g in given) else "NO"
+            ok = "yes" if all(g == case.expected for g in given) and all(advice) else "NO"
             rows.append(
                 f"| {case.name} | {case.expected} | {' / '.join(given)} ({ok}) | {facts_line(last)} | {traced} |"
             )
             print(rows[-1], flush=True)
     device = torch.cuda.get_device_name(0) if cuda else f"cpu ({os.cpu_count()} CPUs)"
     print(f"\n{device}, torch {torch.__version__}; {args.rounds} round(s) per case\n")
-    print("| case | expected | saturate's verdict (each round) | facts (last round) | TraceML |")
+    verdicts = "saturate's verdict (each round; yes: verdicts and advice right)"
+    print(f"| case | expected | {verdicts} | facts (last round) | TraceML |")
     print("|---|---|---|---|---|")
     print("\n".join(rows))
     if not have_traceml:
         print("\nTraceML: not installed (pip install traceml-ai): its column is left out")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    return 0 if all(all(g == r["expected"] for g in r["given"]) for r in results.values()) else 1
+    right = [all(g == r["expected"] for g in r["given"]) and all(r["advice_ok"]) for r in results.values()]
+    return 0 if all(right) else 1
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from hydra.utils import get_method
 from torch import nn
 
 from saturate.components.device import untouched_rng
-from saturate.components.precision import emulated
+from saturate.components.operators import Operators
 from saturate.config.data_info import arguments
 from saturate.config.instantiate import build
 from saturate.errors import CheckpointError, ConfigError, DataError, Problem, UserError, named_parts
@@ -333,17 +333,27 @@ def setup_model(raw: nn.Module, spec, task, precision, *, device: torch.device, 
 
 
 def takes_advice(model: nn.Module, batch, task, precision, *, image: bool, trainer, device: torch.device):
-    """(channels_last_ok, amp_ok): whether the model computes two samples of `batch` in
-    channels-last layout and under autocast, what the report and tune may propose (precision=amp
-    on a GPU, bf16 on a CPU with native bf16 kernels). Asked after training, for the report:
-    nothing on the way to the first step depends on it. Every generator is left as it was."""
+    """(channels_last_ok, amp_ok): what the report and tune may propose. The layout where the
+    model has 2-D convolutions (which channels-last changes; a linear model's or an LSTM's
+    operators run as they did) and computes two samples of `batch` in it; precision=amp where
+    autocast computes some of its operators in bf16/fp16 (kernels for it exist: a matmul, a
+    convolution, oneDNN's LSTM on a CPU; a model of embeddings and elementwise operators runs as
+    in fp32) and the model computes under it (the CPU's own bf16 kernels are a fact of their
+    own: RunFacts.cpu_bf16). Both True where already chosen (nothing to propose); the layout
+    False for inputs that are not images. Asked after training, for the report: nothing on the
+    way to the first step depends on it. Every generator is left as it was."""
     two = _first_two(batch)
     with untouched_rng(task):
-        layout_ok = trainer.channels_last or not image
-        convert = {"channels_last": True, "convert": True}
-        layout_ok = layout_ok or accepts(model, two, task, autocast=precision.autocast(), **convert)
-        amp = precision.dtype is None and (device.type == "cuda" or not emulated("bf16", device))
-        amp_ok = not amp or accepts(model, two, task, autocast=_amp_autocast(device))
+        layout, lowered = Operators(), Operators()
+        layout_ok = bool(trainer.channels_last)
+        if not layout_ok and image:  # images only: the layout is an image option (RunFacts.image)
+            with layout:
+                fits = accepts(model, two, task, autocast=precision.autocast(), channels_last=True, convert=True)
+            layout_ok = fits and layout.convolves
+        amp_ok = precision.dtype is not None
+        if not amp_ok:
+            with lowered:
+                amp_ok = accepts(model, two, task, autocast=_amp_autocast(device)) and lowered.lowered
     return layout_ok, amp_ok
 
 

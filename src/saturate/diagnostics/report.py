@@ -13,7 +13,14 @@ A verdict is decided by measured figures, in this order (the first that holds):
 4. input-bound: waiting for the next batch took at least INPUT_BOUND of step time;
 5. copy-bound (CUDA): copying the batch and preparing it on the device took at least
    COPY_BOUND of step time;
-6. launch-bound: on CUDA the device waited on kernel launches in at least LAUNCH_BOUND of the
+6. oversubscribed (CPU): torch's intra-op threads outnumber the cores other processes leave
+   free (the cores it may use less their measured load, rounded), and the main process got
+   under OVERSUBSCRIBED of its threads' CPU time (CPU seconds per second of wall time under
+   OVERSUBSCRIBED x threads): its threads wait for cores, and each operator waits for its
+   slowest thread (a GPT beside a process holding one of 2 cores stepped 14x slower with 2
+   threads than with 1); judged after the input side, whose waiting also lowers the CPU a
+   run gets;
+7. launch-bound: on CUDA the device waited on kernel launches in at least LAUNCH_BOUND of the
    steps (it had finished the previous step when the host began launching the next, and then
    kept pace with the launches made before any host read: saturate.diagnostics.timing); on the CPU
    the part of the measured step compute that does not grow with the batch (forward and
@@ -21,7 +28,7 @@ A verdict is decided by measured figures, in this order (the first that holds):
    while other processes take less than OTHER_BUSY of the host (their load stretches the
    step's long timings and not the probe's short ones: a compute-bound CNN beside two
    CPU-burning processes measured 51 % "fixed");
-7. compute-bound: waiting for data took at most COMPUTE_BOUND of step time; else balanced.
+8. compute-bound: waiting for data took at most COMPUTE_BOUND of step time; else balanced.
 
 Other processes' load is named as such and never turned into advice about the run's
 workers. Suggestions are overrides that change something this run did not already do,
@@ -34,6 +41,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from saturate import names
+from saturate.diagnostics.advice import (
+    compute_fixes,
+    copy_fixes,
+    input_fixes,
+    launch_fixes,
+    saturated_fixes,
+    threads_fix,
+)
 
 INPUT_BOUND = 0.20
 COMPUTE_BOUND = 0.05
@@ -44,6 +59,7 @@ WORKERS_BUSY = 50.0  # % of one core: workers that do this much are part of a CP
 EVAL_HEAVY, CHECKPOINT_HEAVY, LOGGING_HEAVY = 0.30, 0.20, 0.20  # shares of the training loop's time
 COPY_BOUND = 0.20  # share of step time copying and preparing the batch on the device (CUDA)
 LAUNCH_BOUND = 0.50  # share of steps (CUDA) or of compute (CPU) bound by launching operators
+OVERSUBSCRIBED = 0.75  # CPU seconds per wall second, per intra-op thread, under which waiting threads are judged
 
 
 @dataclass
@@ -70,14 +86,17 @@ class RunFacts:
     host_cpu: float | None = None  # the host's CPU use, % of all its cores
     other_cpu: float | None = None  # other processes' share of the host, % of all its cores
     cores: int = 0  # the host's cores
+    threads: int = 0  # torch's intra-op threads (0: not known)
+    run_cores: float | None = None  # the main process's CPU seconds per second of wall time (steady state)
     workers_cpu: float | None = None  # the loader's workers' CPU use, % of one core
     # evaluation, checkpoint, logging: shares of the training loop's time
     loop_shares: dict = field(default_factory=dict)
     # CUDA: share of steps waiting on launches; CPU: share of compute not growing with the batch
     launch_frac: float | None = None
     launches: int | None = None  # operator launches per step
-    # the model computed two real samples in channels-last layout / under autocast (its
-    # probe after training): what is not proposed otherwise
+    # the model has convolutions the layout changes and computes two real samples in channels-last
+    # layout / has operators autocast lowers and computes them under autocast (its probe after
+    # training, saturate.components.model.takes_advice): what is not proposed otherwise
     channels_last_ok: bool = True
     amp_ok: bool = True
     cpu_bf16: bool = False  # a CPU with native bf16 kernels (AVX512-BF16, AMX): bf16 autocast may pay there
@@ -85,41 +104,40 @@ class RunFacts:
 
 @dataclass
 class Verdict:
-    kind: str  # input-bound, compute-bound or balanced
+    kind: str  # the verdict's name (the module's docstring lists them)
     reason: str  # the measured figure that decided it
     suggestions: list[tuple[str, str]] = field(default_factory=list)  # (overrides, why)
-
-
-def _input_fixes(f: RunFacts) -> list[tuple[str, str]]:
-    fixes = []
-    if f.placement == "cpu":
-        fixes.append(
-            (
-                "augmentation=gpu",
-                "per-sample augmentation in the workers is the usual bottleneck; batched on the device it is one "
-                "kernel per op",
-            )
-        )
-    if not f.resident and f.in_memory and f.placement != "cpu":
-        fixes.append(
-            (
-                "loader=resident",
-                "the data set fits in memory: keep it on the device and slice batches there, no workers, no copies",
-            )
-        )
-    if not f.resident and f.num_workers < max(1, f.cpus - 1) and (f.placement == "cpu" or not f.in_memory):
-        fixes.append((f"loader.num_workers={max(1, f.cpus - 1)}", f"{f.num_workers} workers for {f.cpus} CPUs"))
-    if f.num_workers > 0 and not f.persistent_workers:
-        fixes.append(("loader.persistent_workers=true", "workers are restarted every epoch"))
-    if f.device == "cuda" and not f.pin_memory and not f.resident:
-        fixes.append(("loader.pin_memory=true", "copies from pageable memory are synchronous"))
-    return fixes
 
 
 def _host_busy(f: RunFacts) -> bool:
     """On the CPU, other processes take at least OTHER_BUSY % of the host: the step's timings
     are stretched by their load, and no longer compare with the cost probes' after training."""
     return f.device != "cuda" and f.other_cpu is not None and f.other_cpu >= OTHER_BUSY
+
+
+def free_cores(f: RunFacts) -> int:
+    """The cores other processes leave this run: those it may use less their measured load,
+    rounded, at least 1."""
+    other = round((f.other_cpu or 0.0) * f.cores / 100)
+    return max(1, min(f.cpus, f.cores - other) if f.cores else f.cpus)
+
+
+def _oversubscribed_verdict(f: RunFacts, wait: float) -> Verdict | None:
+    """On the CPU, torch's threads outnumber the free cores and got markedly less CPU time than
+    as many threads running all the time would: oversubscribed, the thread count advised first."""
+    if f.device == "cuda" or f.threads <= 1 or f.other_cpu is None or f.run_cores is None:
+        return None
+    free = free_cores(f)
+    if f.threads <= free or f.run_cores >= OVERSUBSCRIBED * f.threads:
+        return None
+    return Verdict(
+        "oversubscribed",
+        f"torch's {f.threads} intra-op threads share {free} of {f.cores} cores free (other processes keep "
+        f"{f.other_cpu * f.cores / 100:.1f} busy): the run got {f.run_cores:.2f} cores of CPU time per second, "
+        f"{f.run_cores / f.threads:.0%} of its threads' (< {OVERSUBSCRIBED:.0%}), so its threads wait for cores and "
+        f"each operator for its slowest thread (waiting for data took {wait:.1%} of step time)",
+        [threads_fix(f, free), *compute_fixes(f)],
+    )
 
 
 def _saturated(f: RunFacts) -> bool:
@@ -130,71 +148,6 @@ def _saturated(f: RunFacts) -> bool:
     return (
         f.cpu_util is not None and f.cpu_util >= CPU_SATURATED and f.num_workers > 0 and not f.resident and busy_workers
     )
-
-
-def _saturated_fixes(f: RunFacts) -> list[tuple[str, str]]:
-    fixes = []
-    if f.placement == "cpu":
-        fixes.append(
-            (
-                "augmentation=gpu",
-                f"per-sample augmentation in {f.num_workers} processes is what keeps the cores busy; batched "
-                "on the device it is one kernel per op",
-            )
-        )
-    if f.in_memory and f.placement != "cpu":
-        fixes.append(("loader=resident", "the data is in memory: no worker processes at all"))
-    fewer = max(0, min(f.num_workers - 1, f.cpus - 2))
-    fixes.append(
-        (
-            f"loader.num_workers={fewer}",
-            f"fewer workers leave cores to the training ({f.num_workers} on {f.cpus} CPUs now)",
-        )
-    )
-    return fixes
-
-
-def _compute_fixes(f: RunFacts) -> list[tuple[str, str]]:
-    fixes = []
-    if f.emulated_precision:
-        fixes.append(
-            (
-                "precision=fp32",
-                f"this CPU has no native {f.precision} kernels: {f.precision} is emulated, slower than fp32",
-            )
-        )
-    if f.device == "cuda" and f.precision == "fp32" and f.amp_ok:
-        fixes.append(("precision=amp", "bf16/fp16 tensor cores do several times the fp32 work per second"))
-    if f.device != "cuda":
-        # compile (tens of seconds of compilation) and larger batches are GPU remedies: on a CPU
-        # the arithmetic itself is the limit. NHWC is what oneDNN's convolutions prefer
-        # (docs/benchmarks.md, "Single settings": channels_last)
-        if f.image and not f.channels_last and f.channels_last_ok:
-            fixes.append(
-                (
-                    "trainer.channels_last=true",
-                    "oneDNN's CPU convolutions run faster in NHWC (docs/benchmarks.md: channels_last)",
-                )
-            )
-        fixes.append(
-            (
-                "device=cuda",
-                "the step is the model's arithmetic on this CPU; compile and larger batches pay off on a GPU",
-            )
-        )
-        return fixes
-    if not f.compile:
-        fixes.append(("trainer.compile=true", "fused kernels: fewer launches and memory round trips"))
-    if not f.channels_last and f.image and f.channels_last_ok:
-        fixes.append(("trainer.channels_last=true", "convolutions run faster in NHWC on tensor cores"))
-    if f.memory_headroom:
-        fixes.append(
-            (
-                f"loader.batch_size={2 * f.batch_size}",
-                "peak memory is under half of the GPU's: larger steps amortise per-step overhead",
-            )
-        )
-    return fixes
 
 
 def _loop_verdict(f: RunFacts) -> Verdict | None:
@@ -228,35 +181,6 @@ def _loop_verdict(f: RunFacts) -> Verdict | None:
     )
 
 
-def _launch_fixes(f: RunFacts) -> list[tuple[str, str]]:
-    if f.device != "cuda":
-        return [
-            (
-                f"loader.batch_size={2 * f.batch_size}",
-                "each operator does more work per dispatch; the dispatch cost stays",
-            ),
-            ("trainer.compile=true", "fused operators: fewer dispatches per step (compiling takes a while on a CPU)"),
-        ]
-    fixes = []
-    if not f.compile:
-        fixes.append(
-            ("trainer.compile=true", "fused kernels: fewer launches per step (mode='reduce-overhead' adds CUDA graphs)")
-        )
-    fixes.append((f"loader.batch_size={2 * f.batch_size}", "more work per launch; the launch cost per step stays"))
-    if not f.resident and f.in_memory:
-        fixes.append(("loader=resident", "no per-step copies or host work between launches"))
-    return fixes
-
-
-def _copy_fixes(f: RunFacts) -> list[tuple[str, str]]:
-    fixes = []
-    if not f.pin_memory and not f.resident:
-        fixes.append(("loader.pin_memory=true", "copies from pageable memory are synchronous and slow"))
-    if not f.resident and f.in_memory:
-        fixes.append(("loader=resident", "the data set on the device: no copy per step"))
-    return fixes
-
-
 def diagnose(perf: dict[str, float], facts: RunFacts, steps: int | None = None) -> Verdict:
     """The verdict from the measured figures (see the module's docstring), and what to try;
     no verdict from fewer than MIN_STEPS steady-state steps (start-up costs would decide it)."""
@@ -276,18 +200,21 @@ def diagnose(perf: dict[str, float], facts: RunFacts, steps: int | None = None) 
             f"{facts.num_workers} worker process(es): the workers and the training compete for the cores, so the "
             "step's "
             f"compute time includes waiting for one (waiting for data took {wait:.1%} of step time)",
-            _saturated_fixes(facts),
+            saturated_fixes(facts),
         )
     figure = f"waiting for data took {wait:.1%} of step time"
     if wait >= INPUT_BOUND:
-        return Verdict("input-bound", f"{figure} (>= {INPUT_BOUND:.0%})", _input_fixes(facts))
+        return Verdict("input-bound", f"{figure} (>= {INPUT_BOUND:.0%})", input_fixes(facts))
     copy = perf.get(names.COPY_MS, 0.0) / max(perf[names.STEP_MS], 1e-9)
     if facts.device == "cuda" and copy >= COPY_BOUND:
         return Verdict(
             "copy-bound",
             f"copying the batch to the device and preparing it took {copy:.0%} of step time (>= {COPY_BOUND:.0%})",
-            _copy_fixes(facts),
+            copy_fixes(facts),
         )
+    oversubscribed = _oversubscribed_verdict(facts, wait)
+    if oversubscribed is not None:
+        return oversubscribed
     if facts.launch_frac is not None and facts.launch_frac >= LAUNCH_BOUND and not _host_busy(facts):
         said = (
             f"the GPU waited on kernel launches in {facts.launch_frac:.0%} of the steps"
@@ -295,10 +222,10 @@ def diagnose(perf: dict[str, float], facts: RunFacts, steps: int | None = None) 
             else f"{facts.launch_frac:.0%} of the step's compute does not grow with the batch ({facts.launches} "
             "operator launches): the step is dispatch and Python, not arithmetic"
         )
-        return Verdict("launch-bound", f"{said} (>= {LAUNCH_BOUND:.0%}; {figure})", _launch_fixes(facts))
+        return Verdict("launch-bound", f"{said} (>= {LAUNCH_BOUND:.0%}; {figure})", launch_fixes(facts))
     if wait <= COMPUTE_BOUND:
-        return Verdict("compute-bound", f"{figure} (<= {COMPUTE_BOUND:.0%})", _compute_fixes(facts))
-    both = _input_fixes(facts)[:1] + _compute_fixes(facts)[:1]
+        return Verdict("compute-bound", f"{figure} (<= {COMPUTE_BOUND:.0%})", compute_fixes(facts))
+    both = input_fixes(facts)[:1] + compute_fixes(facts)[:1]
     return Verdict("balanced", f"{figure} (between {COMPUTE_BOUND:.0%} and {INPUT_BOUND:.0%})", both)
 
 
@@ -414,6 +341,8 @@ def _cost_lines(perf: dict, host_busy: bool = False) -> list[str]:
 def _cpu_line(f: RunFacts) -> str:
     assert f.cpu_util is not None  # called where the run's CPU share was read
     line = f"- CPU: this run {f.cpu_util:.0f}% of its {f.cpus} CPU(s) (main process and {f.num_workers} worker(s))"
+    if f.device != "cuda" and f.threads and f.run_cores is not None:
+        line += f"; the main process's {f.threads} intra-op threads got {f.run_cores:.2f} cores of CPU time"
     if f.host_cpu is not None:  # never shown under the run's own share (the two are read from different counters)
         line += f"; the host {max(f.host_cpu, f.cpu_util * f.cpus / max(f.cores, 1)):.0f}% of its {f.cores} cores"
     if f.other_cpu is not None and f.other_cpu >= OTHER_BUSY:

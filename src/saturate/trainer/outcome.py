@@ -270,12 +270,28 @@ def _advice(run, parts: Parts, device: torch.device) -> tuple[bool, bool]:
         return False, False
 
 
+def _cpu_facts(metrics: dict, cpus: int, cores: int) -> dict:
+    """The report's CPU facts over the steady state: the run's processes' share of its CPUs, the
+    host's and other processes' load, torch's threads and the main process's CPU seconds per second
+    of wall time (the run's share of the host's cores less its workers', each % of one core)."""
+    run = metrics.get(names.RUN_UTIL_MEAN)
+    workers = metrics.get(names.WORKERS_UTIL_MEAN)
+    return {
+        "cpu_util": min(100.0, run * cores / cpus) if run is not None else None,
+        "host_cpu": metrics.get(names.CPU_UTIL_MEAN),
+        "other_cpu": metrics.get(names.OTHER_UTIL_MEAN),
+        "cores": cores,
+        "workers_cpu": workers,
+        "threads": torch.get_num_threads(),
+        "run_cores": max(0.0, run * cores / 100 - (workers or 0.0) / 100) if run is not None else None,
+    }
+
+
 def report(session: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, dict]:
     """The bottleneck report: to the console, report.md and TensorBoard. Returns the
     verdict and the facts it was judged on (for metrics.json: saturate.tune reads them)."""
     run, parts, device = session.config, session.parts, session.device
     cpus, cores = cpus_per_process(), psutil.cpu_count() or 1
-    run_cpu = metrics.get(names.RUN_UTIL_MEAN)
     loop = metrics.get(names.LOOP_S) or 0.0
     shares = (
         {n: metrics.get(f"time/{n}_s", 0.0) / loop for n in ("evaluation", "checkpoint", "logging")} if loop > 0 else {}
@@ -290,13 +306,9 @@ def report(session: Session, metrics: dict, *, steps: int, gpu) -> tuple[Any, di
         resident=parts.loaders.resident,
         in_memory=parts.spec.in_memory,
         image=parts.spec.image,
-        cpu_util=min(100.0, run_cpu * cores / cpus) if run_cpu is not None else None,
-        host_cpu=metrics.get(names.CPU_UTIL_MEAN),
-        other_cpu=metrics.get(names.OTHER_UTIL_MEAN),
-        cores=cores,
+        **_cpu_facts(metrics, cpus, cores),
         loop_shares=shares,
         launch_frac=launch,
-        workers_cpu=metrics.get(names.WORKERS_UTIL_MEAN),
         launches=int(metrics[names.LAUNCHES_PER_STEP]) if names.LAUNCHES_PER_STEP in metrics else None,
         placement=run.augmentation.placement,
         persistent_workers=run.loader.persistent_workers,
