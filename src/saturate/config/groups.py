@@ -370,7 +370,8 @@ class TuneConfig:
     the bottleneck report would suggest, the fastest written as a preset (saturate.tune)."""
 
     enabled: bool = False
-    budget_s: float = 120.0  # the whole tune, trials and their set-up included
+    # the whole tune, trials and their set-up included; auto: 120 s, or 600 s with a target (the runs to it over seeds)
+    budget_s: Any = "auto"
     trial_s: float = 4.0  # steady-state seconds each trial measures (after a warm-up of one log window)
     min_gain: float = 0.05  # a setting is kept when samples/s improves by more than this share
     # also try these optimisation-changing settings: batch_size, precision
@@ -382,7 +383,8 @@ class TuneConfig:
     target_seeds: int = 3
 
     def problems(self) -> Issues:
-        yield from at_least("budget_s", self.budget_s, 1.0)
+        if self.budget_s != "auto":
+            yield from at_least("budget_s", self.budget_s, 1.0, " or 'auto'")
         if not self.trial_s > 0:
             yield "trial_s", self.trial_s, "a number of seconds > 0"
         yield from at_least("min_gain", self.min_gain, 0.0)

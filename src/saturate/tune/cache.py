@@ -17,14 +17,17 @@ from saturate.diagnostics.environment import cpu_name
 from saturate.errors import UserError
 from saturate.loop.faults import StopSignal
 from saturate.tune.options import tunable
-from saturate.tune.trials import Result, median_time
+from saturate.tune.rules import median_time
+from saturate.tune.trials import Result
 
 if TYPE_CHECKING:
     from saturate.tune.search import Tuner
 
 log = logging.getLogger("saturate.tune")  # one logger for the whole tune, whichever module writes a line
 
-CACHE_VERSION = 3  # of the cached entries' layout (Result's fields; 2: the dropped changes; 3: seeds to the target)
+# of the cached entries' layout (Result's fields; 2: the dropped changes; 3: seeds to the target; 4: each trial's
+# window rates, compile counts and whole config, and the candidates run to the target)
+CACHE_VERSION = 4
 
 
 def valid_entry(entry: dict, extra: list[str]) -> bool:
@@ -49,7 +52,8 @@ def valid_entry(entry: dict, extra: list[str]) -> bool:
         return False
     if not tunable_list(entry.get("dropped")):
         return False
-    if "target_runs" not in entry or not _target_runs_valid(entry["target_runs"], entry.get("to_target_s")):
+    target = entry.get("target_runs", False)  # absent: an entry of another layout
+    if target is False or not _target_runs_valid(target, entry.get("to_target_s"), tunable_list):
         return False
     figures = [entry.get("rate"), entry.get("speedup")]
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in figures):
@@ -58,21 +62,32 @@ def valid_entry(entry: dict, extra: list[str]) -> bool:
     return entry.get("confirmed") is (pairs >= 1)
 
 
-def _target_runs_valid(runs, medians) -> bool:
-    """None (and no medians), or the seeds and each side's time per seed (a number of seconds,
-    or None), of which `medians` are the medians."""
+def _target_runs_valid(runs, medians, tunable_list) -> bool:
+    """None (and no medians), or the seeds and each candidate's changes, numerics mark, time per
+    seed (a number of seconds, or None) and final figures, the start first (no changes), of whose
+    times `medians` are the medians."""
     if runs is None:
         return medians is None
-    if not (isinstance(runs, dict) and set(runs) == {"seeds", "start", "fastest"}):
+    if not (isinstance(runs, dict) and set(runs) == {"seeds", "candidates"}):
         return False
-    seeds = runs["seeds"]
+    seeds, sides = runs["seeds"], runs["candidates"]
     if not (isinstance(seeds, list) and seeds and all(isinstance(x, int) and not isinstance(x, bool) for x in seeds)):
         return False
-    time_ok = lambda t: t is None or isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0
-    sides = (runs["start"], runs["fastest"])
-    if not all(isinstance(t, list) and len(t) == len(seeds) and all(map(time_ok, t)) for t in sides):
+    number = lambda t, low: t is None or isinstance(t, (int, float)) and not isinstance(t, bool) and t >= low
+    fields = {"changes", "numerics", "times", "finals"}
+    shaped = lambda c: isinstance(c, dict) and set(c) == fields
+    if not (isinstance(sides, list) and len(sides) >= 2 and all(map(shaped, sides))):
         return False
-    return isinstance(medians, list) and medians == [median_time(t) for t in sides]
+    marked = lambda c: isinstance(c["numerics"], bool) and tunable_list(c["changes"])
+    if sides[0]["changes"] != [] or not all(map(marked, sides)):
+        return False
+    for side in sides:
+        times, finals = side["times"], side["finals"]
+        if not all(isinstance(t, list) and len(t) == len(seeds) for t in (times, finals)):
+            return False
+        if not (all(number(t, 0) for t in times) and all(number(f, -math.inf) for f in finals)):
+            return False
+    return isinstance(medians, list) and medians == [median_time(c["times"]) for c in sides]
 
 
 def cache_key(cfg: DictConfig, tuner: Tuner) -> dict:
@@ -96,7 +111,7 @@ def measure_or_reuse(tuner: Tuner, cache: Cache, key: dict, cfg) -> None:
         tuner.changes = hit["changes"]
         tuner.best = next(r for r in tuner.results if r.number == hit["best"])
         tuner.rate, tuner.speedup, tuner.confirmed = hit["rate"], hit["speedup"], hit["confirmed"]
-        tuner.to_target_s = tuple(hit["to_target_s"]) if hit.get("to_target_s") else None
+        tuner.to_target_s = hit["to_target_s"]
         tuner.target_runs = hit["target_runs"]
         tuner.dropped = hit["dropped"]
         log.info(
@@ -107,7 +122,7 @@ def measure_or_reuse(tuner: Tuner, cache: Cache, key: dict, cfg) -> None:
         log.info(
             "tune: trials of %.0f s of steady state each, within tune.budget_s=%.0f",
             cfg.trial_s,
-            cfg.budget_s,
+            tuner.budget_s,
         )
         try:
             with StopSignal() as tuner.stop:

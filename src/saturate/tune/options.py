@@ -7,13 +7,15 @@ import re
 from collections.abc import Iterable
 
 INPUT = ("augmentation", "resident", "num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
-COMPUTE = ("channels_last", "compile", "cudnn", "precision", "batch_size")
+COMPUTE = ("threads", "channels_last", "compile", "cudnn", "precision", "batch_size")
 
 
 def side_order(verdict: str) -> tuple[str, ...]:
     """The dimensions to try next, in order, for the best trial's verdict."""
     if verdict == "compute-bound":
         return COMPUTE  # the loader is not what limits this run: its knobs would waste the budget
+    if verdict == "oversubscribed":  # more intra-op threads than free cores: the thread count first
+        return ("threads", *INPUT, *(d for d in COMPUTE if d != "threads"))
     return INPUT + COMPUTE
 
 
@@ -42,6 +44,8 @@ def candidates(dimension: str, facts: dict, *, allow: list[str], cuda: bool) -> 
         # is tried with the threads that leave it its core (a worker beside as many threads as
         # there are cores slows the step it was meant to feed)
         return [[f"loader.num_workers={n}", f"device.threads={max(1, cpus - n) if n else 'auto'}"] for n in more]
+    if dimension == "threads":
+        return [] if cuda else [[f"device.threads={n}"] for n in thread_counts(f)]
     if dimension == "persistent_workers":
         return [["loader.persistent_workers=true"]] if workers > 0 and not f["persistent_workers"] else []
     if dimension == "prefetch_factor":
@@ -68,6 +72,19 @@ def candidates(dimension: str, facts: dict, *, allow: list[str], cuda: bool) -> 
         # the batch-size search, inside the trial; lr scaled as optim.lr_scaling says
         return [["loader.batch_size=auto"]]
     return []
+
+
+def thread_counts(facts: dict) -> list[int]:
+    """The intra-op thread counts a CPU run tries, whatever its verdict: one, half and all of
+    the CPUs this process may use, and the cores other processes left free during the run
+    (torch's default of one thread per core, beside a process holding one of two cores,
+    measured 12x slower than one thread). Those different from the count the run used."""
+    cpus = max(1, facts["cpus"])
+    counts = {1, max(1, cpus // 2), cpus}
+    if facts.get("other_cpu") is not None and facts.get("cores"):
+        held = round(facts["other_cpu"] * facts["cores"] / 100)  # cores other processes kept busy
+        counts.add(min(cpus, max(1, facts["cores"] - held)))
+    return sorted(n for n in counts if n != facts.get("threads"))
 
 
 # What a tune can change, key by key (the values candidates() writes; a batch size the search

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,8 +42,10 @@ def record_tune(tuner: Tuner, preset: Path, run_dir: Path) -> None:
             "changes": tuner.changes,
             "speedup": speedup,
             "confirmed": tuner.confirmed,
-            "to_target_s": tuner.to_target_s,  # the start's and the fastest's median time to the target
-            "target_runs": tuner.target_runs,  # the seeds, and each side's time per seed (null: not met)
+            "to_target_s": tuner.to_target_s,  # the start's and each contender's median time to the target
+            # the seeds, and per candidate (the start first) its changes, whether they change the
+            # numerics, its time to the target per seed (null: not met) and the metric's final value
+            "target_runs": tuner.target_runs,
             "dropped": tuner.dropped,  # the fastest's changes, dropped for its time to the target
             "preset": str(preset),
             "interrupted": tuner.interrupted,
@@ -74,7 +77,7 @@ def _rows(results: list[Result], start: Result) -> Iterator[str]:
             str(r.number),
             "`" + (" ".join(r.changes) or "(start)") + "`",
             f"{r.samples_per_s:,.0f}" if ok else "-",
-            f"{r.speed() / start.speed():.2f}x" if ok else "-",
+            ("undecided" if r.outcome.startswith("undecided") else f"{r.speed() / start.speed():.2f}x") if ok else "-",
             f"{r.data_wait:.0%}" if ok else "-",
             f"{r.gpu_util:.0f}%" if r.gpu_util is not None else "-",
             f"{r.peak_mb:,.0f}" if r.peak_mb is not None else "-",
@@ -85,26 +88,47 @@ def _rows(results: list[Result], start: Result) -> Iterator[str]:
 
 
 def _to_target_lines(tuner: Tuner) -> list[str]:
-    """What the runs to the target measured (with a target set)."""
-    if tuner.to_target_s is None:
+    """What the runs to the target measured (with a target set): a row per candidate, the start
+    first, with its median time to the target, each seed's, the metric's final value, and
+    whether it changes the numerics; the one that met it first said."""
+    runs, medians = tuner.target_runs, tuner.to_target_s
+    if runs is None or medians is None:
         return []
-    start_s, best_s = tuner.to_target_s
     said = lambda seconds: f"{seconds:.1f} s" if seconds is not None else "not met"
-    runs = tuner.target_runs
-    assert runs is not None, "the medians to the target come with the runs behind them"
-    seeds = ", ".join(map(str, runs["seeds"]))
-    each = lambda times: ", ".join(said(t) for t in times)
-    figures = (
-        f"the starting config {each(runs['start'])} (median {said(start_s)}), "
-        f"the fastest {each(runs['fastest'])} (median {said(best_s)})"
-    )
-    if start_s is not None and best_s is not None:
-        figures += f", {start_s / best_s:.2f}x"
-    kept = "kept" if tuner.changes else "not kept"
-    if start_s is None and best_s is None:
-        kept = "neither met it at the median: samples/s decided"
-    how = f"with seed{'s' if len(runs['seeds']) > 1 else ''} {seeds} (trainer.seed)"
-    return ["", f"To the target, each trained to it {how} within the budget: {figures}; {kept}."]
+    metric, seeds = tuner.target_metric, runs["seeds"]
+    met = [(m, i) for i, m in enumerate(medians) if m is not None]
+    first = min(met)[1] if met else None
+    how = f"with seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} (trainer.seed)"
+    lines = [
+        "",
+        f"To the target, each trained to it {how} within the budget:",
+        "",
+        f"| candidate | changes numerics | seeds | to target (median) | per seed | final {metric} (median) | result |",
+        "|---|---|---:|---:|---|---:|---|",
+    ]
+    for i, (side, median) in enumerate(zip(runs["candidates"], medians, strict=True)):
+        finals = [f for f in side["finals"] if f is not None]
+        cells = [
+            "`" + (" ".join(side["changes"]) or "(start)") + "`",
+            "yes" if side["numerics"] else "no",
+            str(len(side["times"])),
+            said(median),
+            ", ".join(said(t) for t in side["times"]),
+            f"{statistics.median(finals):.4g}" if finals else "-",
+            ", ".join(["first to the target"] * (i == first) + ["kept"] * (side["changes"] == tuner.changes and i > 0))
+            or "-",
+        ]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    if first is None:
+        lines += ["", "No candidate met the target at the median: samples/s decided."]
+    else:
+        winner = " ".join(runs["candidates"][first]["changes"]) or "the starting config"
+        finals = [f for f in runs["candidates"][first]["finals"] if f is not None]
+        at = f" at {metric} {statistics.median(finals):.4g}" if finals else ""
+        start_s, first_s = medians[0], medians[first]
+        sooner = f", {start_s / first_s:.2f}x sooner than the starting config" if first and start_s and first_s else ""
+        lines += ["", f"First to the target: `{winner}`, median {said(medians[first])}{at}{sooner}."]
+    return lines
 
 
 def render(tuner: Tuner, *, preset: Path) -> str:
@@ -126,17 +150,23 @@ def render(tuner: Tuner, *, preset: Path) -> str:
         if tuner.confirmed
         else "one trial each"
     )
-    if tuner.changes and tuner.confirmed:
+    soonest = tuner.best is not None and tuner.best.outcome == "soonest to the target"
+    if tuner.changes and tuner.confirmed and not soonest:
         lines.append(
             f"**Fastest: {tuner.rate:,.0f} samples/s, {tuner.speedup:.2f}x the starting config** ({how}) with "
             f"`{' '.join(tuner.changes)}`."
         )
-    elif tuner.changes:
+    elif tuner.changes and not soonest:
         lines.append(
             f"**Fastest: {tuner.rate:,.0f} samples/s, {tuner.speedup:.2f}x the starting config in one trial each, not "
             f"confirmed** with `{' '.join(tuner.changes)}`: the budget (or an interrupt) left no room to measure the "
             "start and the fastest again side by side; a single trial is at the mercy of a noisy machine. Tune again "
             "with a larger tune.budget_s to confirm it."
+        )
+    elif tuner.changes and tuner.target_runs is not None:
+        lines.append(
+            f"**Soonest to the target: `{' '.join(tuner.changes)}`** ({tuner.rate:,.0f} samples/s, "
+            f"{tuner.speedup:.2f}x the starting config's in one trial each)."
         )
     elif tuner.dropped:
         met = tuner.to_target_s is not None and tuner.to_target_s[1] is not None

@@ -22,11 +22,13 @@ from saturate.tune.cache import cache_key, measure_or_reuse, valid_entry
 from saturate.tune.options import candidates, merged, side_order
 from saturate.tune.outputs import record_tune
 from saturate.tune.preset import check_overwritable, preset_path
-from saturate.tune.trials import Result, Trials, median_time
+from saturate.tune.rules import changes_numerics, choose_by_target, judge, median_time, paired_noise, spread
+from saturate.tune.trials import Result, Trials
 
 log = logging.getLogger("saturate.tune")  # one logger for the whole tune, whichever module writes a line
 
 CONFIRM_ROUNDS = 2  # the start and the fastest measured again, back to back, at most this many times
+CONTENDERS = 3  # with a target: at most this many candidates trained to it beside the start
 
 
 class Tuner(Trials):
@@ -38,7 +40,8 @@ class Tuner(Trials):
         if start.status == "interrupted":
             return
         if start.status != "ok":
-            raise UserError(f"tune: the starting config does not train: {start.outcome}; fix it, then tune")
+            fix = "raise tune.budget_s" if "budget ran out" in start.outcome else "fix it"
+            raise UserError(f"tune: the starting config was not measured: {start.outcome}; {fix}, then tune")
         self.best = start
         tried: set[str] = set()
         while self.affordable(reserve=2):  # two trials kept for the confirmation
@@ -56,12 +59,12 @@ class Tuner(Trials):
                     len(self.tune.extra) - i,
                     len(self.tune.extra),
                     text,
-                    self.tune.budget_s,
+                    self.budget_s,
                 )
                 break
             self.try_dimension("extra", [text.split()])
         self.confirm()
-        if self.target and self.best is not self.results[0]:
+        if self.target:
             self.to_target()
 
     def confirm(self) -> None:
@@ -99,70 +102,125 @@ class Tuner(Trials):
         ratios = [b / s for s, b in zip(starts, bests, strict=True)]
         start_rate, best_rate = statistics.median(starts), statistics.median(bests)
         self.speedup, self.confirmed, self.rate = statistics.median(ratios), True, best_rate
-        if self.speedup <= 1 + self.tune.min_gain:
-            log.info("tune: measured again, the fastest is %.2fx the starting config: not kept", self.speedup)
-            best.outcome = "not confirmed"
+        said = judge(self.speedup, paired_noise(ratios), self.tune.min_gain)
+        if said != "faster":
+            log.info("tune: measured again, the fastest is %.2fx the start (%s): not kept", self.speedup, said)
+            best.outcome = "undecided when measured again" if said == "undecided" else "not confirmed"
             self.best, self.changes, self.speedup, self.rate = start, [], 1.0, start_rate
 
+    def contenders(self) -> list[Result]:
+        """The candidates trained to the target beside the start: the fastest kept, the next
+        distinct configs by samples/s that beat the start, and the fastest that changes the
+        numerics (batch size, precision, compile) if none of those does, whatever its
+        samples/s (a smaller batch can reach a figure sooner at fewer samples/s); CONTENDERS at
+        most. Each is its trial's row, its `config` the whole candidate."""
+        start = self.results[0]
+        rows: dict[tuple[str, ...], Result] = {}
+        for r in sorted(self.results, key=lambda r: -r.speed() if r.status == "ok" else 0.0):
+            if r.status == "ok" and r.config and r.seed is None:
+                r.config = [_sized(o, r.batch_size) for o in r.config]
+                rows.setdefault(tuple(sorted(r.config)), r)
+        kept = rows.pop(tuple(sorted(self.changes)), None) if self.changes else None
+        chosen = [kept] if kept is not None else []
+        faster = [r for r in rows.values() if r.speed() > start.speed() and r not in chosen]
+        chosen += faster[: CONTENDERS - len(chosen)]
+        if not any(changes_numerics(r.config) for r in chosen):
+            numerics = [r for r in rows.values() if changes_numerics(r.config) and r not in chosen]
+            chosen = (chosen[: CONTENDERS - 1] + numerics[:1]) if numerics else chosen
+        return chosen
+
     def to_target(self) -> None:
-        """The start and the fastest, each trained to the target (the user's own epochs and
-        evaluations) once per seed of tune.target_seeds (trainer.seed, +1, ...), alternating,
-        within the rest of tune.budget_s (both runs of a seed the same cap: an equal share of
-        what is left as the pair starts; a run stopped by it counts as never). One run each
-        cannot rank them: the time to a figure moves with the seed (twice as long from one seed to
-        another is not rare). The fastest is dropped when its median time over the seeds is
-        longer than the start's, a seed that did not meet the target (or failed) counting as
-        never; when neither met it at the median, samples/s decide."""
-        left = lambda: self.tune.budget_s - (time.perf_counter() - self.started)
+        """The start and the contenders, each trained to the target (the user's own epochs and
+        evaluations) once per seed of tune.target_seeds (trainer.seed, +1, ...), one after the
+        other within a seed, within the rest of the budget (every run of a seed the same cap: an
+        equal share of what is left as the seed starts; a run stopped by it counts as never).
+        One run each cannot rank them: the time to a figure moves with the seed. A contender is
+        kept only when its median time over the seeds is shorter than the start's (a seed that
+        did not meet the target, or failed, counting as never); of several, the soonest."""
+        rivals = self.contenders()
+        if not rivals:
+            return
+        left = lambda: self.budget_s - (time.perf_counter() - self.started)
         seeds = [self.seed + i for i in range(self.tune.target_seeds)]
-        times: tuple[list, list] = ([], [])  # the start's and the fastest's, per seed
+        sides = [[], *(r.config for r in rivals)]
+        runs: list[list[Result]] = [[] for _ in sides]  # per side, its run of each seed
         for i, seed in enumerate(seeds):
-            pair, cap = [], left() / (2 * (len(seeds) - i))
-            for base in ([], self.changes):  # an interrupt stops at once; a pair left half done is not counted
+            done, cap = [], left() / (len(sides) * (len(seeds) - i))
+            for base in sides:  # an interrupt stops at once; a seed left part done is not counted
                 if self.stopping() or left() <= 0:
                     break
                 run = self.trial([], base=base, until=time.perf_counter() + min(cap, left()), seed=seed)
                 if run.status == "interrupted":
                     break
-                reached = run.to_target_s if run.status == "ok" else None  # failed or diverged: never
+                if run.status != "ok":  # failed or diverged: never
+                    run.to_target_s = None
+                reached = run.to_target_s
                 said = f"{reached:.1f} s" if reached is not None else "not met" if run.status == "ok" else run.outcome
                 run.outcome = f"to target: {said} (seed {seed})"
-                pair.append(reached)
-            if len(pair) < 2:
+                done.append(run)
+            if len(done) < len(sides):
                 break
-            for side, reached in zip(times, pair, strict=True):
-                side.append(reached)
-        if not times[0]:
-            return
-        self.target_runs = {"seeds": seeds[: len(times[0])], "start": times[0], "fastest": times[1]}
-        self.to_target_s = start_s, best_s = median_time(times[0]), median_time(times[1])
-        if best_s is None and start_s is None:
-            return
-        if best_s is None or (start_s is not None and best_s > start_s):
-            log.info("tune: the fastest met the target later than the starting config, or not at all: not kept")
-            assert self.best is not None, "the runs to the target follow the search, which measured the start"
-            self.dropped = self.changes
-            self.best.outcome = "later to the target" if best_s is not None else "target not met"
-            self.best, self.changes = self.results[0], []
-            self.speedup, self.rate = 1.0, self.results[0].speed()
+            for side, run in zip(runs, done, strict=True):
+                side.append(run)
+        if runs[0]:
+            self.judge_by_target(seeds[: len(runs[0])], sides, runs, rivals)
 
-    def holds(self, result: Result, rival: Result | None) -> bool:
-        """A candidate that measured faster than `rival` (None: the best config so far) is
-        measured again, back to back with it, when the budget allows: one trial can be an
-        outlier on a shared machine, many times the figures of its neighbours. Kept when the
-        second pair agrees; the rows say "recheck"."""
+    def judge_by_target(
+        self, seeds: list[int], sides: list[list[str]], runs: list[list[Result]], rivals: list[Result]
+    ) -> None:
+        """Record the runs to the target and keep the contender that met it soonest, or the start."""
+        times = [[r.to_target_s for r in side] for side in runs]
+        self.target_runs = {
+            "seeds": seeds,
+            "candidates": [
+                {"changes": side, "numerics": changes_numerics(side), "times": t, "finals": [r.final for r in rs]}
+                for side, t, rs in zip(sides, times, runs, strict=True)
+            ],
+        }
+        self.to_target_s = [median_time(t) for t in times]
+        fastest = bool(self.changes) and sides[1] == self.changes
+        chosen = choose_by_target(times[0], times[1:], first_is_fastest=fastest)
+        if chosen is not None and sides[chosen + 1] == self.changes:
+            return
+        assert self.best is not None, "the runs to the target follow the search, which measured the start"
+        if self.changes:
+            self.dropped = self.changes
+            met = self.to_target_s[1] is not None if fastest else False
+            self.best.outcome = "later to the target" if met else "target not met"
+        start = self.results[0]
+        winner = rivals[chosen] if chosen is not None else start
+        if chosen is not None:
+            log.info("tune: %s met the target soonest", " ".join(winner.config))
+            winner.outcome = "soonest to the target"
+        else:
+            log.info("tune: no candidate met the target sooner than the starting config: none kept")
+        self.best, self.changes = winner, list(winner.config)
+        self.speedup, self.rate = winner.speed() / start.speed(), winner.speed()
+
+    def judged(self, result: Result, rival: Result) -> str:
+        """What `result` is against `rival` (saturate.tune.rules.judge): their samples/s ratio
+        against the wider spread of their timed windows."""
+        noise = max(spread(result.rates), spread(rival.rates))
+        return judge(result.speed() / rival.speed(), noise, self.tune.min_gain)
+
+    def recheck(self, result: Result, rival: Result | None, said: str) -> str:
+        """A candidate that measured faster than `rival` (None: the best config so far), or
+        within the noise of it, is measured again, back to back with it, when the budget
+        allows: one trial can be an outlier on a shared machine, many times the figures of its
+        neighbours. The second pair's judgement decides (the rows say "recheck"); without room
+        for it, the first's; "stopped" or "failed" when the pair did not complete."""
         if not self.affordable(reserve=3):
-            return True  # no room: one trial decides, as the table's single figures say
+            return said  # no room: one trial decides, as the table's single figures say
         rival_changes = merged(self.changes, rival.changes) if rival is not None else self.changes
         again: list[Result] = []
         for base in (rival_changes, merged(self.changes, result.changes)):  # an interrupt in the first stops at once
             if again and self.stopping():  # the pair's second: none after a stop
-                return False
+                return "stopped"
             again.append(self.trial([], base=base))
             again[-1].outcome = again[-1].outcome or "recheck"
             if again[-1].status != "ok":
-                return False
-        return again[1].speed() > again[0].speed() * (1 + self.tune.min_gain)
+                return "stopped" if again[-1].status == "interrupted" else "failed"
+        return self.judged(again[1], again[0])
 
     def try_dimension(self, dimension: str, options: list[list[str]]) -> None:
         """Try each option in order on top of the best config; keep the best that pays. An
@@ -175,26 +233,35 @@ class Tuner(Trials):
             result = self.trial(changes)
             if result.status != "ok":
                 continue
-            faster = self.better(result, best_here or self.best)
-            if faster and self.holds(result, best_here):
+            said = self.judged(result, best_here or self.best)
+            if said in ("faster", "undecided"):
+                said = _after_recheck(said, self.recheck(result, best_here, said))
+            result.outcome = said
+            if said == "faster":
                 best_here = result
-                result.outcome = "faster"
-            else:
-                slower = result.speed() < self.best.speed()
-                result.outcome = "not held when measured again" if faster else "slower" if slower else "no gain"
-                if faster and self.interrupted:  # its recheck was cut short by a stop
-                    result.outcome = "faster once; stopped before measured again"
-                if dimension == "num_workers":
-                    break
+            elif dimension == "num_workers":
+                break
         if best_here is not None:
             best_here.outcome = "kept"
             for r in self.results:  # an earlier option of this dimension that a later one beat
                 if r.outcome == "faster":
                     r.outcome = "beaten"
-            changes = list(best_here.changes)
-            if "loader.batch_size=auto" in changes:  # the size the search chose, so the preset reproduces it
-                changes[changes.index("loader.batch_size=auto")] = f"loader.batch_size={best_here.batch_size}"
+            changes = [_sized(o, best_here.batch_size) for o in best_here.changes]
             self.changes, self.best = merged(self.changes, changes), best_here
+
+
+def _after_recheck(first: str, second: str) -> str:
+    """A row's outcome from its first judgement and its recheck's."""
+    if second == "stopped":
+        return "faster once; stopped before measured again" if first == "faster" else "undecided"
+    if first == "faster" and second not in ("faster", "undecided"):
+        return "not held when measured again"
+    return "slower" if second == "failed" else second
+
+
+def _sized(override: str, batch_size: int | None) -> str:
+    """loader.batch_size=auto as the size its search chose, so that a preset reproduces it."""
+    return f"loader.batch_size={batch_size}" if override == "loader.batch_size=auto" else override
 
 
 def tune(cfg: DictConfig, invocation: Invocation | None) -> Metrics:

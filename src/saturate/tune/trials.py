@@ -22,6 +22,7 @@ from saturate import record as run_record
 from saturate.config.invocation import Invocation, is_setting, key_of
 from saturate.config.naming import slug
 from saturate.diagnostics.report import MIN_STEPS
+from saturate.diagnostics.timing import Window
 from saturate.loop.faults import Preempted, StopSignal, TrainingDiverged
 from saturate.trainer.build import UserObjects
 from saturate.trainer.run import train
@@ -68,19 +69,53 @@ TO_TARGET = (
 class Measured:
     """A trial's stop rule, as a callback: once the run's timer holds `seconds` of steady
     state (every log window after the first) over at least `steps` steps, or at `deadline` (a
-    perf_counter time), ask the run to stop. Checked at log steps."""
+    perf_counter time), ask the run to stop. Checked at log steps.
+
+    The timed window holds no compilation: a window in which torch.compile compiled a graph
+    (the first step, the short last batch of an epoch, a shape seen for the first time) is
+    left out with every window before it, so that the timing starts after the last
+    recompilation. `rates` are the timed windows' samples/s (their spread says how far one
+    trial can be trusted); `compiles` the count of compiled graphs at the timed window's start
+    and end (equal, by this rule), and at the first window's end."""
 
     seconds: float
     steps: int
     deadline: float = float("inf")
+    rates: list[float] = field(default_factory=list)
+    compiles: dict[str, int] = field(default_factory=dict)
 
     def reached(self, timer) -> bool:
         enough = timer.rest.wall_s >= self.seconds and timer.rest.steps >= self.steps
         return enough or time.perf_counter() >= self.deadline
 
     def on_log(self, run, metrics: dict, step: int) -> None:
-        if names.SAMPLES_PER_S in metrics and self.reached(run.timer):
+        if names.SAMPLES_PER_S not in metrics:
+            return
+        graphs = compiled_graphs()
+        if not self.compiles or graphs != self.compiles["window_end"]:  # the first window, or one that compiled
+            if self.compiles:
+                run.timer.rest = Window()  # this window and those before it timed a compilation
+            first = self.compiles.get("first_window", graphs)
+            self.compiles = {"first_window": first, "window_start": graphs, "window_end": graphs}
+            self.rates = []
+        else:
+            self.rates.append(metrics[names.SAMPLES_PER_S])
+        if self.reached(run.timer):
             run.request_stop("tune: the trial's steady state is measured")
+
+
+def compiled_graphs() -> int:
+    """How many graphs torch.compile (Dynamo) has compiled in this process so far; 0 when it
+    was never imported."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    try:
+        from torch._dynamo.utils import counters  # torch's own tests count compilations by it
+    except ImportError:  # a torch without it: no compilation seen (the slow compile test says so)
+        return 0
+    return int(counters["stats"]["unique_graphs"])
 
 
 @dataclass
@@ -98,9 +133,14 @@ class Result:
     facts: dict = field(default_factory=dict)  # what the bottleneck report judged on
     batch_size: int | None = None  # the batch size trained with (what loader.batch_size=auto chose)
     to_target_s: float | None = None  # a run to the target: when it met it (time/to_target_s), None if it did not
+    final: float | None = None  # a run to the target: the target metric's last value
     seed: int | None = None  # a run to the target: its trainer.seed
-    outcome: str = ""  # start | kept | slower | failed: <why> | ...
+    outcome: str = ""  # start | kept | slower | undecided | failed: <why> | ...
     seconds: float = 0.0  # wall time, set-up included
+    rates: list[float] = field(default_factory=list)  # each timed window's samples/s (Measured)
+    # compiled graphs (Dynamo's count) at the first window's end and the timed window's start and end
+    compiles: dict[str, int] = field(default_factory=dict)
+    config: list[str] = field(default_factory=list)  # every override on top of the start: the whole candidate
 
     def speed(self) -> float:
         """Its samples/s: a trial that trained (status ok) has them."""
@@ -118,11 +158,15 @@ def fresh_compile_state() -> None:
         torch.compiler.reset()
 
 
-def median_time(times: list[float | None]) -> float | None:
-    """The median of times to a target, a run that never met it (None) counting as longer than
-    any that did; None when the median is such a run."""
-    middle = statistics.median(math.inf if t is None else t for t in times)
-    return middle if math.isfinite(middle) else None
+BUDGET_S = 120.0  # tune.budget_s=auto without a target: the search
+TARGET_BUDGET_S = 600.0  # with one: the search, then its leading candidates and the start trained to it over seeds
+
+
+def budget_s(cfg: DictConfig) -> float:
+    """tune.budget_s in seconds: the user's, or auto's (BUDGET_S, TARGET_BUDGET_S with a target)."""
+    if cfg.tune.budget_s != "auto":
+        return float(cfg.tune.budget_s)
+    return TARGET_BUDGET_S if cfg.target.metric is not None else BUDGET_S
 
 
 class Trials:
@@ -133,8 +177,10 @@ class Trials:
         """`invocation`: how the tune was started: every trial composes with its whole
         command line, Hydra's own overrides first (a user's config dir included)."""
         self.tune = cfg.tune
-        self.target = cfg.target.metric is not None  # the start and the winner are then run to it
-        self.search_budget = self.tune.budget_s / 2 if self.target else self.tune.budget_s
+        self.target = cfg.target.metric is not None  # the leading candidates are then run to it
+        self.target_metric = cfg.target.metric
+        self.budget_s = budget_s(cfg)
+        self.search_budget = self.budget_s / 2 if self.target else self.budget_s
         self.invocation = invocation
         overrides = invocation.command_line()
         self.hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra.")]
@@ -149,11 +195,11 @@ class Trials:
         self.interrupted = False
         # the fastest's samples/s and its ratio to the start's: from the confirmation when it ran
         self.rate, self.speedup, self.confirmed = 0.0, 1.0, False
-        # the start's and the fastest's median time to the target over the seeds (None: not met at the median)
-        self.to_target_s: tuple[float | None, float | None] | None = None
+        # the start's and each contender's median time to the target over the seeds (None: not met at the median)
+        self.to_target_s: list[float | None] | None = None
         self.seed = cfg.trainer.seed  # the first seed of the runs to the target
-        self.target_runs: dict | None = None  # their seeds, and the start's and the fastest's time per seed
-        self.dropped: list[str] = []  # the fastest's changes, when its run to the target did not beat the start's
+        self.target_runs: dict | None = None  # their seeds, and each candidate's changes, times and final figures
+        self.dropped: list[str] = []  # the fastest's changes, when another (or the start) met the target sooner
         self.stop: StopSignal | None = None  # SIGINT/SIGTERM between trials (a trial's own run handles them within it)
 
     def remaining(self) -> float:
@@ -181,7 +227,7 @@ class Trials:
         `seed` (trainer.seed) when given."""
         number, explicit = len(self.results), base is not None
         base = base if base is not None else self.changes
-        result = Result(number, merged(base, changes) if explicit else changes, seed=seed)
+        result = Result(number, merged(base, changes) if explicit else changes, seed=seed, config=merged(base, changes))
         overrides = merged(self.start_overrides, base, changes, [f"trainer.seed={seed}"] if seed is not None else [])
         trial_dir = self.run_dir / "trials" / f"{number:02d}{_trial_name(result.changes, until is not None, seed)}"
         started = time.perf_counter()
@@ -211,7 +257,7 @@ class Trials:
             deadline = until or self.started + self.search_budget
             measured = Measured(math.inf if until else self.tune.trial_s, MIN_STEPS, deadline)
             train(cfg, invocation, UserObjects(callbacks={"tune_measured": measured}))
-            self._read(result, trial_dir, settings)
+            self._read(result, trial_dir, settings, measured, to_target=until is not None)
         except (KeyboardInterrupt, Preempted):
             result.status, result.outcome, self.interrupted = "interrupted", "interrupted", True
         except TrainingDiverged as e:
@@ -234,17 +280,24 @@ class Trials:
         log.info("tune: trial %d: %s (%.1f s)", number, speed, result.seconds)
         return result
 
-    def _read(self, result: Result, trial_dir: Path, settings: dict) -> None:
+    def _read(self, result: Result, trial_dir: Path, settings: dict, measured: Measured, to_target: bool) -> None:
+        result.rates, result.compiles = measured.rates, measured.compiles
         done = run_record.load(trial_dir)  # Unreadable: the trial failed, with the reason
         if done is None:
             raise FileNotFoundError(f"the trial left no {run_record.path(trial_dir)}")
         m = done.entries
         result.samples_per_s, result.data_wait = m[names.SAMPLES_PER_S], m[names.DATA_WAIT_FRAC]
         result.gpu_util, result.peak_mb = m.get(names.GPU_UTIL_MEAN), m.get(names.PEAK_MB)
+        settings["threads"] = torch.get_num_threads()  # what the trial's device.threads came to
         result.verdict, result.facts, result.batch_size = m["verdict"], {**m["facts"], **settings}, m["batch_size"]
         result.to_target_s = m.get(names.TO_TARGET_S)
+        final = m.get(self.target_metric) if self.target_metric else None
+        result.final = final if isinstance(final, (int, float)) and math.isfinite(final) else None
         if not math.isfinite(m.get(names.TRAIN_LOSS, 0.0)):
             result.status, result.outcome = "diverged", "diverged: the training loss is not finite"
+        elif not (result.rates or to_target):  # stopped by the budget before a timed window: its figure is start-up
+            result.status = "failed"
+            result.outcome = "failed: no steady state before the budget ran out (compilation, start-up)"
 
     def better(self, result: Result, than: Result) -> bool:
         return result.status == "ok" and result.speed() > than.speed() * (1 + self.tune.min_gain)
