@@ -249,7 +249,7 @@ def saturate_evals(run_dir: Path, metric: str) -> list[tuple[float, float, int]]
 
 
 def run_process(cmd: list[str], cwd: Path, log: Path, threads: int) -> dict:
-    # this checkout's saturate (src/) and its examples (the root), whatever is installed: the code timed is the code here
+    # this checkout's saturate (src/) and examples (the root), whatever is installed: the code timed is the code here
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), PYTHONUNBUFFERED="1")
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # both sides as Python runs by default: compiled modules kept and reused
     if threads:

@@ -359,7 +359,7 @@ def test_vae_loss_is_per_image_as_the_authors_test_loss(tmp_path):
     assert metrics["train/loss"] == pytest.approx(per_image, rel=0.2)  # per image too, not per batch of 32
 
 
-@pytest.mark.parametrize("name", ["vae", "wordlm"])
+@pytest.mark.parametrize("name", ["vae", pytest.param("wordlm", marks=pytest.mark.slow)])
 def test_a_run_whose_task_has_no_metrics_never_imports_torchmetrics(tmp_path, name):
     """The VAE and the word-level LM log their loss only (their task's metrics nulled, as their
     authors compute none): torchmetrics, whose import brings scipy.signal and matplotlib (about
