@@ -165,7 +165,6 @@ STILL_IMPORTED = {
     "torch.utils._python_dispatch",
     "torch.utils.data._utils.signal_handling",
     "torch.export._patches",
-    "torch._dynamo.utils",  # its compile counters: how tune keeps compilation out of a trial's timed window
 }
 
 

@@ -278,9 +278,11 @@ def place(raw: nn.Module, *, device: torch.device, trainer, dist) -> nn.Module:
     return raw
 
 
-def compiled(model: nn.Module, raw: nn.Module, batch, precision, task) -> nn.Module:
+def compiled(model: nn.Module, raw: nn.Module, batch, precision, task, last: int = 0) -> nn.Module:
     """torch.compile, warmed up on one forward/backward so that a failure shows now (and the
-    run goes on in eager mode with one warning) and the compile time is reported apart."""
+    run goes on in eager mode with one warning) and the compile time is reported apart. `last`:
+    the size of an epoch's short last batch (loader.drop_last=false), warmed up too, so that its
+    recompilation is not inside the first epoch (nor inside a tune trial's timed window)."""
     saved = copy.deepcopy(raw.state_dict())  # the warm-up must not move BatchNorm statistics
     out = cast(nn.Module, torch.compile(model))  # a compiled Module is still a Module
     log.info(
@@ -288,9 +290,10 @@ def compiled(model: nn.Module, raw: nn.Module, batch, precision, task) -> nn.Mod
     )
     start = time.perf_counter()
     try:
-        with precision.autocast():
-            loss, _ = task.forward(out, batch)
-        loss.backward()
+        for piece in [batch, *([_first_n(batch, last)] if last > 0 else [])]:
+            with precision.autocast():
+                loss, _ = task.forward(out, piece)
+            loss.backward()
         log.info("torch.compile: compiled in %.1fs", time.perf_counter() - start)
     except Exception as e:  # noqa: BLE001 (any compile failure falls back to eager)
         log.warning(
@@ -305,7 +308,9 @@ def compiled(model: nn.Module, raw: nn.Module, batch, precision, task) -> nn.Mod
     return out
 
 
-def setup_model(raw: nn.Module, spec, task, precision, *, device: torch.device, trainer, dist, batch) -> Models:
+def setup_model(
+    raw: nn.Module, spec, task, precision, *, device: torch.device, trainer, dist, batch, last: int = 0
+) -> Models:
     """The model (`make`'s), checked on two real samples of the device `batch`, on the device,
     maybe SyncBN, DDP and compiled. Evaluated uncompiled: the compiled graph is for
     training steps of one batch shape; eval mode, no gradients and a short last batch would
@@ -328,7 +333,7 @@ def setup_model(raw: nn.Module, spec, task, precision, *, device: torch.device, 
     )
     wrapped = wrap(raw, dist, device)
     with untouched_rng(task):  # the compile warm-up
-        trained = compiled(wrapped, raw, batch, precision, task) if trainer.compile else wrapped
+        trained = compiled(wrapped, raw, batch, precision, task, last) if trainer.compile else wrapped
     return Models(trained, raw, raw)
 
 
@@ -413,6 +418,11 @@ def accepts(model: nn.Module, batch, task, *, autocast=None, channels_last=None,
 
 def _first_two(batch):
     """The first two samples of a batch (any structure)."""
+    return _first_n(batch, 2)
+
+
+def _first_n(batch, n: int):
+    """The first `n` samples of a batch (any structure)."""
     from torch.utils._pytree import tree_map
 
-    return tree_map(lambda t: t[:2] if isinstance(t, torch.Tensor) and t.ndim else t, batch)
+    return tree_map(lambda t: t[:n] if isinstance(t, torch.Tensor) and t.ndim else t, batch)

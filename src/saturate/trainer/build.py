@@ -379,6 +379,8 @@ def _model(ingredients: Ingredients, node: dict | None, values: dict, given):
         )
     raw = make(node, values, given, run.pretrained)
     trainer, device = run.trainer, ingredients.device
+    whole = run.trainer.limit_train_batches == -1 and ingredients.dist.world_size == 1 and size > 2  # one reader
+    last = len(data.train) % size if run.trainer.compile and not run.loader.drop_last and whole else 0  # warmed too
     return setup_model(
         raw,
         ingredients.spec,
@@ -388,6 +390,7 @@ def _model(ingredients: Ingredients, node: dict | None, values: dict, given):
         trainer=trainer,
         dist=ingredients.dist,
         batch=example,
+        last=last,
     )
 
 

@@ -22,7 +22,6 @@ from saturate import record as run_record
 from saturate.config.invocation import Invocation, is_setting, key_of
 from saturate.config.naming import slug
 from saturate.diagnostics.report import MIN_STEPS
-from saturate.diagnostics.timing import Window
 from saturate.loop.faults import Preempted, StopSignal, TrainingDiverged
 from saturate.trainer.build import UserObjects
 from saturate.trainer.run import train
@@ -71,18 +70,17 @@ class Measured:
     state (every log window after the first) over at least `steps` steps, or at `deadline` (a
     perf_counter time), ask the run to stop. Checked at log steps.
 
-    The timed window holds no compilation: a window in which torch.compile compiled a graph
-    (the first step, the short last batch of an epoch, a shape seen for the first time) is
-    left out with every window before it, so that the timing starts after the last
-    recompilation. `rates` are the timed windows' samples/s (their spread says how far one
-    trial can be trusted); `compiles` the count of compiled graphs at the timed window's start
-    and end (equal, by this rule), and at the first window's end."""
+    The timed window holds no compilation: a compiled model is warmed up on the training
+    batches' shapes before the first step, an epoch's short last batch included
+    (saturate.components.model.compiled), and the first window, which holds the first step, is
+    never timed. `rates` are the timed windows' samples/s (their spread says how far one trial
+    can be trusted)."""
 
     seconds: float
     steps: int
     deadline: float = float("inf")
     rates: list[float] = field(default_factory=list)
-    compiles: dict[str, int] = field(default_factory=dict)
+    windows: int = 0  # log windows seen
 
     def reached(self, timer) -> bool:
         enough = timer.rest.wall_s >= self.seconds and timer.rest.steps >= self.steps
@@ -91,31 +89,11 @@ class Measured:
     def on_log(self, run, metrics: dict, step: int) -> None:
         if names.SAMPLES_PER_S not in metrics:
             return
-        graphs = compiled_graphs()
-        if not self.compiles or graphs != self.compiles["window_end"]:  # the first window, or one that compiled
-            if self.compiles:
-                run.timer.rest = Window()  # this window and those before it timed a compilation
-            first = self.compiles.get("first_window", graphs)
-            self.compiles = {"first_window": first, "window_start": graphs, "window_end": graphs}
-            self.rates = []
-        else:
+        self.windows += 1
+        if self.windows > 1:  # the first window is the run's timer's warm-up too
             self.rates.append(metrics[names.SAMPLES_PER_S])
         if self.reached(run.timer):
             run.request_stop("tune: the trial's steady state is measured")
-
-
-def compiled_graphs() -> int:
-    """How many graphs torch.compile (Dynamo) has compiled in this process so far; 0 when it
-    was never imported."""
-    import sys
-
-    if "torch._dynamo" not in sys.modules:
-        return 0
-    try:
-        from torch._dynamo.utils import counters  # torch's own tests count compilations by it
-    except ImportError:  # a torch without it: no compilation seen (the slow compile test says so)
-        return 0
-    return int(counters["stats"]["unique_graphs"])
 
 
 @dataclass
@@ -138,8 +116,6 @@ class Result:
     outcome: str = ""  # start | kept | slower | undecided | failed: <why> | ...
     seconds: float = 0.0  # wall time, set-up included
     rates: list[float] = field(default_factory=list)  # each timed window's samples/s (Measured)
-    # compiled graphs (Dynamo's count) at the first window's end and the timed window's start and end
-    compiles: dict[str, int] = field(default_factory=dict)
     config: list[str] = field(default_factory=list)  # every override on top of the start: the whole candidate
 
     def speed(self) -> float:
@@ -281,7 +257,7 @@ class Trials:
         return result
 
     def _read(self, result: Result, trial_dir: Path, settings: dict, measured: Measured, to_target: bool) -> None:
-        result.rates, result.compiles = measured.rates, measured.compiles
+        result.rates = measured.rates
         done = run_record.load(trial_dir)  # Unreadable: the trial failed, with the reason
         if done is None:
             raise FileNotFoundError(f"the trial left no {run_record.path(trial_dir)}")
