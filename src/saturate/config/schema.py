@@ -137,11 +137,31 @@ def validate(cfg: DictConfig, *, given: tuple[str, ...] = ()) -> RunConfig:
     if problems:
         raise ConfigError(problems)
     # the heavy dependencies that the targets' modules import, each timed for the run's start-up line
-    import_timed("torch")  # torchmetrics: when a task first builds a metric (saturate.tasks)
+    import_timed("torch", *(["torchmetrics"] if _builds_metrics(run.task) else []))
     problems = list(_node_problems(run, given))
     if problems:
         raise ConfigError(problems)
     return run
+
+
+# the built-in tasks whose metrics can all be set to null (task.metrics), with those metrics
+NULLABLE_METRICS = {
+    "saturate.tasks.Regression": {"mae", "rmse", "r2"},
+    "saturate.tasks.regression.Regression": {"mae", "rmse", "r2"},
+    "saturate.tasks.Classification": {"acc"},
+    "saturate.tasks.classification.Classification": {"acc"},
+}
+
+
+def _builds_metrics(task: dict) -> bool:
+    """Whether the run's task will build a torchmetrics metric (then torchmetrics is imported,
+    and timed, with torch): all but a built-in regression or classification task whose metrics
+    are all set to null (no top_k, no confusion matrix), which never imports it."""
+    given = dict(task.get("metrics") or {})
+    own = NULLABLE_METRICS.get(str(task.get("_target_")))
+    if own is None or any(v is not None for v in given.values()) or task.get("confusion_matrix"):
+        return True
+    return not own <= set(given) or task.get("top_k", 0) not in (0, None)
 
 
 def _group_problems(cfg: DictConfig, run: RunConfig) -> Iterator[Problem]:
