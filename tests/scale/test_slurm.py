@@ -123,6 +123,7 @@ SAME = [
     "trainer.progress=false",
     "trainer.log_interval=5",
     "trainer.max_epochs=20",  # about 10 s of training on 2 idle cores: time to interrupt it after the first epoch
+    "trainer.checkpoint_interval=1",  # last.pt at every epoch's end: the tests interrupt a job once it has one
     "loader.batch_size=32",
     "trainer.resume=auto",
 ]
