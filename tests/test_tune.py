@@ -244,7 +244,8 @@ def test_tune_keeps_the_resident_loader_for_in_memory_data_and_skips_failing_tri
     if "loader.resident=true" in result["changes"]:
         assert result["speedup"] > 1.05, result
     else:
-        assert resident[0]["outcome"] in ("slower", "no gain", "not held when measured again", "not confirmed"), result
+        not_kept = ("slower", "no gain", "undecided", "not held when measured again", "not confirmed")
+        assert resident[0]["outcome"] in not_kept, result  # undecided: a difference within its windows' spread
         assert result["speedup"] == 1.0, result
     outcomes = {" ".join(r["changes"]): r for r in result["results"]}
     assert outcomes["model.width=0"]["status"] == "failed" and "failed:" in outcomes["model.width=0"]["outcome"]
