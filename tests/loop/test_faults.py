@@ -141,6 +141,36 @@ def test_guard_without_skip_reads_nothing_per_step():
     assert guard.count == 1 and guard.failed
 
 
+def test_steps_decided_on_the_device_are_counted_at_log_steps_with_their_longest_streak(caplog):
+    """The device's per-step verdicts, read at log steps: the skipped steps, the longest run
+    of them and where it began; a run that spans a log step is counted whole."""
+    guard = NonFiniteGuard(skip=True, check_grads=True, max_consecutive=5, device=torch.device("cpu"))
+    guard.on_device = True
+    verdicts = {1: True, 2: False, 3: True, 4: False, 5: False, 6: False}  # step: finite
+    for step, finite in verdicts.items():
+        guard.skipped_on_device(torch.tensor(finite), step)
+    assert guard.count == 0  # nothing read yet
+    guard.read()
+    assert (guard.count, guard.consecutive, guard.first_bad_step, guard.failed) == (4, 3, 4, False)
+    assert "4 non-finite step(s) skipped" in caplog.text and "3 in a row from step 4" in caplog.text
+    guard.skipped_on_device(torch.tensor(False), 7)  # the run from step 4 goes on
+    guard.read()
+    assert (guard.count, guard.consecutive, guard.first_bad_step) == (5, 4, 4)
+    said = str(guard.error(7, "last.pt"))
+    assert said.startswith("training stopped at step 7: 4 non-finite steps in a row (from step 4 to 7)")
+    guard.skipped_on_device(torch.tensor(False), 8)  # and reaches max_consecutive inside the next window
+    guard.skipped_on_device(torch.tensor(True), 9)
+    guard.read()
+    assert (guard.count, guard.consecutive, guard.first_bad_step, guard.failed) == (6, 5, 4, True)
+    guard.skipped_on_device(torch.tensor(True), 10)
+    guard.read()
+    assert (guard.count, guard.consecutive, guard.failed) == (6, 0, False)
+    for step in range(11, 11 + 3000):  # more steps between two log steps than one chunk holds
+        guard.skipped_on_device(torch.tensor(step != 2000), step)
+    guard.read()
+    assert (guard.count, guard.consecutive, guard.first_bad_step) == (7, 1, 2000)
+
+
 def fp16_precision() -> Precision:
     return Precision("fp16", "cpu", torch.float16, torch.amp.GradScaler("cpu", init_scale=1024.0))
 
@@ -389,7 +419,8 @@ def test_a_skipped_first_step_leaves_the_optimizer_as_new(name, kind, determinis
         step(batches[1], 2)
         fresh_model, fresh_optimizer = build()
         train_step(fresh_model, fresh_optimizer)(batches[1], 1)
-    assert step.guard.count + int(step.guard.unread) == 1
+    step.guard.read()
+    assert step.guard.count == 1
     for p, q in zip(model.parameters(), fresh_model.parameters(), strict=True):
         assert torch.equal(p, q)
         state, fresh = optimizer.state[p], fresh_optimizer.state[q]

@@ -18,6 +18,8 @@ from saturate.started import stopped_early
 
 log = logging.getLogger(__name__)
 
+CHUNK = 1024  # verdicts decided on the device, stacked into one tensor until the next log step reads them
+
 
 class Preempted(SystemExit):
     """Raised after the checkpoint of a preempted run is saved. A SystemExit, so the process
@@ -116,8 +118,9 @@ class NonFiniteGuard:
 
     Where the optimizer can skip a step on the device (torch's fused Adam, AdamW and SGD:
     the presets' default), the step decides there and nothing is read per step
-    (`skipped_on_device`): skipped steps are counted on the device and named at the next log
-    step, and the LR schedule advances over them, as it does over fp16 overflow steps.
+    (`skipped_on_device`): each step's verdict stays on the device, untouched, until the next
+    log step reads them all at once and names the skipped steps; the LR schedule advances
+    over them, as it does over fp16 overflow steps.
     Otherwise `skip=True` costs one host read of a scalar per step (`ok`), and a skipped
     step does not advance the schedule. With `skip=False` nothing is read per step:
     non-finite steps are counted on the device and found at the next log step, which fails
@@ -132,10 +135,14 @@ class NonFiniteGuard:
         self.count = 0  # non-finite steps so far
         self.consecutive = 0
         self.first_bad_step: int | None = None  # of the current streak
-        # counted on the device, read at log steps: steps not yet read, the current streak and
-        # its first step, the longest streak since the last read and its first step
-        zeros = [torch.zeros((), dtype=torch.int64, device=device) for _ in range(5)]
-        self.unread, self.streak, self.streak_from, self.longest, self.longest_from = zeros
+        # skip=False: the non-finite steps not yet read, counted on the device
+        self.unread = torch.zeros((), dtype=torch.int64, device=device)
+        # decided on the device: each step's verdict kept as it is (no work per step), read at log
+        # steps; the steps since the last read, and every CHUNK of them stacked into one tensor
+        self.verdicts: list[torch.Tensor] = []
+        self.stacked: list[torch.Tensor] = []
+        self.since: int | None = None  # the first step not yet read
+        self.streak, self.streak_from = 0, 0  # the non-finite run reaching the last step read, and its first step
 
     def finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
         return torch.isfinite(loss) & torch.isfinite(grad_norm) if self.check_grads else torch.isfinite(loss)
@@ -160,43 +167,55 @@ class NonFiniteGuard:
         return False
 
     def skipped_on_device(self, finite: torch.Tensor, step: int) -> None:
-        """Count a step the optimizer decided on the device (skipped where `finite` is
-        False), without reading anything."""
-        bad = (~finite).to(torch.int64)
-        self.unread += bad
-        self.streak.mul_(bad).add_(bad)  # +1 while non-finite, 0 after a finite step
-        self.streak_from.copy_(torch.where(self.streak == 1, step, self.streak_from))
-        longer = self.streak > self.longest
-        self.longest_from.copy_(torch.where(longer, self.streak_from, self.longest_from))
-        torch.maximum(self.longest, self.streak, out=self.longest)
+        """Keep a step's verdict, decided on the device (the optimizer skipped it where
+        `finite` is False), to be read at the next log step: nothing runs on the device here.
+        Steps arrive in order; every CHUNK verdicts are stacked (one small tensor), so that a
+        long log interval holds a byte per step."""
+        if self.since is None:
+            self.since = step
+        self.verdicts.append(finite)
+        if len(self.verdicts) == CHUNK:
+            self.stacked.append(torch.stack(self.verdicts))
+            self.verdicts = []
 
     def read(self) -> None:
         """At log steps: take in what was counted on the device (skip=False, or decided on
         the device)."""
         if self.on_device:
-            figures = torch.stack(
-                [self.unread, self.longest, self.longest_from, self.streak, self.streak_from]
-            ).tolist()
-            unread, longest, longest_from, streak, streak_from = figures
-            self.consecutive, self.first_bad_step = longest, longest_from
-            if unread:
-                self.count += unread
-                log.warning(
-                    "%d non-finite step(s) skipped since the last log step (a non-finite loss or gradient norm); the "
-                    "longest run: %d in a row from step %d",
-                    unread,
-                    longest,
-                    longest_from,
-                )
-            self.unread.zero_()
-            self.longest.fill_(streak)  # a streak still running goes on counting
-            self.longest_from.fill_(streak_from)
+            self._read_verdicts()
         elif not self.skip:
             unread = int(self.unread.item())
             if unread:
                 self.count += unread
                 self.consecutive = self.max_consecutive  # applied already: fail at the next boundary
                 self.unread.zero_()
+
+    def _read_verdicts(self) -> None:
+        """The verdicts kept since the last read (one host read): the skipped steps, and the
+        longest run of them since the last read (a run still going at it counted whole)."""
+        if self.since is None:
+            return
+        finite = torch.cat([*self.stacked, torch.stack(self.verdicts)] if self.verdicts else self.stacked).tolist()
+        longest, longest_from = self.streak, self.streak_from
+        for step, ok in enumerate(finite, start=self.since):
+            if ok:
+                self.streak = 0
+                continue
+            self.streak, self.streak_from = self.streak + 1, self.streak_from if self.streak else step
+            if self.streak > longest:
+                longest, longest_from = self.streak, self.streak_from
+        self.verdicts, self.stacked, self.since = [], [], None
+        self.consecutive, self.first_bad_step = longest, longest_from if longest else None
+        unread = finite.count(False)
+        if unread:
+            self.count += unread
+            log.warning(
+                "%d non-finite step(s) skipped since the last log step (a non-finite loss or gradient norm); the "
+                "longest run: %d in a row from step %d",
+                unread,
+                longest,
+                longest_from,
+            )
 
     @property
     def failed(self) -> bool:
