@@ -58,6 +58,31 @@ def test_a_run_is_one_run_in_tensorboard_holding_its_hparams_session(tmp_path):
         assert scalars == ["compare/gpu/mean", "compare/val/acc", "train/loss", "val/acc"]
 
 
+def test_a_log_steps_scalars_are_one_event_read_back_as_one_point_each(tmp_path):
+    """One record per log step, holding each of its scalars (as tf.summary's merged summaries
+    are written): one to serialise and queue instead of one per metric. TensorBoard reads each
+    scalar as its own curve; the step and wall time, every chart's axes, are not plotted."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    from saturate import names
+
+    run = SimpleNamespace(run_dir=tmp_path / "run", start_step=0, step=0, metrics={})
+    run.run_dir.mkdir()
+    logger = TensorBoardLogger()
+    logger.on_run_start(run)
+    for step in (1, 2):
+        logger.on_log(run, {"train/loss": 1.0 / step, "train/lr": 0.1, names.STEP: step, "epoch": step // 2}, step)
+    logger.on_run_end(run, {})
+    (path,) = run.run_dir.glob("events.out.tfevents.*")
+    logged = [e for e in EventFileLoader(str(path)).Load() if e.HasField("summary") and e.step in (1, 2)]
+    tags = [sorted(v.tag for v in e.summary.value) for e in logged]
+    assert tags == [["epoch", "train/loss", "train/lr"]] * 2
+    multiplexer = read_back(tmp_path)
+    assert curve(multiplexer, "run", "train/loss") == [(1, 1.0), (2, 0.5)]
+    assert curve(multiplexer, "run", "epoch") == [(1, 0.0), (2, 1.0)]
+    assert names.STEP not in multiplexer.PluginRunToTagToContent("scalars")["run"]
+
+
 def test_a_resumed_run_drops_what_the_earlier_attempt_wrote_after_its_checkpoint(tmp_path):
     run = SimpleNamespace(run_dir=tmp_path / "run", start_step=0, step=0, metrics={})
     run.run_dir.mkdir()
