@@ -15,8 +15,9 @@ it lives here:
                                            returns its own loss, the targets passed to it as
                                            its last argument) and task.output_key=0 (the
                                            logits (B, T, V): a class per position);
-                                           task.top_k=0: no val/top5, which the author's
-                                           loop does not compute (val/acc stays)
+                                           task.top_k=0 and task.metrics: acc null: no
+                                           val/top5 and no val/acc, which the author's loop
+                                           does not compute (estimate_loss: the loss only)
 - max_iters, eval_interval, estimate_loss over eval_iters random batches of train and val
                                         -> trainer.max_steps, trainer.eval_every,
                                            trainer.limit_val_batches with

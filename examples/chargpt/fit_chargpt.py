@@ -23,6 +23,8 @@ if __name__ == "__main__":
             "task.model_loss=1",  # `logits, loss = model(X, Y)`
             "task.output_key=0",
             "task.top_k=0",  # the author's loop computes no accuracy
+            "+task.metrics.acc=null",  # nor val/acc: the loss only
+            "checkpoint.monitor=val/loss",
             "optim=adamw",
             *["optim.optimizer.lr=1e-3", "optim.optimizer.betas=[0.9,0.99]", "optim.optimizer.weight_decay=0.1"],
             *["optim.warmup_steps=100", f"optim.warmup_start_factor={1 / 101}"],
