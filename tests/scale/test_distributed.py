@@ -78,8 +78,10 @@ def test_two_processes_one_run_dir_identical_ranks_and_the_single_process_result
 
     single = make_cfg(*SAME, "loader.batch_size=64", tiny=False)
     alone = saturate.train(single)
+    # the float sums run in another order (each rank's half, averaged by gloo): after 44 steps a few weights drift,
+    # as far as the same single-process run drifts between 1 and 2 threads (up to 0.0037, on 24 of one conv's 9,216)
     for key, value in final_weights(single.run_dir).items():
-        torch.testing.assert_close(final_weights(ddp_run)[key], value, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(final_weights(ddp_run)[key], value, rtol=1e-3, atol=1e-2)
     assert metrics["val/acc"] == pytest.approx(alone["val/acc"], abs=0.01)
     assert metrics["val/loss"] == pytest.approx(alone["val/loss"], rel=1e-3)
 
