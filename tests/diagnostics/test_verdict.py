@@ -5,6 +5,7 @@ faked events and NVML; the whole-run cases live in scripts/bench_verdict.py (slo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -394,6 +395,9 @@ def test_every_constructed_cpu_case_gets_its_verdict(tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
+        # torch's own thread count, as a user's run has it: pytest's workers set OMP_NUM_THREADS=1 (tests/conftest.py),
+        # which leaves a run no threads to oversubscribe the host with
+        env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
     )
     results = json.loads(out.read_text())
     # other processes (the suite's other workers) using OTHER_BUSY % of the host stretch the step's timings against the
