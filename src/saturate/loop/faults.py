@@ -193,11 +193,10 @@ class NonFiniteGuard:
     def _read_verdicts(self) -> None:
         """The verdicts kept since the last read (one host read): the skipped steps, and the
         longest run of them since the last read (a run still going at it counted whole)."""
-        if self.since is None:
-            return
-        finite = torch.cat([*self.stacked, torch.stack(self.verdicts)] if self.verdicts else self.stacked).tolist()
+        kept = self.stacked + ([torch.stack(self.verdicts)] if self.verdicts else [])
+        finite = torch.cat(kept).tolist() if kept else []
         longest, longest_from = self.streak, self.streak_from
-        for step, ok in enumerate(finite, start=self.since):
+        for step, ok in enumerate(finite, start=self.since or 0):
             if ok:
                 self.streak = 0
                 continue
