@@ -290,7 +290,7 @@ def compiled(model: nn.Module, raw: nn.Module, batch, precision, task, last: int
     )
     start = time.perf_counter()
     try:
-        for piece in [batch, *([_first_n(batch, last)] if last > 0 else [])]:
+        for piece in [batch, *([first_samples(batch, last)] if last > 0 else [])]:
             with precision.autocast():
                 loss, _ = task.forward(out, piece)
             loss.backward()
@@ -418,11 +418,15 @@ def accepts(model: nn.Module, batch, task, *, autocast=None, channels_last=None,
 
 def _first_two(batch):
     """The first two samples of a batch (any structure)."""
-    return _first_n(batch, 2)
+    return first_samples(batch, 2)
 
 
-def _first_n(batch, n: int):
-    """The first `n` samples of a batch (any structure)."""
-    from torch.utils._pytree import tree_map
+def first_samples(batch, size: int):
+    """`batch` cut to its first `size` samples along the batch dimension: the tensors whose
+    first dimension is the batch's sample count (its first tensor's); anything else as it is."""
+    from torch.utils._pytree import tree_leaves, tree_map
 
-    return tree_map(lambda t: t[:n] if isinstance(t, torch.Tensor) and t.ndim else t, batch)
+    n = next((len(t) for t in tree_leaves(batch) if isinstance(t, torch.Tensor) and t.ndim), 0)
+    if n <= size:
+        return batch
+    return tree_map(lambda t: t[:size] if isinstance(t, torch.Tensor) and t.ndim and len(t) == n else t, batch)

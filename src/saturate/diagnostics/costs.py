@@ -157,17 +157,6 @@ class Budget:
         return False
 
 
-def first_samples(batch, size: int):
-    """`batch` cut to its first `size` samples along the batch dimension (the tensors whose
-    first dimension is the batch's sample count; anything else as it is)."""
-    from torch.utils._pytree import tree_map
-
-    n = batch_size(batch)
-    if n <= size:
-        return batch
-    return tree_map(lambda t: t[:size] if isinstance(t, torch.Tensor) and t.ndim and len(t) == n else t, batch)
-
-
 def step_cost(model: torch.nn.Module, sample, task, precision, *, batch: int | None = None) -> StepCost | None:
     """FLOPs and operator launches of one forward and backward on `sample` (real samples on
     the device), the FLOPs scaled to a step of `batch` samples (matmul and convolution FLOPs

@@ -23,7 +23,7 @@ from saturate import record as run_record
 from saturate.callbacks import Observers, Run
 from saturate.checkpoint.files import load
 from saturate.components.device import untouched_rng
-from saturate.components.model import takes_advice
+from saturate.components.model import first_samples, takes_advice
 from saturate.components.precision import emulated
 from saturate.config.invocation import Invocation
 from saturate.config.schema import RunConfig
@@ -36,7 +36,6 @@ from saturate.diagnostics.costs import (
     PROBE_SHARE,
     Budget,
     batch_size,
-    first_samples,
     scaling,
     step_cost,
 )
